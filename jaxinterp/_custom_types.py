@@ -1,0 +1,41 @@
+"""Type aliases and rule Protocols shared across jaxinterp."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+# A pytree: any nesting of tuples, lists, dicts, None and registered nodes with
+# array leaves. Spelled `Any` because pytrees cannot be typed precisely.
+PyTree = Any
+
+
+class Rule(Protocol):
+    """A forward rule: operands positionally, equation params as keywords.
+
+    It returns a list with one value per equation output, also for primitives
+    with a single result.
+    """
+
+    def __call__(self, *invals: Any, **params: Any) -> Sequence[Any]: ...
+
+
+class InverseRule(Protocol):
+    """An inverse rule for one primitive.
+
+    Args:
+        outvals: the values of the equation's outputs (all known).
+        *invals: the operands, with `None` standing for each unknown one.
+        **params: the equation params.
+
+    Returns:
+        `None` when the unknown operands cannot be solved for given what is
+        known, or a pair `(solved, ildj)`: `solved` lists one value per operand
+        (known operands may be returned as they were), and `ildj` is the
+        scalar `log|det|` of the Jacobian of the map from the outputs to the
+        unknown operands (`0.0` for volume-preserving maps).
+    """
+
+    def __call__(
+        self, outvals: Sequence[Any], *invals: Any, **params: Any
+    ) -> tuple[Sequence[Any], Any] | None: ...

@@ -1,0 +1,79 @@
+"""The `JaxinterpError` family and the helpers that make messages cite user code."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from jax.extend import source_info_util
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# Frames inside jaxinterp are never "the user's line".
+source_info_util.register_exclusion(_PACKAGE_DIR)
+
+
+class JaxinterpError(Exception):
+    """Base class of every error jaxinterp raises on user input."""
+
+
+class MissingRuleError(JaxinterpError, NotImplementedError):
+    """A transformation met a primitive for which it has no rule."""
+
+
+class NotInvertibleError(JaxinterpError, ValueError):
+    """`inverse` could not recover an input from the outputs."""
+
+
+class RuleError(JaxinterpError, RuntimeError):
+    """A rule raised while a transformation processed one equation.
+
+    The original exception is kept as `__cause__`.
+    """
+
+
+class StagingError(JaxinterpError, TypeError):
+    """A function could not be staged, or was called with arguments that do
+    not match what was staged."""
+
+
+def source_line(eqn: Any) -> str:
+    """Return the user's source line of `eqn` as `file.py:42 (fn)`, or `unknown`."""
+    info = getattr(eqn, "source_info", None)
+    if info is None:
+        return "an unknown location"
+    try:
+        text = source_info_util.summarize(info)
+    except Exception:  # defensive: summarize must never mask the real error
+        return "an unknown location"
+    return text or "an unknown location"
+
+
+def describe_value(value: Any) -> str:
+    """Describe a value by dtype and shape, as `f32[3,4]`."""
+    aval = getattr(value, "aval", None)
+    if aval is not None and hasattr(aval, "str_short"):
+        try:
+            return aval.str_short(short_dtypes=True)
+        except TypeError:
+            return aval.str_short()
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"{dtype}[{','.join(map(str, shape))}]"
+    if value is None:
+        return "unknown"
+    return type(value).__name__
+
+
+def describe_values(values: Sequence[Any]) -> str:
+    """Describe several values, comma separated."""
+    return ", ".join(describe_value(v) for v in values) or "no operands"
+
+
+def eqn_context(transform: str, eqn: Any) -> str:
+    """Return the opening clause most messages share."""
+    return (
+        f"`{transform}` at primitive `{eqn.primitive.name}`, "
+        f"used at {source_line(eqn)}"
+    )

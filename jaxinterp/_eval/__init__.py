@@ -1,0 +1,1 @@
+"""Forward evaluation: the identity transformation built on the walker."""

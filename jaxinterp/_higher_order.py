@@ -1,0 +1,196 @@
+"""How the forward walker reaches inside higher-order primitives.
+
+Each handler interprets the sub-Jaxprs with the calling interpreter and
+rebuilds the same construct through JAX's public API (`jax.jit`,
+`lax.switch`, `lax.scan`, `lax.while_loop`, `jax.checkpoint`,
+`jax.shard_map`), or swaps the body of a custom-derivative call while keeping
+its derivative rule. Params are read through `_jax_compat` only. Control flow
+(`cond`, `scan`, `while`, `shard_map`) cannot be inlined: the `inline` policy
+treats it as `recursive`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax import lax
+
+from . import _jax_compat as compat
+from ._interpreter import Interpreter, register_higher_order
+
+
+def _closed_fn(interp: Interpreter, closed: Any) -> Callable[..., list[Any]]:
+    """A stable function that walks `closed` with `interp` (for JAX's caches)."""
+
+    def build() -> Callable[..., list[Any]]:
+        def walk(*args: Any) -> list[Any]:
+            return interp.eval_closed(closed, *args)
+
+        return walk
+
+    return interp.cached(("closed_fn", id(closed)), closed, build)
+
+
+@register_higher_order(compat.jit_p)
+def _jit(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list[Any]:
+    p = compat.jit_params(eqn.params)
+    if policy == "inline":
+        return interp.eval_closed(p.jaxpr, *invals)
+
+    def build() -> Callable[..., Any]:
+        def body(*args: Any) -> list[Any]:
+            return interp.eval_closed(p.jaxpr, *args)
+
+        body.__name__ = body.__qualname__ = p.name
+        donate = tuple(i for i, d in enumerate(p.donated) if d)
+        return jax.jit(
+            body,
+            inline=p.inline,
+            keep_unused=p.keep_unused,
+            donate_argnums=donate,
+        )
+
+    key = ("jit", id(p.jaxpr), p.name, p.inline, p.keep_unused, p.donated)
+    return list(interp.cached(key, p.jaxpr, build)(*invals))
+
+
+@register_higher_order(compat.cond_p)
+def _cond(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list[Any]:
+    index, *ops = invals
+    branches = [_closed_fn(interp, br) for br in compat.cond_branches(eqn.params)]
+    return list(lax.switch(index, branches, *ops))
+
+
+@register_higher_order(compat.scan_p)
+def _scan(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list[Any]:
+    p = compat.scan_params(eqn.params)
+    n_consts, n_carry = p.num_consts, p.num_carry
+    consts = invals[:n_consts]
+    init = list(invals[n_consts : n_consts + n_carry])
+    xs = list(invals[n_consts + n_carry :])
+    walk = _closed_fn(interp, p.jaxpr)
+
+    def body(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
+        outs = walk(*consts, *carry, *x)
+        return outs[:n_carry], outs[n_carry:]
+
+    carry, ys = lax.scan(
+        body, init, xs, length=p.length, reverse=p.reverse, unroll=p.unroll
+    )
+    return [*carry, *ys]
+
+
+@register_higher_order(compat.while_p)
+def _while(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list[Any]:
+    p = compat.while_params(eqn.params)
+    cond_consts = invals[: p.cond_nconsts]
+    body_consts = invals[p.cond_nconsts : p.cond_nconsts + p.body_nconsts]
+    init = list(invals[p.cond_nconsts + p.body_nconsts :])
+    cond_walk = _closed_fn(interp, p.cond_jaxpr)
+    body_walk = _closed_fn(interp, p.body_jaxpr)
+
+    def cond_fun(carry: list[Any]) -> Any:
+        return cond_walk(*cond_consts, *carry)[0]
+
+    def body_fun(carry: list[Any]) -> list[Any]:
+        return body_walk(*body_consts, *carry)
+
+    return list(lax.while_loop(cond_fun, body_fun, init))
+
+
+@register_higher_order(compat.remat_p)
+def _checkpoint(
+    interp: Interpreter, eqn: Any, invals: list[Any], policy: str
+) -> list[Any]:
+    p = compat.remat_params(eqn.params)
+    if policy == "inline":
+        return interp.eval_jaxpr(p.jaxpr, (), *invals)
+
+    def build() -> Callable[..., Any]:
+        def body(*args: Any) -> list[Any]:
+            return interp.eval_jaxpr(p.jaxpr, (), *args)
+
+        return jax.checkpoint(body, prevent_cse=p.prevent_cse, policy=p.policy)
+
+    key = ("checkpoint", id(p.jaxpr), p.prevent_cse, id(p.policy))
+    return list(interp.cached(key, p.jaxpr, build)(*invals))
+
+
+def _retrace(interp: Interpreter, closed: Any, invals: list[Any]) -> Any:
+    """Trace `interp` walking `closed` into a new `ClosedJaxpr` for these avals."""
+    avals = tuple(compat.aval_of(x) for x in invals)
+    specs = [
+        jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals
+    ]
+
+    def build() -> Any:
+        return jax.make_jaxpr(_closed_fn(interp, closed))(*specs)
+
+    key = ("retrace", id(closed), avals)
+    new = interp.cached(key, closed, build)
+    if any(compat.is_tracer(c) for c in compat.jaxpr_consts(new)):
+        # The interpreter captured a value of an enclosing trace: only valid
+        # now, so do not keep it.
+        with interp._subcall_lock:
+            interp._subcalls.pop(key, None)
+    return new
+
+
+def _custom_call(
+    interp: Interpreter, eqn: Any, invals: list[Any], policy: str
+) -> list[Any]:
+    """`custom_jvp_call` / `custom_vjp_call`: swap the primal body, keep the rules.
+
+    The custom derivative rule still describes the original function. That is
+    exact when the interpreter does not change values; when it does, use the
+    `inline` policy so JAX differentiates the transformed body instead.
+    """
+    body = compat.call_jaxpr(eqn.params)
+    if policy == "inline":
+        return interp.eval_closed(body, *invals)
+    new = _retrace(interp, body, invals)
+    params = compat.replace_call_jaxpr(eqn.params, new)
+    return compat.bind_eqn(eqn.primitive, invals, params)
+
+
+register_higher_order(compat.custom_jvp_call_p)(_custom_call)
+register_higher_order(compat.custom_vjp_call_p)(_custom_call)
+
+
+@register_higher_order(compat.closed_call_p)
+def _closed_call(
+    interp: Interpreter, eqn: Any, invals: list[Any], policy: str
+) -> list[Any]:
+    body = compat.call_jaxpr(eqn.params)
+    if policy == "inline":
+        return interp.eval_closed(body, *invals)
+    new = _retrace(interp, body, invals)
+    return compat.bind_eqn(
+        compat.closed_call_p, invals, compat.replace_call_jaxpr(eqn.params, new)
+    )
+
+
+@register_higher_order(compat.core_call_p)
+def _core_call(
+    interp: Interpreter, eqn: Any, invals: list[Any], policy: str
+) -> list[Any]:
+    """`core_call` carries an open Jaxpr; it is rebuilt as a `closed_call`."""
+    body = compat.make_closed_jaxpr(compat.call_jaxpr(eqn.params), ())
+    if policy == "inline":
+        return interp.eval_closed(body, *invals)
+    new = _retrace(interp, body, invals)
+    return compat.bind_eqn(compat.closed_call_p, invals, {"call_jaxpr": new})
+
+
+@register_higher_order(compat.shard_map_p)
+def _shard_map(
+    interp: Interpreter, eqn: Any, invals: list[Any], policy: str
+) -> list[Any]:
+    p = compat.shard_map_params(eqn.params)
+
+    def body(*args: Any) -> tuple[Any, ...]:
+        return tuple(interp.eval_jaxpr(p.jaxpr, (), *args))
+
+    return list(compat.shard_map(body, p)(*invals))

@@ -1,0 +1,309 @@
+"""Everything that depends on JAX internals or on the JAX version, in one place.
+
+jaxinterp supports the JAX releases declared in `pyproject.toml` (0.7 to 0.10).
+Higher-order primitives' params move between releases (`pjit` became `jit`,
+`scan` grew and lost `linear` and `_split_transpose`, `shard_map` renamed
+`check_rep` to `check_vma`), and some primitives are not exported by
+`jax.extend` in every release. Each reader below returns a small named tuple so
+the rest of the package never indexes `eqn.params` of a higher-order primitive
+directly. When JAX 0.11 changes the `scan` and `jit` params again, or 0.12 merges
+`ClosedJaxpr` into `Jaxpr`, this is the only module to update.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NamedTuple
+
+import jax
+import jax.extend.core as jex_core
+import jax.extend.core.primitives as jex_prims
+from jax.extend import source_info_util
+
+JAX_VERSION: tuple[int, ...] = tuple(
+    int(part) for part in jax.__version__.split(".")[:3] if part.isdigit()
+)
+
+ClosedJaxpr = jex_core.ClosedJaxpr
+Jaxpr = jex_core.Jaxpr
+Literal = jex_core.Literal
+DropVar = jex_core.DropVar
+Var = jex_core.Var
+Primitive = jex_core.Primitive
+
+
+def _first_attr(*candidates: tuple[Any, str]) -> Any:
+    for module, name in candidates:
+        value = getattr(module, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _private_primitive(module_name: str, attr: str) -> Any:
+    """Fetch a primitive JAX does not export (yet); `None` if it is absent.
+
+    Used for `remat_p` before `jax.extend` exported it (JAX < 0.8),
+    `shard_map_p` and `xla_pmap_p`, which `jax.extend` does not export in any
+    supported release.
+    """
+    try:
+        module = __import__(module_name, fromlist=[attr])
+    except ImportError:
+        return None
+    return getattr(module, attr, None)
+
+
+jit_p = _first_attr((jex_prims, "jit_p"), (jex_prims, "pjit_p"))
+closed_call_p = jex_prims.closed_call_p
+core_call_p = jex_prims.call_p
+cond_p = jex_prims.cond_p
+scan_p = jex_prims.scan_p
+while_p = jex_prims.while_p
+custom_jvp_call_p = jex_prims.custom_jvp_call_p
+custom_vjp_call_p = jex_prims.custom_vjp_call_p
+remat_p = getattr(jex_prims, "remat_p", None) or _private_primitive(
+    "jax._src.ad_checkpoint", "remat_p"
+)
+shard_map_p = _private_primitive("jax._src.shard_map", "shard_map_p")
+pmap_p = _private_primitive("jax._src.interpreters.pxla", "xla_pmap_p")
+
+
+# --------------------------------------------------------------------------
+# ClosedJaxpr access (0.12 merges ClosedJaxpr into Jaxpr).
+
+
+def open_jaxpr(jaxpr: Any) -> Any:
+    """Return the `Jaxpr` inside a `ClosedJaxpr` (or `jaxpr` itself)."""
+    return getattr(jaxpr, "jaxpr", jaxpr)
+
+
+def jaxpr_consts(jaxpr: Any) -> Sequence[Any]:
+    """Return the consts of a `ClosedJaxpr`, or `()` for an open `Jaxpr`."""
+    return getattr(jaxpr, "consts", ())
+
+
+def make_closed_jaxpr(jaxpr: Any, consts: Sequence[Any]) -> Any:
+    """Build a `ClosedJaxpr` from an open jaxpr and its consts."""
+    return ClosedJaxpr(jaxpr, list(consts))
+
+
+# --------------------------------------------------------------------------
+# Values.
+
+
+def aval_of(value: Any) -> Any:
+    """Return the abstract value of an array, tracer or Python scalar."""
+    return jax.typeof(value)
+
+
+def is_tracer(value: Any) -> bool:
+    """Whether `value` is a JAX tracer (a value of some ongoing trace)."""
+    return isinstance(value, jax.core.Tracer)
+
+
+def bind_eqn(prim: Any, invals: Sequence[Any], params: dict[str, Any]) -> list[Any]:
+    """Bind `prim` as `jax.core.eval_jaxpr` does, always returning a list.
+
+    `Primitive.get_bind_params` returns `(subfuns, params)` up to JAX 0.7 and
+    just `params` from 0.8 on.
+    """
+    bound = prim.get_bind_params(params)
+    if isinstance(bound, dict):
+        out = prim.bind(*invals, **bound)
+    else:
+        subfuns, bind_params = bound
+        out = prim.bind(*subfuns, *invals, **bind_params)
+    return list(out) if prim.multiple_results else [out]
+
+
+def eqn_contexts(eqn: Any) -> tuple[Any, Any]:
+    """The two context managers `jax.core.eval_jaxpr` enters around each bind.
+
+    The first makes anything traced inside cite the equation's user source
+    line and name stack; the second restores the equation's context
+    (`compute_on`, XLA metadata...). `eqn.ctx` is not part of `jax.extend`.
+    """
+    info = eqn.source_info
+    name_stack = source_info_util.current_name_stack() + info.name_stack
+    return (
+        source_info_util.user_context(info.traceback, name_stack=name_stack),
+        eqn.ctx.manager,
+    )
+
+
+# --------------------------------------------------------------------------
+# Higher-order primitive params.
+
+
+class JitParams(NamedTuple):
+    jaxpr: Any  # ClosedJaxpr
+    name: str
+    inline: bool
+    keep_unused: bool
+    donated: tuple[bool, ...]
+
+
+def jit_params(params: dict[str, Any]) -> JitParams:
+    jaxpr = params["jaxpr"]
+    n_in = len(open_jaxpr(jaxpr).invars)
+    return JitParams(
+        jaxpr=jaxpr,
+        name=params.get("name", "jit"),
+        inline=bool(params.get("inline", False)),
+        keep_unused=bool(params.get("keep_unused", False)),
+        donated=tuple(params.get("donated_invars", (False,) * n_in)),
+    )
+
+
+def cond_branches(params: dict[str, Any]) -> tuple[Any, ...]:
+    """The branch `ClosedJaxpr`s of a `cond`, index 0 first."""
+    return tuple(params["branches"])
+
+
+class ScanParams(NamedTuple):
+    jaxpr: Any  # ClosedJaxpr: (consts, carry, xs) -> (carry, ys)
+    num_consts: int
+    num_carry: int
+    length: int
+    reverse: bool
+    unroll: int | bool
+
+
+def scan_params(params: dict[str, Any]) -> ScanParams:
+    return ScanParams(
+        jaxpr=params["jaxpr"],
+        num_consts=params["num_consts"],
+        num_carry=params["num_carry"],
+        length=params["length"],
+        reverse=bool(params["reverse"]),
+        unroll=params.get("unroll", 1),
+    )
+
+
+class WhileParams(NamedTuple):
+    cond_jaxpr: Any
+    cond_nconsts: int
+    body_jaxpr: Any
+    body_nconsts: int
+
+
+def while_params(params: dict[str, Any]) -> WhileParams:
+    return WhileParams(
+        cond_jaxpr=params["cond_jaxpr"],
+        cond_nconsts=params["cond_nconsts"],
+        body_jaxpr=params["body_jaxpr"],
+        body_nconsts=params["body_nconsts"],
+    )
+
+
+class RematParams(NamedTuple):
+    jaxpr: Any  # open Jaxpr without constvars
+    prevent_cse: bool
+    policy: Any
+
+
+def remat_params(params: dict[str, Any]) -> RematParams:
+    return RematParams(
+        jaxpr=params["jaxpr"],
+        prevent_cse=bool(params.get("prevent_cse", True)),
+        policy=params.get("policy"),
+    )
+
+
+def call_jaxpr(params: dict[str, Any]) -> Any:
+    """The body of `closed_call`, `core_call`, `custom_jvp_call`, `custom_vjp_call`."""
+    return params["call_jaxpr"]
+
+
+def custom_call_num_consts(params: dict[str, Any]) -> int:
+    return int(params.get("num_consts", 0))
+
+
+def replace_call_jaxpr(params: dict[str, Any], new_jaxpr: Any) -> dict[str, Any]:
+    """Return `params` with the body swapped for `new_jaxpr` (a `ClosedJaxpr`)."""
+    return {**params, "call_jaxpr": new_jaxpr}
+
+
+class ShardMapParams(NamedTuple):
+    jaxpr: Any  # open Jaxpr
+    mesh: Any
+    in_specs: tuple[Any, ...]
+    out_specs: tuple[Any, ...]
+    check: bool
+    axis_names: frozenset[Any]
+
+
+def shard_map_params(params: dict[str, Any]) -> ShardMapParams:
+    mesh = params["mesh"]
+    check = params.get("check_vma", params.get("check_rep", True))
+    axis_names = params.get("newly_manual_axes")
+    if axis_names is None:
+        auto = params.get("auto", frozenset())
+        axis_names = frozenset(mesh.axis_names) - frozenset(auto)
+    return ShardMapParams(
+        jaxpr=params["jaxpr"],
+        mesh=mesh,
+        in_specs=tuple(params["in_specs"]),
+        out_specs=tuple(params["out_specs"]),
+        check=bool(check),
+        axis_names=frozenset(axis_names),
+    )
+
+
+def shard_map(
+    fn: Any, p: ShardMapParams
+) -> Any:  # pragma: no cover - exercised in multi-device tests
+    """Rebuild a `shard_map` around `fn` with the params of an existing one."""
+    return jax.shard_map(
+        fn,
+        mesh=p.mesh,
+        in_specs=p.in_specs,
+        out_specs=p.out_specs,
+        check_vma=p.check,
+        axis_names=set(p.axis_names),
+    )
+
+
+# --------------------------------------------------------------------------
+# Dead-code elimination and recursion depth.
+
+
+def dce_closed_jaxpr(closed: Any) -> Any:
+    """Drop equations whose results are unused (keeps effectful ones).
+
+    `jax._src.interpreters.partial_eval.dce_jaxpr` has had the same
+    signature from JAX 0.4.14 to 0.10; `jax.extend` does not export it.
+    """
+    from jax._src.interpreters import partial_eval as pe
+
+    jaxpr = open_jaxpr(closed)
+    new_jaxpr, used_inputs = pe.dce_jaxpr(
+        jaxpr, [True] * len(jaxpr.outvars), instantiate=True
+    )
+    if all(used_inputs):
+        return make_closed_jaxpr(new_jaxpr, jaxpr_consts(closed))
+    # Inputs stay in the signature: put the unused ones back as invars.
+    return make_closed_jaxpr(
+        new_jaxpr.replace(invars=list(jaxpr.invars)), jaxpr_consts(closed)
+    )
+
+
+@contextmanager
+def recursion_limit(minimum: int) -> Iterator[None]:
+    """Raise Python's recursion limit to at least `minimum` inside the block.
+
+    Walking a jaxpr nested `n` levels deep costs a few Python frames per
+    level on top of what JAX itself needs.
+    """
+    old = sys.getrecursionlimit()
+    if old >= minimum:
+        yield
+        return
+    sys.setrecursionlimit(minimum)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(old)

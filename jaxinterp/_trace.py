@@ -1,0 +1,347 @@
+"""Front end: stage a Python function into a `ClosedJaxpr` and remember its pytrees."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import jax
+import jax.tree_util as jtu
+
+from . import _jax_compat as compat
+from ._custom_types import PyTree
+from ._errors import StagingError, describe_value
+
+# Staged signatures kept per function; the oldest is dropped past this.
+_PER_FUNCTION_CACHE_SIZE = 64
+# Functions that cannot be weakly referenced share one bounded cache.
+_STRONG_CACHE_SIZE = 128
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Staged:
+    """A function staged for one signature: its Jaxpr and pytree structures.
+
+    Attributes:
+        closed_jaxpr: the `ClosedJaxpr`; its invars are the flattened
+            `(args, kwargs)` leaves with static arguments removed.
+        in_tree: the `PyTreeDef` of `(dynamic_args, kwargs)`.
+        out_tree: the `PyTreeDef` of the result.
+        in_avals: the abstract values of the flat inputs.
+        out_avals: the abstract values of the flat outputs.
+        static_argnums: the positions of the static positional arguments.
+        static_args: their values, in `static_argnums` order.
+        fn_name: the staged function's name, for messages.
+    """
+
+    closed_jaxpr: Any
+    in_tree: Any
+    out_tree: Any
+    in_avals: tuple[Any, ...]
+    out_avals: tuple[Any, ...]
+    static_argnums: tuple[int, ...] = ()
+    static_args: tuple[Any, ...] = ()
+    fn_name: str = "<function>"
+
+    @property
+    def jaxpr(self) -> Any:
+        """The open `Jaxpr` of `closed_jaxpr`."""
+        return compat.open_jaxpr(self.closed_jaxpr)
+
+    @property
+    def consts(self) -> Sequence[Any]:
+        """The values of the Jaxpr's constvars (closed-over arrays)."""
+        return compat.jaxpr_consts(self.closed_jaxpr)
+
+    def flatten_args(self, *args: Any, **kwargs: Any) -> list[Any]:
+        """Flatten a call's dynamic arguments, checking them against the staging.
+
+        Static arguments (those at `static_argnums`) must be left out.
+
+        Raises:
+            StagingError: if the pytree structure or an abstract value differs
+                from what was staged.
+        """
+        leaves, in_tree = jtu.tree_flatten((args, kwargs))
+        if in_tree != self.in_tree:
+            raise StagingError(
+                f"`{self.fn_name}` was staged for arguments with structure\n"
+                f"  {self.in_tree}\nbut was called with\n  {in_tree}.\n"
+                "Stage it again for the new structure with `jaxinterp.stage`."
+            )
+        for i, (leaf, aval) in enumerate(zip(leaves, self.in_avals, strict=True)):
+            got = compat.aval_of(leaf)
+            if got.shape != aval.shape or got.dtype != aval.dtype:
+                raise StagingError(
+                    f"`{self.fn_name}` was staged with input {i} of type "
+                    f"{aval.str_short()} but was called with "
+                    f"{describe_value(leaf)}."
+                )
+        return leaves
+
+    def unflatten_out(self, flat_out: Sequence[Any]) -> PyTree:
+        """Rebuild the result pytree from flat outputs."""
+        return jtu.tree_unflatten(self.out_tree, list(flat_out))
+
+
+# -------------------------------------------------------------------------
+# The staging cache.
+
+
+class _LRU:
+    """A small thread-safe LRU dict."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._data: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> Any:
+        with self._lock:
+            value = self._data.get(key)
+            if value is not None:
+                self._data.move_to_end(key)
+            return value
+
+    def put(self, key: Hashable, value: Any) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+
+_weak_cache: weakref.WeakKeyDictionary[Any, _LRU] = weakref.WeakKeyDictionary()
+_strong_cache = _LRU(_STRONG_CACHE_SIZE)
+_cache_lock = threading.Lock()
+
+
+def _cache_for(fn: Callable[..., Any]) -> tuple[_LRU | None, Any]:
+    """Return the LRU that holds `fn`'s staged signatures and `fn`'s key part.
+
+    Functions that can be weakly referenced get their own LRU, which dies with
+    them. Others share a bounded LRU keyed by the function itself; an
+    unhashable one is not cached at all.
+    """
+    try:
+        with _cache_lock:
+            lru = _weak_cache.get(fn)
+            if lru is None:
+                lru = _LRU(_PER_FUNCTION_CACHE_SIZE)
+                _weak_cache[fn] = lru
+        return lru, None
+    except TypeError:  # not weakly referenceable, or unhashable
+        pass
+    try:
+        hash(fn)
+    except TypeError:
+        return None, None
+    return _strong_cache, fn
+
+
+def clear_cache() -> None:
+    """Forget every staged signature (for tests and benchmarks)."""
+    with _cache_lock:
+        _weak_cache.clear()
+    _strong_cache.clear()
+
+
+def cache_size(fn: Callable[..., Any]) -> int:
+    """Return how many signatures of `fn` are cached."""
+    with _cache_lock:
+        lru = _weak_cache.get(fn)
+    return len(lru) if lru is not None else 0
+
+
+# -------------------------------------------------------------------------
+# Staging.
+
+
+def _normalize_argnums(argnums: int | Sequence[int], nargs: int) -> tuple[int, ...]:
+    if isinstance(argnums, int):
+        argnums = (argnums,)
+    out = []
+    for i in argnums:
+        j = i + nargs if i < 0 else i
+        if not 0 <= j < nargs:
+            raise StagingError(
+                f"static_argnums={tuple(argnums)} is out of range for a call with "
+                f"{nargs} positional arguments."
+            )
+        out.append(j)
+    return tuple(sorted(set(out)))
+
+
+def _fn_name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(
+        fn, "__name__", type(fn).__name__
+    )
+
+
+def check_callable(fn: Any, transform: str) -> None:
+    """Raise a `TypeError` naming `transform` if `fn` is not callable."""
+    if not callable(fn):
+        raise StagingError(
+            f"`{transform}` expects a callable, got {type(fn).__name__}: {fn!r}."
+        )
+
+
+def stage(
+    fn: Callable[..., Any],
+    *args: Any,
+    static_argnums: int | Sequence[int] = (),
+    **kwargs: Any,
+) -> Staged:
+    """Stage `fn` for the given arguments into a `Staged` Jaxpr, cached per signature.
+
+    Arguments and results may be any pytrees; keyword arguments are traced
+    like positional ones. Closed-over arrays become the Jaxpr's consts, and
+    Python scalars keep JAX's weak typing. Arguments may be arrays or
+    `jax.ShapeDtypeStruct`s.
+
+    The result is cached per (function, static arguments, pytree structure,
+    abstract values including weak types), so staging the same signature twice
+    traces once. The cache holds functions weakly and is bounded.
+
+    Args:
+        fn: the function to stage.
+        *args: its positional arguments (values or `jax.ShapeDtypeStruct`s).
+        static_argnums: positions of arguments that are hashable Python values
+            baked into the Jaxpr rather than traced.
+        **kwargs: its keyword arguments.
+
+    Returns:
+        The `Staged` Jaxpr with the input and output pytree structures.
+
+    Raises:
+        StagingError: if `fn` is not callable or a static argument is unhashable.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> staged = stage(lambda x, y: {"s": jnp.sin(x) * y}, 1.0, 2.0)
+        >>> [eqn.primitive.name for eqn in staged.jaxpr.eqns]
+        ['sin', 'mul']
+    """
+    check_callable(fn, "stage")
+    staged, _ = stage_flat(fn, args, kwargs, static_argnums)
+    return staged
+
+
+def stage_flat(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    static_argnums: int | Sequence[int],
+) -> tuple[Staged, list[Any]]:
+    """Stage `fn` (cached) and return it with the flat dynamic arguments."""
+    if static_argnums == ():
+        static: tuple[int, ...] = ()
+        static_args: tuple[Any, ...] = ()
+        dyn_args = tuple(args)
+    else:
+        static = _normalize_argnums(static_argnums, len(args))
+        static_args = tuple(args[i] for i in static)
+        dyn_args = tuple(a for i, a in enumerate(args) if i not in static)
+    leaves, in_tree = jtu.tree_flatten((dyn_args, kwargs))
+    in_avals = tuple(_leaf_aval(leaf) for leaf in leaves)
+    key = (static, static_args, in_tree, in_avals)
+    try:
+        hash(key)
+    except TypeError as err:
+        raise StagingError(
+            f"Static arguments of `{_fn_name(fn)}` must be hashable; got "
+            f"{static_args!r}."
+        ) from err
+
+    lru, fn_key = _cache_for(fn)
+    full_key = key if fn_key is None else (fn_key, key)
+    if lru is not None:
+        staged = lru.get(full_key)
+        if staged is not None:
+            return staged, leaves
+
+    staged = _trace(fn, static, static_args, leaves, in_tree, in_avals)
+    # A staging that captured a tracer of an enclosing transformation (a
+    # closure over a traced value) is only valid inside that trace.
+    if lru is not None and not any(compat.is_tracer(c) for c in staged.consts):
+        lru.put(full_key, staged)
+    return staged, leaves
+
+
+def _leaf_aval(leaf: Any) -> Any:
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        return jax.core.ShapedArray(
+            leaf.shape, leaf.dtype, weak_type=getattr(leaf, "weak_type", False)
+        )
+    try:
+        return compat.aval_of(leaf)
+    except TypeError as err:
+        raise StagingError(
+            f"Cannot stage an argument of type {type(leaf).__name__}: {leaf!r}. "
+            "Arguments must be arrays, scalars or pytrees of them; mark other "
+            "Python values with `static_argnums`."
+        ) from err
+
+
+def _trace(
+    fn: Callable[..., Any],
+    static: tuple[int, ...],
+    static_args: tuple[Any, ...],
+    leaves: list[Any],
+    in_tree: Any,
+    in_avals: tuple[Any, ...],
+) -> Staged:
+    out_tree_box: list[Any] = []
+
+    def flat_fn(*flat_args: Any) -> list[Any]:
+        dyn_args, kwargs = jtu.tree_unflatten(in_tree, flat_args)
+        full_args = _merge_args(dyn_args, static, static_args)
+        out = fn(*full_args, **kwargs)
+        out_leaves, out_tree = jtu.tree_flatten(out)
+        out_tree_box.append(out_tree)
+        return out_leaves
+
+    functools.update_wrapper(flat_fn, fn, updated=())
+    flat_fn.__signature__ = inspect.Signature()  # type: ignore[attr-defined]
+    specs = [
+        jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
+        for a in in_avals
+    ]
+    closed = jax.make_jaxpr(flat_fn)(*specs)
+    jaxpr = compat.open_jaxpr(closed)
+    return Staged(
+        closed_jaxpr=closed,
+        in_tree=in_tree,
+        out_tree=out_tree_box[-1],
+        in_avals=in_avals,
+        out_avals=tuple(v.aval for v in jaxpr.outvars),
+        static_argnums=static,
+        static_args=static_args,
+        fn_name=_fn_name(fn),
+    )
+
+
+def _merge_args(
+    dyn_args: Sequence[Any], static: tuple[int, ...], static_args: tuple[Any, ...]
+) -> list[Any]:
+    if not static:
+        return list(dyn_args)
+    full: list[Any] = []
+    dyn = iter(dyn_args)
+    stat = dict(zip(static, static_args, strict=True))
+    for i in range(len(dyn_args) + len(static)):
+        full.append(stat[i] if i in stat else next(dyn))
+    return full
