@@ -74,6 +74,5 @@ def describe_values(values: Sequence[Any]) -> str:
 def eqn_context(transform: str, eqn: Any) -> str:
     """Return the opening clause most messages share."""
     return (
-        f"`{transform}` at primitive `{eqn.primitive.name}`, "
-        f"used at {source_line(eqn)}"
+        f"`{transform}` at primitive `{eqn.primitive.name}`, used at {source_line(eqn)}"
     )

@@ -317,8 +317,7 @@ def _trace(
     functools.update_wrapper(flat_fn, fn, updated=())
     flat_fn.__signature__ = inspect.Signature()  # type: ignore[attr-defined]
     specs = [
-        jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
-        for a in in_avals
+        jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in in_avals
     ]
     closed = jax.make_jaxpr(flat_fn)(*specs)
     jaxpr = compat.open_jaxpr(closed)

@@ -1,0 +1,84 @@
+"""Developer sessions: `nox -s tests`, `lint`, `typecheck`, `docs`, `examples`, `bench`."""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+# The oldest JAX release jaxinterp claims to support (see pyproject.toml).
+OLDEST_JAX = "0.7.0"
+PYTHONS = ["3.11", "3.12", "3.13"]
+
+
+@nox.session(python=PYTHONS)
+@nox.parametrize("x64", [False, True], ids=["x32", "x64"])
+def tests(session: nox.Session, x64: bool) -> None:
+    """Run the test suite on the newest supported JAX (optionally with x64)."""
+    session.install("-e", ".[test]")
+    env = {"JAX_ENABLE_X64": "1"} if x64 else {}
+    session.run("pytest", *session.posargs, env=env)
+
+
+@nox.session(python="3.11")
+def tests_oldest_jax(session: nox.Session) -> None:
+    """Run the test suite on the oldest supported JAX."""
+    session.install("-e", ".[test]")
+    session.install(f"jax=={OLDEST_JAX}", f"jaxlib=={OLDEST_JAX}")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session(python="3.11")
+def hypothesis_dev(session: nox.Session) -> None:
+    """Long property-based exploration (the `dev` hypothesis profile)."""
+    session.install("-e", ".[test]")
+    session.run(
+        "pytest",
+        "-k",
+        "property or hypothesis",
+        *session.posargs,
+        env={"HYPOTHESIS_PROFILE": "dev"},
+    )
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python="3.11")
+def typecheck(session: nox.Session) -> None:
+    """mypy over the package."""
+    session.install("-e", ".", "mypy")
+    session.run("mypy", "jaxinterp")
+
+
+@nox.session(python="3.11")
+def docs(session: nox.Session) -> None:
+    """Build the documentation site in strict mode."""
+    session.install("-e", ".[dev]")
+    session.run("mkdocs", "build", "--strict")
+
+
+@nox.session(python="3.11")
+def examples(session: nox.Session) -> None:
+    """Run every gallery script."""
+    session.install("-e", ".[dev]")
+    for name in sorted(os.listdir("examples")):
+        if name.endswith(".py") and not name.startswith("_"):
+            session.run("python", os.path.join("examples", name))
+
+
+@nox.session(python="3.11")
+def bench(session: nox.Session) -> None:
+    """Run the benchmarks; each prints ratios against a reference."""
+    session.install("-e", ".")
+    for name in sorted(os.listdir("benchmarks")):
+        if name.startswith("bench_") and name.endswith(".py"):
+            session.run("python", os.path.join("benchmarks", name), *session.posargs)
