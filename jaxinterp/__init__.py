@@ -14,6 +14,19 @@ from ._eval._api import (
     evaluate as evaluate,
 )
 from ._eval._rules import eval_rules as eval_rules
+from ._inverse import _control_flow as _inverse_control_flow  # registers rules
+from ._inverse._api import (
+    ildj as ildj,
+    inverse as inverse,
+    inverse_and_ildj as inverse_and_ildj,
+)
+from ._inverse._custom import custom_inverse as custom_inverse
+from ._inverse._explain import explain_inverse as explain_inverse
+from ._inverse._rules import (
+    inverse_rules as inverse_rules,
+    register_binary as register_binary,
+    register_elementwise as register_elementwise,
+)
 from ._interpreter import (
     BackwardWalker as BackwardWalker,
     Env as Env,

@@ -40,8 +40,9 @@ def _jit(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list[
         return interp.eval_closed(p.jaxpr, *invals)
 
     def build() -> Callable[..., Any]:
-        def body(*args: Any) -> list[Any]:
-            return interp.eval_closed(p.jaxpr, *args)
+        def body(*args: Any) -> tuple[Any, ...]:
+            # A tuple, so that `out_shardings` (a tuple) is a pytree prefix.
+            return tuple(interp.eval_closed(p.jaxpr, *args))
 
         body.__name__ = body.__qualname__ = p.name
         donate = tuple(i for i, d in enumerate(p.donated) if d)
@@ -50,9 +51,10 @@ def _jit(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list[
             inline=p.inline,
             keep_unused=p.keep_unused,
             donate_argnums=donate,
+            **compat.jit_options(p),
         )
 
-    key = ("jit", id(p.jaxpr), p.name, p.inline, p.keep_unused, p.donated)
+    key = ("jit", id(p.jaxpr), *p[1:])
     return list(interp.cached(key, p.jaxpr, build)(*invals))
 
 

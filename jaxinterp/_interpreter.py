@@ -294,8 +294,10 @@ class Interpreter:
 
         @functools.wraps(fn)
         def transformed(*args: Any, **kwargs: Any) -> PyTree:
-            staged, leaves = stage_flat(fn, args, kwargs, static_argnums)
-            return staged.unflatten_out(self.run(staged, leaves))
+            # Staging deeply nested `jit`s needs as much stack as walking them.
+            with compat.recursion_limit(_RECURSION_LIMIT):
+                staged, leaves = stage_flat(fn, args, kwargs, static_argnums)
+                return staged.unflatten_out(self.run(staged, leaves))
 
         return transformed
 

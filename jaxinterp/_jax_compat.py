@@ -29,9 +29,24 @@ JAX_VERSION: tuple[int, ...] = tuple(
 ClosedJaxpr = jex_core.ClosedJaxpr
 Jaxpr = jex_core.Jaxpr
 Literal = jex_core.Literal
-DropVar = jex_core.DropVar
 Var = jex_core.Var
 Primitive = jex_core.Primitive
+
+
+def _private_attr(module_name: str, attr: str) -> Any:
+    """Fetch a name JAX does not export (yet); `None` if it is absent."""
+    try:
+        module = __import__(module_name, fromlist=[attr])
+    except ImportError:
+        return None
+    return getattr(module, attr, None)
+
+
+# `jax.extend.core` exports `DropVar` and `jaxprs_in_params` from JAX 0.8 on.
+DropVar = getattr(jex_core, "DropVar", None) or _private_attr("jax._src.core", "DropVar")
+jaxprs_in_params = getattr(jex_core, "jaxprs_in_params", None) or _private_attr(
+    "jax._src.core", "jaxprs_in_params"
+)
 
 
 def _first_attr(*candidates: tuple[Any, str]) -> Any:
@@ -49,11 +64,7 @@ def _private_primitive(module_name: str, attr: str) -> Any:
     `shard_map_p` and `xla_pmap_p`, which `jax.extend` does not export in any
     supported release.
     """
-    try:
-        module = __import__(module_name, fromlist=[attr])
-    except ImportError:
-        return None
-    return getattr(module, attr, None)
+    return _private_attr(module_name, attr)
 
 
 jit_p = _first_attr((jex_prims, "jit_p"), (jex_prims, "pjit_p"))
@@ -144,6 +155,11 @@ class JitParams(NamedTuple):
     inline: bool
     keep_unused: bool
     donated: tuple[bool, ...]
+    # Per flat input / output: a `jax.sharding.Sharding`, or JAX's private
+    # "unspecified" marker, which `jax.jit` accepts back as it is.
+    in_shardings: tuple[Any, ...]
+    out_shardings: tuple[Any, ...]
+    compiler_options: tuple[tuple[str, Any], ...]
 
 
 def jit_params(params: dict[str, Any]) -> JitParams:
@@ -155,7 +171,26 @@ def jit_params(params: dict[str, Any]) -> JitParams:
         inline=bool(params.get("inline", False)),
         keep_unused=bool(params.get("keep_unused", False)),
         donated=tuple(params.get("donated_invars", (False,) * n_in)),
+        in_shardings=tuple(params.get("in_shardings", ())),
+        out_shardings=tuple(params.get("out_shardings", ())),
+        compiler_options=tuple(params.get("compiler_options_kvs", ())),
     )
+
+
+def jit_options(p: JitParams) -> dict[str, Any]:
+    """The `jax.jit` keyword arguments that rebuild the shardings of a `jit`.
+
+    Only set when the original `jit` specified a sharding: unspecified entries
+    are passed back as JAX's own marker (accepted from JAX 0.4.30 to 0.10).
+    """
+    options: dict[str, Any] = {}
+    if any(isinstance(s, jax.sharding.Sharding) for s in p.in_shardings):
+        options["in_shardings"] = p.in_shardings
+    if any(isinstance(s, jax.sharding.Sharding) for s in p.out_shardings):
+        options["out_shardings"] = p.out_shardings
+    if p.compiler_options:
+        options["compiler_options"] = dict(p.compiler_options)
+    return options
 
 
 def cond_branches(params: dict[str, Any]) -> tuple[Any, ...]:

@@ -8,6 +8,7 @@ from typing import Any, Generic, TypeVar, overload
 
 from jax.extend import core as jex_core
 
+from . import _jax_compat as compat
 from ._errors import MissingRuleError, source_line
 
 R = TypeVar("R", bound=Callable[..., Any])
@@ -189,7 +190,7 @@ def iter_eqns(jaxpr: Any) -> Iterator[Any]:
         current = stack.pop()
         for eqn in current.eqns:
             yield eqn
-            stack.extend(jex_core.jaxprs_in_params(eqn.params))
+            stack.extend(compat.jaxprs_in_params(eqn.params))
 
 
 def _prim_expr(prim: jex_core.Primitive) -> str:

@@ -1,0 +1,134 @@
+"""Walker cost per equation against `jax.core.eval_jaxpr`, and its scaling.
+
+Both walkers evaluate the same staged chain of equations while being traced
+again by `jax.make_jaxpr`, so each equation costs one bind into a new Jaxpr:
+the ratio is jaxinterp's walking overhead on top of JAX's own. The chain
+cycles through `sin`, a multiplication by a literal, `cos` and an addition of
+a second, long-lived input, one equation each.
+
+Figures (targets from the performance issue):
+
+* `walker/eval_jaxpr ratio, N eqns` for N = 1,000 and 10,000: <= 1.10;
+* `walker scaling, 100000/10000 eqns`: the time for 100,000 equations over
+  the time for 10,000, <= 11 (no super-linear cost).
+
+Run with `python benchmarks/bench_walker.py` (`--quick` for smaller sizes).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from _common import compare, describe, parse_args, print_header, report
+from jax import lax
+
+import jaxinterp
+
+SPECS = (jax.ShapeDtypeStruct((8,), jnp.float32),) * 2
+
+
+def chain(n: int) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """Return a function of `(x, y)` that stages to exactly `n` equations."""
+
+    def fn(x: jax.Array, y: jax.Array) -> jax.Array:
+        for i in range(n):
+            step = i % 4
+            if step == 0:
+                x = lax.sin(x)
+            elif step == 1:
+                x = x * 1.5
+            elif step == 2:
+                x = lax.cos(x)
+            else:
+                x = x + y
+        return x
+
+    return fn
+
+
+def stage_chain(n: int) -> Any:
+    """Stage `chain(n)` into a `ClosedJaxpr`, checking its length."""
+    start = time.perf_counter()
+    closed = jax.make_jaxpr(chain(n))(*SPECS)
+    assert len(closed.jaxpr.eqns) == n, len(closed.jaxpr.eqns)
+    print(f"  staged {n} eqns in {time.perf_counter() - start:.1f} s")
+    return closed
+
+
+def retrace_reference(closed: Any) -> Callable[[], Any]:
+    """Trace `jax.core.eval_jaxpr` walking `closed` (a fresh function each run)."""
+    jaxpr, consts = closed.jaxpr, closed.consts
+
+    def run() -> None:
+        jax.make_jaxpr(lambda x, y: jax.core.eval_jaxpr(jaxpr, consts, x, y))(*SPECS)
+
+    return run
+
+
+def retrace_walker(closed: Any) -> Callable[[], Any]:
+    """Trace `jaxinterp.eval_jaxpr` walking `closed` (a fresh function each run).
+
+    A fresh function per run keeps `jax.make_jaxpr` from answering from its
+    tracing cache.
+    """
+
+    def run() -> None:
+        jax.make_jaxpr(lambda x, y: jaxinterp.eval_jaxpr(closed, x, y))(*SPECS)
+
+    return run
+
+
+def per_equation(sizes: tuple[int, ...], repeats: dict[int, int]) -> None:
+    for n in sizes:
+        closed = stage_chain(n)
+        times = compare(
+            {
+                "jax.core.eval_jaxpr": retrace_reference(closed),
+                "jaxinterp.eval_jaxpr": retrace_walker(closed),
+            },
+            repeats=repeats[n],
+        )
+        for name, ts in times.items():
+            print(f"  {name}, {n} eqns: {describe(ts, per=n)} per eqn")
+        ratio = min(times["jaxinterp.eval_jaxpr"]) / min(times["jax.core.eval_jaxpr"])
+        report(f"walker/eval_jaxpr ratio, {n} eqns", ratio, 1.10)
+
+
+def scaling(small: int, large: int, repeats: int) -> None:
+    closed = {n: stage_chain(n) for n in (small, large)}
+    times = compare(
+        {
+            f"{name} {n}": retrace(closed[n])
+            for n in (small, large)
+            for name, retrace in (
+                ("walker", retrace_walker),
+                ("reference", retrace_reference),
+            )
+        },
+        repeats=repeats,
+    )
+    for name, ts in times.items():
+        print(f"  {name} eqns: {describe(ts, unit='ms')}")
+    reference = min(times[f"reference {large}"]) / min(times[f"reference {small}"])
+    print(f"  (jax.core.eval_jaxpr scales by {reference:.2f} on the same chains)")
+    ratio = min(times[f"walker {large}"]) / min(times[f"walker {small}"])
+    report(f"walker scaling, {large}/{small} eqns", ratio, 11.0 * large / small / 10)
+
+
+def main() -> None:
+    args = parse_args(__doc__.splitlines()[0])
+    print_header("bench_walker")
+    if args.quick:
+        per_equation((300, 1_000), {300: 5, 1_000: 3})
+        scaling(1_000, 10_000, repeats=2)
+    else:
+        per_equation((1_000, 10_000), {1_000: 15, 10_000: 7})
+        scaling(10_000, 100_000, repeats=3)
+
+
+if __name__ == "__main__":
+    main()

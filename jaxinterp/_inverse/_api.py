@@ -1,0 +1,361 @@
+"""`inverse`, `inverse_and_ildj` and `ildj`: the public inversion API."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.tree_util as jtu
+from jax.extend import core as jex_core
+
+from .. import _jax_compat as compat
+from .._custom_types import PyTree
+from .._trace import Staged, check_callable, stage_flat
+from ._engine import InverseWalker
+
+__all__ = ["ildj", "inverse", "inverse_and_ildj"]
+
+
+def _spec(x: Any) -> jax.ShapeDtypeStruct:
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x
+    aval = compat.aval_of(x)
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+
+
+def _describe(tree: Any, leaves: Sequence[Any]) -> str:
+    specs = [_spec(x) for x in leaves]
+    text = ", ".join(
+        f"{s.dtype}[{','.join(map(str, s.shape))}]" for s in specs
+    )
+    return f"{tree} with leaves ({text})"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Compiled:
+    """The cached inverse of one staged signature."""
+
+    with_ildj: Any  # ClosedJaxpr: (*y, *known) -> (*x, ildj)
+    only_x: Any  # ClosedJaxpr: (*y, *known) -> (*x)
+    only_ildj: Any  # ClosedJaxpr: (*y, *known) -> (ildj,)
+    x_trees: tuple[Any, ...]
+    n_x: int
+
+    def runner(self, mode: str) -> tuple[Any, Callable[..., list[Any]]]:
+        closed = {"x": self.only_x, "ildj": self.only_ildj}.get(mode, self.with_ildj)
+        return closed, _jitted(closed)
+
+
+_jit_cache: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def _jitted(closed: Any) -> Callable[..., list[Any]]:
+    fn = _jit_cache.get(closed)
+    if fn is None:
+        fn = jax.jit(jex_core.jaxpr_as_fun(closed))
+        _jit_cache[closed] = fn
+    return fn
+
+
+_compiled_cache: weakref.WeakKeyDictionary[Staged, dict[Any, _Compiled]] = (
+    weakref.WeakKeyDictionary()
+)
+_compiled_lock = threading.Lock()
+
+
+def _num_positional(fn: Callable[..., Any]) -> int:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return 1
+    count = 0
+    for param in sig.parameters.values():
+        if param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+            if param.default is param.empty:
+                count += 1
+    return max(count, 1)
+
+
+class _InverseFunction:
+    """The callable `inverse` returns: `(y, *known_args) -> x`."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        argnums: int | Sequence[int] | None,
+        example_args: Sequence[Any] | None,
+        mode: str,
+    ) -> None:
+        transform = {"x": "inverse", "both": "inverse_and_ildj", "ildj": "ildj"}[mode]
+        check_callable(fn, transform)
+        self.fn = fn
+        self.transform = transform
+        self.argnums = (
+            None
+            if argnums is None
+            else ((argnums,) if isinstance(argnums, int) else tuple(argnums))
+        )
+        if example_args is not None and not isinstance(example_args, (tuple, list)):
+            raise TypeError(
+                f"`{transform}`: `example_args` must be a tuple of the unknown "
+                f"arguments, got {type(example_args).__name__}."
+            )
+        self.example_args = None if example_args is None else tuple(example_args)
+        self.mode = mode
+        name = getattr(fn, "__name__", "fn")
+        self.__name__ = f"{transform}_{name}"
+        self.__qualname__ = self.__name__
+        self.__doc__ = f"The {transform} of `{name}` (see `jaxinterp.{transform}`)."
+        self.__wrapped__ = fn
+
+    def __repr__(self) -> str:
+        return f"<{self.transform} of {self.fn!r}>"
+
+    # The signature seen by `inspect` (and by `inverse(inverse(f))`).
+    def _signature(self, y: Any, *known_args: Any) -> None: ...
+
+    __signature__ = inspect.signature(_signature)
+
+    def _positions(self, n_known: int) -> tuple[tuple[int, ...], int]:
+        if self.argnums is None:
+            if n_known:
+                raise TypeError(
+                    f"`{self.transform}` without `argnums` takes only the output "
+                    f"`y`, got {n_known} more positional arguments. Pass "
+                    "`argnums=` to say which arguments are unknown."
+                )
+            n = (
+                len(self.example_args)
+                if self.example_args is not None
+                else _num_positional(self.fn)
+            )
+            return tuple(range(n)), n
+        n_total = len(self.argnums) + n_known
+        unknown = []
+        for i in self.argnums:
+            j = i + n_total if i < 0 else i
+            if not 0 <= j < n_total:
+                raise TypeError(
+                    f"`{self.transform}`: argnums={self.argnums} is out of range for "
+                    f"{n_total} positional arguments."
+                )
+            unknown.append(j)
+        return tuple(sorted(set(unknown))), n_total
+
+    def _unknown_specs(self, y: Any, n_unknown: int) -> tuple[Any, ...]:
+        if self.example_args is not None:
+            if len(self.example_args) != n_unknown:
+                raise TypeError(
+                    f"`{self.transform}`: `example_args` has "
+                    f"{len(self.example_args)} entries for {n_unknown} unknown "
+                    "arguments."
+                )
+            return tuple(jtu.tree_map(_spec, a) for a in self.example_args)
+        if n_unknown == 1:
+            return (jtu.tree_map(_spec, y),)
+        if not isinstance(y, (tuple, list)) or len(y) != n_unknown:
+            raise TypeError(
+                f"`{self.transform}` assumes the {n_unknown} unknown arguments "
+                f"mirror `y`, so `y` must be a tuple of {n_unknown} entries; got "
+                f"{type(y).__name__}. Pass `example_args=` with the unknown "
+                "arguments (arrays or `jax.ShapeDtypeStruct`s)."
+            )
+        return tuple(jtu.tree_map(_spec, yi) for yi in y)
+
+    def __call__(self, y: Any, *known_args: Any) -> Any:
+        unknown, n_total = self._positions(len(known_args))
+        specs = self._unknown_specs(y, len(unknown))
+        known_it, spec_it = iter(known_args), iter(specs)
+        full = [next(spec_it) if i in unknown else next(known_it) for i in range(n_total)]
+        staged, leaves = stage_flat(self.fn, full, {}, ())
+        y_leaves, y_tree = jtu.tree_flatten(y)
+        self._check_output(staged, y_tree, y_leaves)
+
+        mask = []
+        for i, arg in enumerate(full):
+            mask.extend([i in unknown] * len(jtu.tree_leaves(arg)))
+        known_leaves = [x for x, m in zip(leaves, mask, strict=True) if not m]
+        compiled = _compile(staged, tuple(mask), specs, y_leaves)
+        closed, jitted = compiled.runner(self.mode)
+        args = [*y_leaves, *known_leaves]
+        if any(compat.is_tracer(a) for a in args):
+            outs = jex_core.jaxpr_as_fun(closed)(*args)
+        else:
+            outs = jitted(*args)
+        if self.mode == "ildj":
+            return outs[0]
+        xs_flat = outs[: compiled.n_x]
+        xs, start = [], 0
+        for tree in compiled.x_trees:
+            xs.append(jtu.tree_unflatten(tree, xs_flat[start : start + tree.num_leaves]))
+            start += tree.num_leaves
+        x = xs[0] if len(xs) == 1 else tuple(xs)
+        return x if self.mode == "x" else (x, outs[compiled.n_x])
+
+    def _check_output(self, staged: Staged, y_tree: Any, y_leaves: list[Any]) -> None:
+        same = staged.out_tree == y_tree and all(
+            a.shape == jax.numpy.shape(y) and a.dtype == jax.numpy.result_type(y)
+            for a, y in zip(staged.out_avals, y_leaves, strict=True)
+        ) if staged.out_tree == y_tree else False
+        if same:
+            return
+        expected = ", ".join(a.str_short() for a in staged.out_avals)
+        received = _describe(y_tree, y_leaves)
+        if self.example_args is None:
+            raise TypeError(
+                f"`{self.transform}` assumed the unknown arguments of "
+                f"`{staged.fn_name}` mirror `y` ({received}), but `{staged.fn_name}` "
+                f"traced on them returns {staged.out_tree} with leaves ({expected}) "
+                "instead. Pass `example_args=` with the unknown arguments (arrays "
+                "or `jax.ShapeDtypeStruct`s) when they differ from `y`."
+            )
+        raise TypeError(
+            f"`{self.transform}` of `{staged.fn_name}` expects `y` of structure "
+            f"{staged.out_tree} with leaves ({expected}), the output of "
+            f"`{staged.fn_name}` for `example_args`; got {received}."
+        )
+
+
+def _compile(
+    staged: Staged, mask: tuple[bool, ...], specs: tuple[Any, ...], y_leaves: list[Any]
+) -> _Compiled:
+    key = (mask, tuple(_spec(y) for y in y_leaves))
+    with _compiled_lock:
+        per_staged = _compiled_cache.setdefault(staged, {})
+        hit = per_staged.get(key)
+    if hit is not None:
+        return hit
+    walker = InverseWalker()
+    jaxpr, consts = staged.jaxpr, staged.consts
+    n_y = len(y_leaves)
+
+    def inverse_flat(*args: Any) -> list[Any]:
+        ys, known = args[:n_y], iter(args[n_y:])
+        invals = [None if m else next(known) for m in mask]
+        sol = walker.solve(jaxpr, consts, invals, list(ys))
+        xs = [v for v, m in zip(sol.invals, mask, strict=True) if m]
+        return [*xs, sol.ildj]
+
+    known_specs = [
+        jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
+        for a, m in zip(staged.in_avals, mask, strict=True)
+        if not m
+    ]
+    in_specs = [*(_spec(y) for y in y_leaves), *known_specs]
+    with compat.recursion_limit(12_000):
+        closed = jax.make_jaxpr(inverse_flat)(*in_specs)
+    n_x = sum(mask)
+    with_ildj = compat.dce_closed_jaxpr(closed)
+    only_x = compat.dce_closed_jaxpr(_select_outputs(closed, range(n_x)))
+    only_ildj = compat.dce_closed_jaxpr(_select_outputs(closed, [n_x]))
+    compiled = _Compiled(
+        with_ildj=with_ildj,
+        only_x=only_x,
+        only_ildj=only_ildj,
+        x_trees=tuple(jtu.tree_structure(s) for s in specs),
+        n_x=n_x,
+    )
+    with _compiled_lock:
+        per_staged[key] = compiled
+    return compiled
+
+
+def _select_outputs(closed: Any, keep: Any) -> Any:
+    jaxpr = compat.open_jaxpr(closed)
+    outvars = [jaxpr.outvars[i] for i in keep]
+    return compat.make_closed_jaxpr(
+        jaxpr.replace(outvars=outvars), compat.jaxpr_consts(closed)
+    )
+
+
+def inverse(
+    fn: Callable[..., Any],
+    argnums: int | Sequence[int] | None = None,
+    *,
+    example_args: Sequence[Any] | None = None,
+) -> Callable[..., PyTree]:
+    """Return a function that computes the inverse of `fn`.
+
+    `inverse(fn)(fn(x))` recovers `x`. The inverse takes exactly what `fn`
+    returned (any pytree) and returns `fn`'s positional argument: a single
+    value if `fn` takes one, a tuple if several. With `argnums`, only those
+    arguments are unknown and the inverse takes the others after `y`:
+    `inverse(fn, argnums=0)(y, *known_args)`.
+
+    The inverse is found by a dataflow analysis of `fn`'s Jaxpr: values that
+    depend only on known inputs are computed forwards, equations whose results
+    are known are solved backwards with the rules in `inverse_rules`. It is
+    traced once per signature into a Jaxpr without dead code, cached, and
+    composes with `jax.jit`, `jax.vmap`, `jax.grad` and `jax.jvp`.
+
+    Args:
+        fn: a function built from invertible primitives.
+        argnums: the positions of the unknown arguments; all by default.
+        example_args: the unknown arguments as arrays or
+            `jax.ShapeDtypeStruct`s (a tuple), needed when they do not mirror
+            `y`'s structure, shapes and dtypes.
+
+    Returns:
+        The inverse function `(y, *known_args) -> x`.
+
+    Raises:
+        NotInvertibleError: if an input cannot be recovered from the outputs
+            (raised when the inverse is first called for a signature).
+        TypeError: if `y` does not match what `fn` returns.
+
+    Example:
+        >>> f = lambda x: jnp.exp(jnp.tanh(x))
+        >>> print(f"{jaxinterp.inverse(f)(f(0.5)):.4f}")
+        0.5000
+        >>> affine = lambda x, scale, shift: x * jnp.exp(scale) + shift
+        >>> y = affine(jnp.arange(3.0), 0.5, 1.0)
+        >>> jaxinterp.inverse(affine, argnums=0)(y, 0.5, 1.0).round(4)
+        Array([0., 1., 2.], dtype=float32)
+    """
+    return _InverseFunction(fn, argnums, example_args, "x")
+
+
+def inverse_and_ildj(
+    fn: Callable[..., Any],
+    argnums: int | Sequence[int] | None = None,
+    *,
+    example_args: Sequence[Any] | None = None,
+) -> Callable[..., tuple[PyTree, Any]]:
+    """Return a function computing the inverse of `fn` and its log-det-Jacobian.
+
+    The returned function gives `(x, ildj)` where
+    `ildj = log|det ∂fn⁻¹(y)/∂y|` over all elements of the unknown inputs (a
+    scalar; per example under `jax.vmap`). Keywords as for `inverse`.
+
+    Example:
+        >>> f = lambda x: 2.0 * x
+        >>> x, ildj = jaxinterp.inverse_and_ildj(f)(jnp.ones(3))
+        >>> print(f"{ildj:.4f}")
+        -2.0794
+    """
+    return _InverseFunction(fn, argnums, example_args, "both")
+
+
+def ildj(
+    fn: Callable[..., Any],
+    argnums: int | Sequence[int] | None = None,
+    *,
+    example_args: Sequence[Any] | None = None,
+) -> Callable[..., Any]:
+    """Return a function computing only the inverse log-det-Jacobian of `fn`.
+
+    Same keywords as `inverse`; the computation of `x` itself is dropped where
+    the ildj does not need it.
+
+    Example:
+        >>> print(f"{jaxinterp.ildj(jnp.exp)(jnp.array([1.0, 2.0])):.4f}")
+        -0.6931
+    """
+    return _InverseFunction(fn, argnums, example_args, "ildj")
+
+

@@ -1,0 +1,406 @@
+"""Inverse rules for higher-order primitives: jit, calls, custom derivatives, cond,
+scan and while.
+
+Each rule inverts the sub-Jaxpr with the same dataflow engine and rebuilds the
+construct around the inverse: the inverse of a `jit` is a `jit`, of a `cond` a
+`cond` over the inverted branches, of a `scan` a `scan` running the other way.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .. import _jax_compat as compat
+from .._errors import NotInvertibleError
+from ._engine import InverseWalker
+from ._rules import inverse_rules
+
+_walker = InverseWalker()
+_Literal = compat.Literal
+
+
+def _ildj_dtype(values: Sequence[Any]) -> Any:
+    dtypes = [
+        jnp.result_type(v)
+        for v in values
+        if v is not None and jnp.issubdtype(jnp.result_type(v), jnp.inexact)
+    ]
+    if not dtypes:
+        return jnp.float32
+    dtype = jnp.result_type(*dtypes)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return jnp.finfo(dtype).dtype
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def _invert_closed(
+    closed: Any, invals: Sequence[Any], outvals: Sequence[Any]
+) -> tuple[list[Any], Any]:
+    """Solve `closed` for its unknown inputs; return (all invals, ildj)."""
+    sol = _walker.solve(
+        compat.open_jaxpr(closed), compat.jaxpr_consts(closed), invals, outvals
+    )
+    return sol.invals, sol.ildj
+
+
+def _with_context(what: str, err: NotInvertibleError) -> NotInvertibleError:
+    return NotInvertibleError(f"inside {what}: {err}")
+
+
+# ---------------------------------------------------------------------------
+# Call-like primitives: invert the body in place.
+
+
+def _inline_body_rule(get_body: Callable[[dict[str, Any]], Any], what: str) -> Any:
+    def rule(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
+        if any(o is None for o in outvals):
+            return None
+        try:
+            solved, ildj = _invert_closed(get_body(params), invals, outvals)
+        except NotInvertibleError as err:
+            raise _with_context(what, err) from None
+        return solved, ildj
+
+    return rule
+
+
+inverse_rules.register(
+    compat.closed_call_p,
+    _inline_body_rule(compat.call_jaxpr, "`closed_call`"),
+)
+inverse_rules.register(
+    compat.core_call_p,
+    _inline_body_rule(
+        lambda p: compat.make_closed_jaxpr(compat.call_jaxpr(p), ()), "`core_call`"
+    ),
+)
+if compat.remat_p is not None:
+    inverse_rules.register(
+        compat.remat_p,
+        _inline_body_rule(
+            lambda p: compat.make_closed_jaxpr(compat.remat_params(p).jaxpr, ()),
+            "`checkpoint`",
+        ),
+    )
+
+
+def _logaddexp_inverse(outvals: Sequence[Any], a: Any, b: Any) -> Any:
+    """`y = logaddexp(a, b)` with one side known: `a = y + log1p(-exp(b - y))`."""
+    (y,) = outvals
+    if (a is None) == (b is None):
+        return None
+    known = b if a is None else a
+    if jnp.shape(known) != jnp.shape(y) and jnp.ndim(known) != 0:
+        return None
+    t = -lax.exp(lax.sub(known, y).astype(jnp.result_type(y)))
+    solved = y + jnp.log1p(t)
+    ildj = -jnp.sum(jnp.log1p(t) * jnp.ones_like(y))
+    return ([solved, b] if a is None else [a, solved]), ildj
+
+
+# Custom-derivative functions whose primal body is not invertible equation by
+# equation, but whose whole is: matched by the name JAX records.
+_NAMED_CUSTOM_JVP: dict[str, Callable[..., Any]] = {"logaddexp": _logaddexp_inverse}
+
+
+def _custom_jvp_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
+    named = _NAMED_CUSTOM_JVP.get(params.get("name", ""))
+    if named is not None and len(invals) == 2:
+        return named(outvals, *invals)
+    return _inline_body_rule(compat.call_jaxpr, "a `custom_jvp` function")(
+        outvals, *invals, **params
+    )
+
+
+inverse_rules.register(compat.custom_jvp_call_p, _custom_jvp_inverse)
+inverse_rules.register(
+    compat.custom_vjp_call_p,
+    _inline_body_rule(compat.call_jaxpr, "a `custom_vjp` function"),
+)
+
+
+# ---------------------------------------------------------------------------
+# jit: the inverse is a jit, traced once per (body, known mask).
+
+_jit_cache: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _jitted_inverse(closed: Any, mask: tuple[bool, ...], name: str) -> Any:
+    per_body = _jit_cache.setdefault(closed, {})
+    fn = per_body.get(mask)
+    if fn is not None:
+        return fn
+    body_ref = weakref.ref(closed)
+
+    def inverse_body(outvals: list[Any], known: list[Any]) -> tuple[list[Any], Any]:
+        body = body_ref()
+        assert body is not None, "the jit body outlived its inverse"
+        it = iter(known)
+        invals = [None if unknown else next(it) for unknown in mask]
+        solved, ildj = _invert_closed(body, invals, outvals)
+        dtype = _ildj_dtype(outvals)
+        return [s for s, unknown in zip(solved, mask, strict=True) if unknown], (
+            jnp.asarray(ildj).astype(dtype)
+        )
+
+    inverse_body.__name__ = inverse_body.__qualname__ = f"inverse_{name}"
+    fn = jax.jit(inverse_body)
+    per_body[mask] = fn
+    return fn
+
+
+@inverse_rules.register(compat.jit_p)
+def _jit_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
+    p = compat.jit_params(params)
+    from ._custom import custom_inverse_rule
+
+    custom = custom_inverse_rule(p.name)
+    if custom is not None:
+        res = custom(outvals, invals, p)
+        if res is not None:
+            return res
+    if any(o is None for o in outvals):
+        return None
+    mask = tuple(v is None for v in invals)
+    fn = _jitted_inverse(p.jaxpr, mask, p.name)
+    known = [v for v in invals if v is not None]
+    try:
+        xs, ildj = fn(list(outvals), known)
+    except NotInvertibleError as err:
+        raise _with_context(f"`jit` of `{p.name}`", err) from None
+    it = iter(xs)
+    return [next(it) if v is None else v for v in invals], ildj
+
+
+# ---------------------------------------------------------------------------
+# cond with a known index: a cond over the inverted branches.
+
+
+@inverse_rules.register(compat.cond_p)
+def _cond_inverse(outvals: Sequence[Any], index: Any, *ops: Any, **params: Any) -> Any:
+    if index is None:
+        raise NotInvertibleError(
+            "the branch index of a `cond` depends on an unknown input"
+        )
+    if any(o is None for o in outvals):
+        return None
+    branches = compat.cond_branches(params)
+    mask = [v is None for v in ops]
+    known = [v for v in ops if v is not None]
+    dtype = _ildj_dtype(outvals)
+
+    def branch_inverse(closed: Any) -> Callable[..., Any]:
+        def inv(outs: list[Any], known_ops: list[Any]) -> tuple[list[Any], Any]:
+            it = iter(known_ops)
+            invals = [None if m else next(it) for m in mask]
+            solved, ildj = _invert_closed(closed, invals, outs)
+            xs = [s for s, m in zip(solved, mask, strict=True) if m]
+            return xs, jnp.asarray(ildj).astype(dtype)
+
+        return inv
+
+    try:
+        xs, ildj = lax.switch(
+            index, [branch_inverse(b) for b in branches], list(outvals), known
+        )
+    except NotInvertibleError as err:
+        raise _with_context("a branch of a `cond`", err) from None
+    it = iter(xs)
+    return [index, *[next(it) if v is None else v for v in ops]], ildj
+
+
+# ---------------------------------------------------------------------------
+# Loops: split the carry into a known part (initial value known, updated from
+# known values only) and an unknown part that is solved backwards.
+
+
+def forward_known(jaxpr: Any, in_known: Sequence[bool]) -> list[bool]:
+    """Which outputs of `jaxpr` depend only on inputs marked known."""
+    known: set[Any] = {v for v, k in zip(jaxpr.invars, in_known, strict=True) if k}
+    known.update(jaxpr.constvars)
+    for eqn in jaxpr.eqns:
+        if all(type(v) is _Literal or v in known for v in eqn.invars):
+            known.update(eqn.outvars)
+    return [type(v) is _Literal or v in known for v in jaxpr.outvars]
+
+
+def _known_carry(
+    body: Any, n_before: int, carry_known: list[bool], rest_known: list[bool]
+) -> list[bool]:
+    """Fixpoint of carries whose init is known and whose update stays known."""
+    n_carry = len(carry_known)
+    known = list(carry_known)
+    while True:
+        out = forward_known(body, [True] * n_before + known + rest_known)
+        new = [k and o for k, o in zip(known, out[:n_carry], strict=True)]
+        if new == known:
+            return known
+        known = new
+
+
+@inverse_rules.register(compat.scan_p)
+def _scan_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
+    p = compat.scan_params(params)
+    n_consts, n_carry = p.num_consts, p.num_carry
+    consts = list(invals[:n_consts])
+    init = list(invals[n_consts : n_consts + n_carry])
+    xs = list(invals[n_consts + n_carry :])
+    if any(c is None for c in consts):
+        raise NotInvertibleError(
+            "a loop-invariant operand of a `scan` depends on an unknown input"
+        )
+    final = list(outvals[:n_carry])
+    ys = list(outvals[n_carry:])
+    if any(y is None for y in ys):
+        return None
+    body = compat.open_jaxpr(p.jaxpr)
+    body_consts = compat.jaxpr_consts(p.jaxpr)
+    x_known = [x is not None for x in xs]
+    c_known = _known_carry(body, n_consts, [c is not None for c in init], x_known)
+    if any(f is None for f, k in zip(final, c_known, strict=True) if not k):
+        return None
+    dtype = _ildj_dtype(outvals)
+    known_xs = [x for x in xs if x is not None]
+
+    def body_invals(kc: list[Any], unknown_c: Any, known_x: list[Any]) -> list[Any]:
+        kc_it, x_it = iter(kc), iter(known_x)
+        carry = [next(kc_it) if k else unknown_c for k in c_known]
+        return [*consts, *carry, *[next(x_it) if k else None for k in x_known]]
+
+    # 1. The known carries' value at the start of every step.
+    init_known = [c for c, k in zip(init, c_known, strict=True) if k]
+    if init_known:
+
+        def known_step(kc: list[Any], kx: list[Any]) -> tuple[list[Any], list[Any]]:
+            sol = _walker.solve(
+                body,
+                body_consts,
+                body_invals(kc, None, kx),
+                [None] * len(body.outvars),
+                strict=False,
+            )
+            new = [o for o, k in zip(sol.outvals[:n_carry], c_known, strict=True) if k]
+            return new, kc
+
+        _, kc_seq = lax.scan(
+            known_step, init_known, known_xs, length=p.length, reverse=p.reverse
+        )
+    else:
+        kc_seq = []
+
+    # 2. The inverse: run the other way, solving each step.
+    def inverse_step(
+        carry_next: list[Any], step: tuple[list[Any], list[Any], list[Any]]
+    ) -> tuple[list[Any], tuple[list[Any], Any]]:
+        y_t, kx_t, kc_t = step
+        invals_t = body_invals(kc_t, None, kx_t)
+        nxt = iter(carry_next)
+        outs_t = [None if k else next(nxt) for k in c_known] + list(y_t)
+        sol = _walker.solve(body, body_consts, invals_t, outs_t)
+        carry_in = sol.invals[n_consts : n_consts + n_carry]
+        carry = [c for c, k in zip(carry_in, c_known, strict=True) if not k]
+        x_t = [
+            x for x, k in zip(sol.invals[n_consts + n_carry :], x_known, strict=True)
+            if not k
+        ]
+        return carry, (x_t, jnp.asarray(sol.ildj).astype(dtype))
+
+    unknown_final = [f for f, k in zip(final, c_known, strict=True) if not k]
+    try:
+        carry0, (x_unknown, ildjs) = lax.scan(
+            inverse_step,
+            unknown_final,
+            (ys, known_xs, kc_seq),
+            length=p.length,
+            reverse=not p.reverse,
+        )
+    except NotInvertibleError as err:
+        raise _with_context("the body of a `scan`", err) from None
+    # carry0 holds every carry outside the known part, including unknown-part
+    # carries whose initial value was known all along.
+    c_it, x_it = iter(carry0), iter(x_unknown)
+    solved_init = []
+    for v, k in zip(init, c_known, strict=True):
+        solved = v if k else next(c_it)
+        solved_init.append(v if v is not None else solved)
+    solved_xs = [v if v is not None else next(x_it) for v in xs]
+    return [*consts, *solved_init, *solved_xs], jnp.sum(ildjs)
+
+
+@inverse_rules.register(compat.while_p)
+def _while_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
+    p = compat.while_params(params)
+    nc, nb = p.cond_nconsts, p.body_nconsts
+    cond_consts = list(invals[:nc])
+    body_consts = list(invals[nc : nc + nb])
+    init = list(invals[nc + nb :])
+    n_carry = len(init)
+    if any(c is None for c in cond_consts + body_consts):
+        raise NotInvertibleError(
+            "a loop-invariant operand of a `while` depends on an unknown input"
+        )
+    body = compat.open_jaxpr(p.body_jaxpr)
+    body_jconsts = compat.jaxpr_consts(p.body_jaxpr)
+    cond = compat.open_jaxpr(p.cond_jaxpr)
+    cond_jconsts = compat.jaxpr_consts(p.cond_jaxpr)
+    c_known = _known_carry(body, nb, [c is not None for c in init], [])
+    if not forward_known(cond, [True] * nc + c_known)[0]:
+        raise NotInvertibleError(
+            "the trip count of a `while` loop depends on an unknown input"
+        )
+    if any(o is None for o, k in zip(outvals, c_known, strict=True) if not k):
+        return None
+    dtype = _ildj_dtype(outvals)
+
+    def full(kc: list[Any]) -> list[Any]:
+        it = iter(kc)
+        return [next(it) if k else None for k in c_known]
+
+    # 1. Count the steps (and get the known carries' final values).
+    def count_cond(state: tuple[Any, list[Any]]) -> Any:
+        _, kc = state
+        sol = _walker.solve(
+            cond, cond_jconsts, [*cond_consts, *full(kc)], [None], strict=False
+        )
+        return sol.outvals[0]
+
+    def count_body(state: tuple[Any, list[Any]]) -> tuple[Any, list[Any]]:
+        steps, kc = state
+        sol = _walker.solve(
+            body,
+            body_jconsts,
+            [*body_consts, *full(kc)],
+            [None] * n_carry,
+            strict=False,
+        )
+        return steps + 1, [o for o, k in zip(sol.outvals, c_known, strict=True) if k]
+
+    init_known = [c for c, k in zip(init, c_known, strict=True) if k]
+    steps, kc_final = lax.while_loop(
+        count_cond, count_body, (jnp.zeros((), jnp.int32), init_known)
+    )
+
+    # 2. Undo the body `steps` times, solving every carry from the next one.
+    kc_it = iter(kc_final)
+    last = [next(kc_it) if k else o for o, k in zip(outvals, c_known, strict=True)]
+
+    def undo(_: Any, state: tuple[list[Any], Any]) -> tuple[list[Any], Any]:
+        carry, total = state
+        sol = _walker.solve(
+            body, body_jconsts, [*body_consts, *([None] * n_carry)], carry
+        )
+        return list(sol.invals[nb:]), total + jnp.asarray(sol.ildj).astype(dtype)
+
+    try:
+        first, ildj = lax.fori_loop(0, steps, undo, (last, jnp.zeros((), dtype)))
+    except NotInvertibleError as err:
+        raise _with_context("the body of a `while` loop", err) from None
+    return [*cond_consts, *body_consts, *first], ildj

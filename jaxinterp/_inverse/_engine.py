@@ -1,0 +1,349 @@
+"""The dataflow engine behind `inverse`: a worklist over known and unknown variables.
+
+Variables start known (consts, literals, known inputs, the given outputs) or
+unknown. An equation fires forwards when all its operands are known and some
+result is not, and backwards when all its results are known and its inverse
+rule can solve for the unknown operands. Each variable becomes known at most
+once, and an equation is revisited only when one of its variables becomes
+known, so the total work is linear in the number of equations. Solving
+emits JAX operations into the current trace; `inverse` traces the engine once
+per signature and removes dead code from the resulting Jaxpr.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+from .. import _jax_compat as compat
+from .._custom_types import InverseRule
+from .._errors import (
+    JaxinterpError,
+    NotInvertibleError,
+    RuleError,
+    describe_values,
+    eqn_context,
+    source_line,
+)
+from .._interpreter import BackwardWalker, Env
+from .._registry import RuleRegistry
+from ._rules import inverse_rules
+
+_Literal = compat.Literal
+_DropVar = compat.DropVar
+
+# Equation states, as reported by `explain_inverse`.
+FORWARD = "forward"
+INVERTED = "inverted"
+BLOCKING = "blocking"
+UNUSED = "unused"
+
+
+@dataclasses.dataclass
+class Solution:
+    """What one run of the engine found.
+
+    Attributes:
+        invals: values of the jaxpr's invars (`None` where still unknown).
+        outvals: values of the jaxpr's outvars (`None` where unknown).
+        ildj: the summed inverse log-det-Jacobian of the backward steps.
+        status: per top-level equation, one of `forward`, `inverted`,
+            `blocking` or `unused`.
+        reasons: per blocking equation index, why it could not be inverted.
+    """
+
+    invals: list[Any]
+    outvals: list[Any]
+    ildj: Any
+    status: list[str]
+    reasons: dict[int, str]
+
+
+class InverseWalker(BackwardWalker):
+    """Solves a Jaxpr for its unknown inputs given its outputs.
+
+    Args:
+        rules: the inverse rule table.
+    """
+
+    name: ClassVar[str] = "inverse"
+
+    def __init__(self, rules: RuleRegistry[InverseRule] = inverse_rules) -> None:
+        self.rules = rules
+
+    def process_eqn_backward(self, eqn: Any, outvals: list[Any]) -> list[Any]:
+        """Solve one equation whose operands are all unknown (plain backward walk)."""
+        res = self.rules.lookup(eqn)(outvals, *([None] * len(eqn.invars)), **eqn.params)
+        if res is None or not isinstance(res, tuple):
+            raise NotInvertibleError(
+                f"{eqn_context(self.name, eqn)}: cannot solve for its operands."
+            )
+        return list(res[0])
+
+    # ------------------------------------------------------------------
+
+    def solve(
+        self,
+        jaxpr: Any,
+        consts: Sequence[Any],
+        invals: Sequence[Any],
+        outvals: Sequence[Any],
+        *,
+        strict: bool = True,
+    ) -> Solution:
+        """Find the unknown inputs of `jaxpr` (and any outputs not given).
+
+        Args:
+            jaxpr: an open Jaxpr.
+            consts: values of its constvars.
+            invals: one entry per invar: a value, or `None` if unknown.
+            outvals: one entry per outvar: a value, or `None` if not given.
+            strict: raise `NotInvertibleError` if an unknown input remains.
+
+        Returns:
+            A `Solution`.
+        """
+        env = Env()
+        for v, val in zip(jaxpr.constvars, consts, strict=True):
+            env[v] = val
+        for v, val in zip(jaxpr.invars, invals, strict=True):
+            if val is not None:
+                env[v] = val
+        for v, val in zip(jaxpr.outvars, outvals, strict=True):
+            if val is not None and type(v) is not _Literal and v not in env:
+                env[v] = val
+
+        eqns = jaxpr.eqns
+        n = len(eqns)
+        producer: dict[Any, int] = {}
+        consumers: dict[Any, list[int]] = {}
+        for i, eqn in enumerate(eqns):
+            for v in eqn.outvars:
+                if type(v) is not _DropVar:
+                    producer[v] = i
+            for v in eqn.invars:
+                if type(v) is not _Literal:
+                    consumers.setdefault(v, []).append(i)
+
+        status = [UNUSED] * n
+        reasons: dict[int, str] = {}
+        pieces: dict[Any, list[Any]] = {}
+        ildj_terms: list[Any] = []
+        queue = deque(range(n))
+        queued = bytearray(b"\x01") * n
+        done = bytearray(n)
+
+        def learned(v: Any) -> None:
+            p = producer.get(v)
+            if p is not None and not done[p] and not queued[p]:
+                queued[p] = 1
+                queue.append(p)
+            for c in consumers.get(v, ()):
+                if not done[c] and not queued[c]:
+                    queued[c] = 1
+                    queue.append(c)
+
+        while queue:
+            i = queue.popleft()
+            queued[i] = 0
+            if done[i]:
+                continue
+            eqn = eqns[i]
+            ins_known = [type(v) is _Literal or v in env for v in eqn.invars]
+            outs_known = [type(v) is not _DropVar and v in env for v in eqn.outvars]
+            if all(ins_known):
+                done[i] = 1
+                reasons.pop(i, None)
+                if all(outs_known):
+                    continue
+                ins = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
+                outs = self._forward(eqn, ins)
+                status[i] = FORWARD
+                for v, val in zip(eqn.outvars, outs, strict=True):
+                    if type(v) is not _DropVar and v not in env:
+                        env[v] = val
+                        learned(v)
+                continue
+            # Dropped results are never known; a rule sees them as `None`.
+            if not all(
+                k or type(v) is _DropVar
+                for k, v in zip(outs_known, eqn.outvars, strict=True)
+            ) or not any(outs_known):
+                continue
+            rule = self.rules.get(eqn.primitive)
+            if rule is None:
+                reasons[i] = "it has no inverse rule"
+                continue
+            ins = [
+                v.val if type(v) is _Literal else env.get(v) for v in eqn.invars
+            ]
+            outs = [env.get(v) for v in eqn.outvars]
+            try:
+                user_ctx, eqn_ctx = compat.eqn_contexts(eqn)
+                with user_ctx, eqn_ctx:
+                    res = rule(outs, *ins, **eqn.params)
+            except NotInvertibleError as err:
+                reasons[i] = _reason(err)
+                continue
+            except JaxinterpError:
+                raise
+            except Exception as err:
+                raise RuleError(
+                    f"{eqn_context(self.name, eqn)}, the inverse rule raised "
+                    f"{type(err).__name__}: {err}\n\n"
+                    f"Operands: {describe_values(ins)}; results: "
+                    f"{describe_values(outs)}."
+                ) from err
+            if res is None:
+                reasons[i] = (
+                    "its unknown operands cannot be solved for from its results "
+                    "and the operands known "
+                    f"({_known_summary(eqn, ins)})"
+                )
+                continue
+            pieces_of = getattr(res, "pieces", None)
+            if pieces_of is not None:
+                self._add_pieces(eqn, pieces_of, pieces, env, learned)
+                done[i] = 1
+                status[i] = INVERTED
+                reasons.pop(i, None)
+                continue
+            solved, ildj = res
+            if ildj is None:
+                ildj = _generic_ildj(rule, eqn, outs, ins)
+            ildj_terms.append(ildj)
+            for v, val in zip(eqn.invars, solved, strict=True):
+                if val is not None and type(v) is not _Literal and v not in env:
+                    env[v] = val
+                    learned(v)
+            done[i] = 1
+            status[i] = INVERTED
+            reasons.pop(i, None)
+
+        for i in reasons:
+            status[i] = BLOCKING
+        in_out = [env.get(v) if type(v) is not _Literal else v.val for v in jaxpr.invars]
+        out_out = [
+            v.val if type(v) is _Literal else env.get(v) for v in jaxpr.outvars
+        ]
+        solution = Solution(in_out, out_out, _sum_terms(ildj_terms), status, reasons)
+        if strict:
+            missing = [
+                k for k, (val, given) in enumerate(zip(in_out, invals, strict=True))
+                if val is None and given is None
+            ]
+            if missing:
+                raise not_invertible_error(jaxpr, solution, missing)
+        return solution
+
+    def _forward(self, eqn: Any, invals: list[Any]) -> list[Any]:
+        user_ctx, eqn_ctx = compat.eqn_contexts(eqn)
+        try:
+            with user_ctx, eqn_ctx:
+                return compat.bind_eqn(eqn.primitive, invals, eqn.params)
+        except JaxinterpError:
+            raise
+        except Exception as err:
+            raise RuleError(
+                f"{eqn_context(self.name, eqn)}, evaluating it forwards raised "
+                f"{type(err).__name__}: {err}\n\nOperands: {describe_values(invals)}."
+            ) from err
+
+    def _add_pieces(
+        self,
+        eqn: Any,
+        new_pieces: Sequence[Any],
+        pieces: dict[Any, list[Any]],
+        env: Env,
+        learned: Any,
+    ) -> None:
+        from ._rules import assemble
+
+        for piece in new_pieces:
+            v = eqn.invars[piece.operand]
+            if type(v) is _Literal or v in env:
+                continue
+            have = pieces.setdefault(v, [])
+            have.append(piece)
+            value = assemble(v.aval.shape, v.aval.dtype, have)
+            if value is not None:
+                env[v] = value
+                del pieces[v]
+                learned(v)
+
+
+def _reason(err: Exception) -> str:
+    text = str(err).strip()
+    return text or type(err).__name__
+
+
+def _known_summary(eqn: Any, ins: list[Any]) -> str:
+    parts = []
+    for k, (v, val) in enumerate(zip(eqn.invars, ins, strict=True)):
+        state = "known" if val is not None else "unknown"
+        parts.append(f"operand {k} {v.aval.str_short()} {state}")
+    return ", ".join(parts)
+
+
+def _sum_terms(terms: list[Any]) -> Any:
+    if not terms:
+        return jnp.zeros((), jnp.float32)
+    total = terms[0]
+    for t in terms[1:]:
+        total = total + t
+    return total
+
+
+def _generic_ildj(rule: Any, eqn: Any, outs: list[Any], ins: list[Any]) -> Any:
+    """`log|det|` of the Jacobian of the rule's solution w.r.t. the results.
+
+    Used when a rule does not give its ildj. `nan` when the map is not square.
+    """
+    unknown = [k for k, val in enumerate(ins) if val is None]
+    flat_outs, unravel = ravel_pytree(list(outs))
+
+    def solve(flat: Any) -> Any:
+        res = rule(unravel(flat), *ins, **eqn.params)
+        solved = res[0]
+        return ravel_pytree([solved[k] for k in unknown])[0]
+
+    jac = jax.jacfwd(solve)(flat_outs)
+    if jac.ndim != 2 or jac.shape[0] != jac.shape[1]:
+        return jnp.full((), jnp.nan, jnp.float32)
+    return jnp.linalg.slogdet(jac)[1]
+
+
+def not_invertible_error(
+    jaxpr: Any, solution: Solution, missing: Sequence[int]
+) -> NotInvertibleError:
+    """Build the `NotInvertibleError` for unknown inputs `missing` of `jaxpr`."""
+    names = ", ".join(f"input {k} ({jaxpr.invars[k].aval.str_short()})" for k in missing)
+    lines = []
+    for i, reason in sorted(solution.reasons.items()):
+        eqn = jaxpr.eqns[i]
+        lines.append(
+            f"  `{eqn.primitive.name}` at {source_line(eqn)}: {reason}."
+        )
+    if lines:
+        prims = ", ".join(
+            f"`{jaxpr.eqns[i].primitive.name}`" for i in sorted(solution.reasons)
+        )
+        detail = (
+            f"Blocked at {prims}.\n\n" + "\n".join(lines)
+        )
+    else:
+        detail = (
+            "No equation could be solved backwards for them: the outputs do not "
+            "determine these inputs (is an input unused, or reduced away?)."
+        )
+    return NotInvertibleError(
+        f"`inverse` cannot recover {names} from the outputs. {detail}\n"
+        "Register a rule with `@jaxinterp.inverse_rules.register(...)`, or give "
+        "the function a `@jaxinterp.custom_inverse`."
+    )

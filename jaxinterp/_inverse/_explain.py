@@ -1,0 +1,142 @@
+"""`explain_inverse`: a readable report of how `inverse` treats each equation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.tree_util as jtu
+
+from .. import _jax_compat as compat
+from .._errors import JaxinterpError, source_line
+from .._trace import check_callable, stage
+from ._engine import BLOCKING, FORWARD, INVERTED, UNUSED, InverseWalker
+
+_MARKS = {
+    INVERTED: "inverted",
+    FORWARD: "forward ",
+    BLOCKING: "BLOCKING",
+    UNUSED: "unused  ",
+}
+
+
+class _Names:
+    """Short names for jaxpr variables: a, b, ..., z, ba, bb, ..."""
+
+    def __init__(self) -> None:
+        self._names: dict[Any, str] = {}
+
+    def __call__(self, v: Any) -> str:
+        if type(v) is compat.Literal:
+            return str(v.val)
+        if type(v) is compat.DropVar:
+            return "_"
+        name = self._names.get(v)
+        if name is None:
+            n, letters = len(self._names), ""
+            while True:
+                letters = chr(ord("a") + n % 26) + letters
+                n //= 26
+                if n == 0:
+                    break
+            name = self._names[v] = letters
+        return name
+
+    def typed(self, v: Any) -> str:
+        if type(v) is compat.Literal:
+            return str(v.val)
+        return f"{self(v)}:{v.aval.str_short(short_dtypes=True)}"
+
+
+def explain_inverse(
+    fn: Callable[..., Any],
+    *example_args: Any,
+    argnums: int | Sequence[int] | None = None,
+) -> str:
+    """Return a report of how `inverse` would invert `fn` on these arguments.
+
+    Each top-level equation of `fn`'s Jaxpr is marked `inverted` (solved
+    backwards), `forward` (computed from known values), `BLOCKING` (its
+    results are known but its unknown operands cannot be solved for; the
+    user's source line and the reason follow) or `unused`.
+
+    Args:
+        fn: the function.
+        *example_args: all of `fn`'s positional arguments (arrays or
+            `jax.ShapeDtypeStruct`s), unknown and known ones alike.
+        argnums: the unknown arguments; all by default.
+
+    Returns:
+        The report, one line per equation, ending with a verdict.
+
+    Example:
+        >>> report = jaxinterp.explain_inverse(
+        ...     lambda x: jnp.sum(jnp.exp(x)), jnp.ones(3))
+        >>> print(report.splitlines()[-1])
+        NOT invertible: input 0 (f32[3]) cannot be recovered.
+    """
+    check_callable(fn, "explain_inverse")
+    n = len(example_args)
+    if argnums is None:
+        unknown = tuple(range(n))
+    else:
+        nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+        unknown = tuple(sorted({i + n if i < 0 else i for i in nums}))
+    staged = stage(fn, *example_args)
+    jaxpr, consts = staged.jaxpr, staged.consts
+    mask: list[bool] = []
+    for i, arg in enumerate(example_args):
+        mask.extend([i in unknown] * len(jtu.tree_leaves(arg)))
+    walker = InverseWalker()
+    out_specs = [
+        jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
+        for a in staged.out_avals
+    ]
+    in_specs = [
+        jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
+        for a in staged.in_avals
+    ]
+    result: dict[str, Any] = {}
+
+    def run(ys: list[Any], xs: list[Any]) -> list[Any]:
+        invals = [None if m else x for x, m in zip(xs, mask, strict=True)]
+        result["solution"] = walker.solve(jaxpr, consts, invals, ys, strict=False)
+        return []
+
+    try:
+        jax.make_jaxpr(run)(out_specs, in_specs)
+    except JaxinterpError as err:
+        return f"explain_inverse: the analysis itself failed: {err}"
+    sol = result["solution"]
+    names = _Names()
+    lines = [
+        f"explain_inverse: {staged.fn_name} with unknown arguments "
+        f"{list(unknown)}",
+        "  inputs:  "
+        + ", ".join(
+            f"{names.typed(v)} ({'unknown' if m else 'known'})"
+            for v, m in zip(jaxpr.invars, mask, strict=True)
+        ),
+        "  outputs: " + ", ".join(names.typed(v) for v in jaxpr.outvars),
+    ]
+    for i, eqn in enumerate(jaxpr.eqns):
+        state = sol.status[i]
+        outs = " ".join(names.typed(v) for v in eqn.outvars)
+        ins = " ".join(names(v) for v in eqn.invars)
+        line = f"  [{_MARKS[state]}] {outs} = {eqn.primitive.name} {ins}"
+        if state == BLOCKING:
+            line += f"\n      at {source_line(eqn)}: {sol.reasons[i]}"
+        lines.append(line)
+    missing = [
+        k for k, (val, m) in enumerate(zip(sol.invals, mask, strict=True))
+        if m and val is None
+    ]
+    if missing:
+        what = ", ".join(
+            f"input {k} ({jaxpr.invars[k].aval.str_short()})" for k in missing
+        )
+        lines.append(f"NOT invertible: {what} cannot be recovered.")
+    else:
+        lines.append("Invertible: every unknown input is recovered.")
+    return "\n".join(lines)

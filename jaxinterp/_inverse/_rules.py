@@ -1,0 +1,309 @@
+"""The `inverse` rule table and builders for common rule shapes.
+
+An inverse rule receives the equation's output values (all known), then its
+operands with `None` for each unknown one, then the params:
+
+    rule(outvals, *invals, **params) -> (solved, ildj) | None
+
+It returns `None` when it cannot solve for the unknown operands given what is
+known (the engine retries when more becomes known), or raises
+`NotInvertibleError` when the primitive can never be inverted that way. On
+success `solved` has one entry per operand (known ones may be passed back as
+they were) and `ildj` is the scalar log-determinant of the Jacobian of the map
+from the outputs to the unknown operands, or `None` to let the engine compute it
+with `jax.jacfwd` and `slogdet` (exact but slow: give it when you can).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .._custom_types import InverseRule
+from .._registry import RuleRegistry
+
+inverse_rules: RuleRegistry[InverseRule] = RuleRegistry(
+    "inverse", qualname="jaxinterp.inverse_rules"
+)
+
+Solve = Callable[..., Any]
+
+
+def _sum_log_abs(d: Any) -> Any:
+    """`sum(log|d|)` in at least float32, as a scalar."""
+    d = jnp.asarray(d)
+    if not jnp.issubdtype(d.dtype, jnp.inexact):
+        d = d.astype(jnp.float32)
+    return jnp.sum(jnp.log(jnp.abs(d)))
+
+
+def elementwise_ildj(inverse_fn: Solve, y: Any) -> Any:
+    """`sum(log|d inverse_fn(y) / dy|)` for an elementwise `inverse_fn`, via `jvp`."""
+    y = jnp.asarray(y)
+    if not jnp.issubdtype(y.dtype, jnp.inexact):
+        return jnp.zeros((), jnp.float32)
+    _, dx = jax.jvp(inverse_fn, (y,), (jnp.ones_like(y),))
+    return _sum_log_abs(dx)
+
+
+def register_elementwise(
+    prim: Any,
+    inverse_fn: Solve,
+    log_abs_dinv: Solve | None = None,
+    *,
+    registry: RuleRegistry[InverseRule] = inverse_rules,
+    override: bool = False,
+    pass_params: bool = False,
+) -> InverseRule:
+    """Register the inverse of a unary elementwise primitive.
+
+    Args:
+        prim: the primitive, `y = prim(x, **params)`.
+        inverse_fn: `inverse_fn(y) -> x` (`inverse_fn(y, **params)` with
+            `pass_params`).
+        log_abs_dinv: `log_abs_dinv(y, x) -> log|dx/dy|` elementwise (with the
+            params as keywords under `pass_params`); by default derived from
+            `inverse_fn` with `jax.jvp`.
+        registry: the registry to add the rule to.
+        override: replace an existing rule.
+        pass_params: pass the equation's params (such as `integer_pow`'s `y`)
+            on to `inverse_fn` and `log_abs_dinv`.
+
+    Returns:
+        The registered rule.
+    """
+
+    def rule(outvals: Sequence[Any], x: Any, **eqn_params: Any) -> Any:
+        if x is not None:
+            return None
+        params = eqn_params if pass_params else {}
+        (y,) = outvals
+        if y is None:
+            return None
+        solved = inverse_fn(y, **params)
+        if log_abs_dinv is None:
+            ildj = elementwise_ildj(lambda t: inverse_fn(t, **params), y)
+        else:
+            ildj = jnp.sum(log_abs_dinv(y, solved, **params))
+        return [solved], ildj
+
+    rule.__name__ = f"_{prim.name}_inverse"
+    return registry.register(prim, rule, override=override)
+
+
+def register_binary(
+    prim: Any,
+    solve_lhs: Solve | None,
+    solve_rhs: Solve | None,
+    *,
+    log_abs_dlhs: Solve | None = None,
+    log_abs_drhs: Solve | None = None,
+    registry: RuleRegistry[InverseRule] = inverse_rules,
+    override: bool = False,
+) -> InverseRule:
+    """Register the inverse of an elementwise binary primitive with one side known.
+
+    `y = prim(a, b)`: `solve_lhs(y, b) -> a` solves for an unknown `a` given a
+    known `b`, and `solve_rhs(y, a) -> b` for an unknown `b`. Either may be
+    `None` when that side cannot be solved for. The unknown side must have
+    the output's shape (a broadcast scalar cannot be recovered). The ildj
+    defaults to the `jvp` of the solve function with respect to `y`.
+
+    Returns:
+        The registered rule.
+    """
+
+    def rule(outvals: Sequence[Any], a: Any, b: Any, **params: Any) -> Any:
+        (y,) = outvals
+        if y is None:
+            return None
+        if a is None and b is not None and solve_lhs is not None:
+            solve, known, log_abs = solve_lhs, b, log_abs_dlhs
+        elif b is None and a is not None and solve_rhs is not None:
+            solve, known, log_abs = solve_rhs, a, log_abs_drhs
+        else:
+            return None
+        if jnp.shape(known) != jnp.shape(y) and jnp.ndim(known) != 0:
+            return None
+        solved = solve(y, known)
+        if jnp.shape(solved) != jnp.shape(y):
+            return None
+        if log_abs is None:
+            ildj = elementwise_ildj(lambda t: solve(t, known), y)
+        else:
+            ildj = jnp.sum(log_abs(y, known, solved))
+        return ([solved, b] if a is None else [a, solved]), ildj
+
+    rule.__name__ = f"_{prim.name}_inverse"
+    return registry.register(prim, rule, override=override)
+
+
+def zero_ildj(like: Any = None) -> Any:
+    """A zero ildj (volume-preserving maps)."""
+    return jnp.zeros((), jnp.float32)
+
+
+# ---------------------------------------------------------------------------
+# The core rules every other family builds on; more live in sibling modules.
+
+register_elementwise(lax.neg_p, lax.neg, lambda y, x: jnp.zeros_like(y))
+register_elementwise(lax.exp_p, lax.log, lambda y, x: -lax.log(y))
+register_elementwise(lax.log_p, lax.exp, lambda y, x: y)
+register_elementwise(
+    lax.tanh_p, lax.atanh, lambda y, x: -lax.log1p(-lax.square(y))
+)
+register_binary(
+    lax.add_p,
+    lambda y, b: lax.sub(y, b),
+    lambda y, a: lax.sub(y, a),
+    log_abs_dlhs=lambda y, b, a: jnp.zeros_like(y),
+    log_abs_drhs=lambda y, a, b: jnp.zeros_like(y),
+)
+register_binary(
+    lax.sub_p,
+    lambda y, b: lax.add(y, b),
+    lambda y, a: lax.sub(a, y),
+    log_abs_dlhs=lambda y, b, a: jnp.zeros_like(y),
+    log_abs_drhs=lambda y, a, b: jnp.zeros_like(y),
+)
+register_binary(
+    lax.mul_p,
+    lambda y, b: lax.div(y, b),
+    lambda y, a: lax.div(y, a),
+    log_abs_dlhs=lambda y, b, a: -jnp.broadcast_to(jnp.log(jnp.abs(b)), jnp.shape(y)),
+    log_abs_drhs=lambda y, a, b: -jnp.broadcast_to(jnp.log(jnp.abs(a)), jnp.shape(y)),
+)
+
+
+# ---------------------------------------------------------------------------
+# Many outputs from one input: rules for `slice`-like primitives return pieces
+# of an operand; the engine collects them per variable and `assemble`s it once
+# they cover it. Rules that need an unknown operand's shape or dtype read it
+# from `operand_aval` while the engine calls them inside `operand_avals(eqn)`.
+
+_AVALS: ContextVar[tuple[Any, ...] | None] = ContextVar(
+    "jaxinterp_inverse_operand_avals", default=None
+)
+
+
+@contextmanager
+def operand_avals(eqn: Any) -> Iterator[None]:
+    """Make `eqn`'s operand avals visible to `operand_aval` inside the block."""
+    token = _AVALS.set(tuple(v.aval for v in eqn.invars))
+    try:
+        yield
+    finally:
+        _AVALS.reset(token)
+
+
+def operand_aval(index: int) -> Any | None:
+    """Return the aval of operand `index` of the equation being inverted, or `None`.
+
+    `None` outside `operand_avals` (a rule called directly): rules then fall
+    back to what the params and the known values determine.
+    """
+    avals = _AVALS.get()
+    if avals is None or not 0 <= index < len(avals):
+        return None
+    return avals[index]
+
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """The region `[start:limit:stride)` of operand `operand` equals `value`.
+
+    Regions are static: `start`, `limit` and `stride` are tuples of ints, one
+    per dimension of the operand (`stride=None` means all ones); `value` has
+    the region's shape, `ceil((limit - start) / stride)` per dimension.
+    """
+
+    operand: int
+    start: tuple[int, ...]
+    limit: tuple[int, ...]
+    value: Any
+    stride: tuple[int, ...] | None = None
+
+    def index(self) -> tuple[slice, ...]:
+        """The region as a tuple of `slice`s."""
+        stride = self.stride or (1,) * len(self.start)
+        return tuple(
+            slice(s, lim, st)
+            for s, lim, st in zip(self.start, self.limit, stride, strict=True)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class PieceResult:
+    """What a rule returns instead of `(solved, ildj)` when it only learns
+    pieces of its operands: they contribute no ildj (they are copies)."""
+
+    pieces: tuple[Piece, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pieces", tuple(self.pieces))
+
+
+def assemble(shape: Sequence[int], dtype: Any, pieces: Sequence[Piece]) -> Any:
+    """Build an array of `shape` and `dtype` from `pieces`, or `None` if they
+    leave some element uncovered.
+
+    Coverage is checked statically; where pieces overlap the later one wins.
+    The result is built with `lax.concatenate` when the pieces tile one axis,
+    otherwise with `lax.dynamic_update_slice` (and a scatter for strided
+    pieces), so it stays traceable.
+    """
+    shape = tuple(int(d) for d in shape)
+    covered = np.zeros(shape, bool)  # static bookkeeping on shapes, not values
+    for p in pieces:
+        covered[p.index()] = True
+    if not covered.all():
+        return None
+    values = [lax.convert_element_type(jnp.asarray(p.value), dtype) for p in pieces]
+    strided = [p.stride is not None and any(s != 1 for s in p.stride) for p in pieces]
+    for p, v, st in zip(pieces, values, strided, strict=True):
+        if not st and tuple(p.start) == (0,) * len(shape) and v.shape == shape:
+            return v
+    tiles = _tile_axis(shape, pieces, strided)
+    if tiles is not None:
+        axis, order = tiles
+        return lax.concatenate([values[k] for k in order], axis)
+    out = lax.full(shape, 0, dtype)
+    for p, v, st in zip(pieces, values, strided, strict=True):
+        if st:
+            out = out.at[p.index()].set(v)
+        else:
+            out = lax.dynamic_update_slice(out, v, tuple(p.start))
+    return out
+
+
+def _tile_axis(
+    shape: tuple[int, ...], pieces: Sequence[Piece], strided: Sequence[bool]
+) -> tuple[int, list[int]] | None:
+    """`(axis, order)` if the unstrided pieces tile `shape` along one axis."""
+    if any(strided) or not pieces or not shape:
+        return None
+    for axis in range(len(shape)):
+        full = all(
+            p.start[d] == 0 and p.limit[d] == shape[d]
+            for p in pieces
+            for d in range(len(shape))
+            if d != axis
+        )
+        if not full:
+            continue
+        order = sorted(range(len(pieces)), key=lambda k: pieces[k].start[axis])
+        pos = 0
+        for k in order:
+            if pieces[k].start[axis] != pos:
+                return None
+            pos = pieces[k].limit[axis]
+        return (axis, order) if pos == shape[axis] else None
+    return None
