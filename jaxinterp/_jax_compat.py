@@ -43,7 +43,9 @@ def _private_attr(module_name: str, attr: str) -> Any:
 
 
 # `jax.extend.core` exports `DropVar` and `jaxprs_in_params` from JAX 0.8 on.
-DropVar = getattr(jex_core, "DropVar", None) or _private_attr("jax._src.core", "DropVar")
+DropVar = getattr(jex_core, "DropVar", None) or _private_attr(
+    "jax._src.core", "DropVar"
+)
 jaxprs_in_params = getattr(jex_core, "jaxprs_in_params", None) or _private_attr(
     "jax._src.core", "jaxprs_in_params"
 )
@@ -251,6 +253,18 @@ def remat_params(params: dict[str, Any]) -> RematParams:
 def call_jaxpr(params: dict[str, Any]) -> Any:
     """The body of `closed_call`, `core_call`, `custom_jvp_call`, `custom_vjp_call`."""
     return params["call_jaxpr"]
+
+
+def call_name(params: dict[str, Any]) -> str:
+    """The Python name of the function a call-like primitive wraps, or `""`.
+
+    Read from the body's `debug_info.func_src_info` ("name at file:line"),
+    present from JAX 0.4.36 on.
+    """
+    body = params.get("call_jaxpr")
+    info = getattr(open_jaxpr(body), "debug_info", None) if body is not None else None
+    src = getattr(info, "func_src_info", None) or getattr(info, "func_name", None)
+    return src.split(" ", 1)[0] if isinstance(src, str) else ""
 
 
 def custom_call_num_consts(params: dict[str, Any]) -> int:

@@ -30,9 +30,7 @@ def _spec(x: Any) -> jax.ShapeDtypeStruct:
 
 def _describe(tree: Any, leaves: Sequence[Any]) -> str:
     specs = [_spec(x) for x in leaves]
-    text = ", ".join(
-        f"{s.dtype}[{','.join(map(str, s.shape))}]" for s in specs
-    )
+    text = ", ".join(f"{s.dtype}[{','.join(map(str, s.shape))}]" for s in specs)
     return f"{tree} with leaves ({text})"
 
 
@@ -171,7 +169,9 @@ class _InverseFunction:
         unknown, n_total = self._positions(len(known_args))
         specs = self._unknown_specs(y, len(unknown))
         known_it, spec_it = iter(known_args), iter(specs)
-        full = [next(spec_it) if i in unknown else next(known_it) for i in range(n_total)]
+        full = [
+            next(spec_it) if i in unknown else next(known_it) for i in range(n_total)
+        ]
         staged, leaves = stage_flat(self.fn, full, {}, ())
         y_leaves, y_tree = jtu.tree_flatten(y)
         self._check_output(staged, y_tree, y_leaves)
@@ -192,16 +192,23 @@ class _InverseFunction:
         xs_flat = outs[: compiled.n_x]
         xs, start = [], 0
         for tree in compiled.x_trees:
-            xs.append(jtu.tree_unflatten(tree, xs_flat[start : start + tree.num_leaves]))
+            xs.append(
+                jtu.tree_unflatten(tree, xs_flat[start : start + tree.num_leaves])
+            )
             start += tree.num_leaves
         x = xs[0] if len(xs) == 1 else tuple(xs)
         return x if self.mode == "x" else (x, outs[compiled.n_x])
 
     def _check_output(self, staged: Staged, y_tree: Any, y_leaves: list[Any]) -> None:
-        same = staged.out_tree == y_tree and all(
-            a.shape == jax.numpy.shape(y) and a.dtype == jax.numpy.result_type(y)
-            for a, y in zip(staged.out_avals, y_leaves, strict=True)
-        ) if staged.out_tree == y_tree else False
+        same = (
+            staged.out_tree == y_tree
+            and all(
+                a.shape == jax.numpy.shape(y) and a.dtype == jax.numpy.result_type(y)
+                for a, y in zip(staged.out_avals, y_leaves, strict=True)
+            )
+            if staged.out_tree == y_tree
+            else False
+        )
         if same:
             return
         expected = ", ".join(a.str_short() for a in staged.out_avals)
@@ -357,5 +364,3 @@ def ildj(
         -0.6931
     """
     return _InverseFunction(fn, argnums, example_args, "ildj")
-
-

@@ -50,7 +50,8 @@ def _invert_closed(
 
 
 def _with_context(what: str, err: NotInvertibleError) -> NotInvertibleError:
-    return NotInvertibleError(f"inside {what}: {err}")
+    detail = getattr(err, "detail", None) or str(err)
+    return NotInvertibleError(f"inside {what}: {detail}")
 
 
 # ---------------------------------------------------------------------------
@@ -110,7 +111,7 @@ _NAMED_CUSTOM_JVP: dict[str, Callable[..., Any]] = {"logaddexp": _logaddexp_inve
 
 
 def _custom_jvp_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
-    named = _NAMED_CUSTOM_JVP.get(params.get("name", ""))
+    named = _NAMED_CUSTOM_JVP.get(compat.call_name(params))
     if named is not None and len(invals) == 2:
         return named(outvals, *invals)
     return _inline_body_rule(compat.call_jaxpr, "a `custom_jvp` function")(
@@ -128,9 +129,7 @@ inverse_rules.register(
 # ---------------------------------------------------------------------------
 # jit: the inverse is a jit, traced once per (body, known mask).
 
-_jit_cache: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = (
-    weakref.WeakKeyDictionary()
-)
+_jit_cache: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
 
 
 def _jitted_inverse(closed: Any, mask: tuple[bool, ...], name: str) -> Any:
@@ -308,7 +307,8 @@ def _scan_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
         carry_in = sol.invals[n_consts : n_consts + n_carry]
         carry = [c for c, k in zip(carry_in, c_known, strict=True) if not k]
         x_t = [
-            x for x, k in zip(sol.invals[n_consts + n_carry :], x_known, strict=True)
+            x
+            for x, k in zip(sol.invals[n_consts + n_carry :], x_known, strict=True)
             if not k
         ]
         return carry, (x_t, jnp.asarray(sol.ildj).astype(dtype))

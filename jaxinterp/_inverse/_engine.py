@@ -125,11 +125,20 @@ class InverseWalker(BackwardWalker):
         consumers: dict[Any, list[int]] = {}
         for i, eqn in enumerate(eqns):
             for v in eqn.outvars:
-                if type(v) is not _DropVar:
-                    producer[v] = i
+                producer[v] = i
             for v in eqn.invars:
                 if type(v) is not _Literal:
                     consumers.setdefault(v, []).append(i)
+
+        # Results nobody reads are "dropped": JAX >= 0.8 leaves them as plain
+        # `Var`s that appear nowhere else, older releases use `DropVar`.
+        jaxpr_outs = {v for v in jaxpr.outvars if type(v) is not _Literal}
+        dropped = {
+            v
+            for eqn in eqns
+            for v in eqn.outvars
+            if isinstance(v, _DropVar) or (v not in consumers and v not in jaxpr_outs)
+        }
 
         status = [UNUSED] * n
         reasons: dict[int, str] = {}
@@ -156,7 +165,7 @@ class InverseWalker(BackwardWalker):
                 continue
             eqn = eqns[i]
             ins_known = [type(v) is _Literal or v in env for v in eqn.invars]
-            outs_known = [type(v) is not _DropVar and v in env for v in eqn.outvars]
+            outs_known = [v in env for v in eqn.outvars]
             if all(ins_known):
                 done[i] = 1
                 reasons.pop(i, None)
@@ -166,23 +175,20 @@ class InverseWalker(BackwardWalker):
                 outs = self._forward(eqn, ins)
                 status[i] = FORWARD
                 for v, val in zip(eqn.outvars, outs, strict=True):
-                    if type(v) is not _DropVar and v not in env:
+                    if v not in env:
                         env[v] = val
                         learned(v)
                 continue
             # Dropped results are never known; a rule sees them as `None`.
             if not all(
-                k or type(v) is _DropVar
-                for k, v in zip(outs_known, eqn.outvars, strict=True)
+                k or v in dropped for k, v in zip(outs_known, eqn.outvars, strict=True)
             ) or not any(outs_known):
                 continue
             rule = self.rules.get(eqn.primitive)
             if rule is None:
                 reasons[i] = "it has no inverse rule"
                 continue
-            ins = [
-                v.val if type(v) is _Literal else env.get(v) for v in eqn.invars
-            ]
+            ins = [v.val if type(v) is _Literal else env.get(v) for v in eqn.invars]
             outs = [env.get(v) for v in eqn.outvars]
             try:
                 user_ctx, eqn_ctx = compat.eqn_contexts(eqn)
@@ -228,14 +234,15 @@ class InverseWalker(BackwardWalker):
 
         for i in reasons:
             status[i] = BLOCKING
-        in_out = [env.get(v) if type(v) is not _Literal else v.val for v in jaxpr.invars]
-        out_out = [
-            v.val if type(v) is _Literal else env.get(v) for v in jaxpr.outvars
+        in_out = [
+            env.get(v) if type(v) is not _Literal else v.val for v in jaxpr.invars
         ]
+        out_out = [v.val if type(v) is _Literal else env.get(v) for v in jaxpr.outvars]
         solution = Solution(in_out, out_out, _sum_terms(ildj_terms), status, reasons)
         if strict:
             missing = [
-                k for k, (val, given) in enumerate(zip(in_out, invals, strict=True))
+                k
+                for k, (val, given) in enumerate(zip(in_out, invals, strict=True))
                 if val is None and given is None
             ]
             if missing:
@@ -279,7 +286,7 @@ class InverseWalker(BackwardWalker):
 
 
 def _reason(err: Exception) -> str:
-    text = str(err).strip()
+    text = (getattr(err, "detail", None) or str(err)).strip().rstrip(".")
     return text or type(err).__name__
 
 
@@ -323,27 +330,28 @@ def not_invertible_error(
     jaxpr: Any, solution: Solution, missing: Sequence[int]
 ) -> NotInvertibleError:
     """Build the `NotInvertibleError` for unknown inputs `missing` of `jaxpr`."""
-    names = ", ".join(f"input {k} ({jaxpr.invars[k].aval.str_short()})" for k in missing)
+    names = ", ".join(
+        f"input {k} ({jaxpr.invars[k].aval.str_short()})" for k in missing
+    )
     lines = []
     for i, reason in sorted(solution.reasons.items()):
         eqn = jaxpr.eqns[i]
-        lines.append(
-            f"  `{eqn.primitive.name}` at {source_line(eqn)}: {reason}."
-        )
+        lines.append(f"  `{eqn.primitive.name}` at {source_line(eqn)}: {reason}.")
     if lines:
         prims = ", ".join(
             f"`{jaxpr.eqns[i].primitive.name}`" for i in sorted(solution.reasons)
         )
-        detail = (
-            f"Blocked at {prims}.\n\n" + "\n".join(lines)
-        )
+        detail = f"Blocked at {prims}.\n\n" + "\n".join(lines)
     else:
         detail = (
             "No equation could be solved backwards for them: the outputs do not "
             "determine these inputs (is an input unused, or reduced away?)."
         )
-    return NotInvertibleError(
+    err = NotInvertibleError(
         f"`inverse` cannot recover {names} from the outputs. {detail}\n"
         "Register a rule with `@jaxinterp.inverse_rules.register(...)`, or give "
         "the function a `@jaxinterp.custom_inverse`."
     )
+    # For an enclosing equation's message: what blocked, without the advice.
+    err.detail = f"{names} cannot be recovered. {detail}"  # type: ignore[attr-defined]
+    return err

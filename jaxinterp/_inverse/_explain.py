@@ -111,8 +111,7 @@ def explain_inverse(
     sol = result["solution"]
     names = _Names()
     lines = [
-        f"explain_inverse: {staged.fn_name} with unknown arguments "
-        f"{list(unknown)}",
+        f"explain_inverse: {staged.fn_name} with unknown arguments {list(unknown)}",
         "  inputs:  "
         + ", ".join(
             f"{names.typed(v)} ({'unknown' if m else 'known'})"
@@ -129,7 +128,8 @@ def explain_inverse(
             line += f"\n      at {source_line(eqn)}: {sol.reasons[i]}"
         lines.append(line)
     missing = [
-        k for k, (val, m) in enumerate(zip(sol.invals, mask, strict=True))
+        k
+        for k, (val, m) in enumerate(zip(sol.invals, mask, strict=True))
         if m and val is None
     ]
     if missing:

@@ -1,0 +1,341 @@
+"""Inverse rules for elementwise primitives: unary maps, binary maps with one
+side known, identities, and the common primitives that are not invertible.
+
+Each invertible rule gives its ildj in closed form. Functions that are not
+injective on the reals (`cosh`, `square`, even `integer_pow`, `sin`, ...) are
+inverted on their principal branch, stated in the rule's docstring.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+from jax import lax
+
+from .._errors import NotInvertibleError
+from ._rules import inverse_rules, operand_aval, register_elementwise
+
+_LN2 = math.log(2.0)
+_LOG_SQRT_PI = 0.5 * math.log(math.pi)
+
+
+def _zero(like: Any) -> Any:
+    """A scalar zero ildj in `like`'s floating dtype (float32 for integers)."""
+    dtype = jnp.result_type(like)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        dtype = jnp.float32
+    return jnp.zeros((), dtype)
+
+
+def _is_float(value: Any) -> bool:
+    return bool(jnp.issubdtype(jnp.result_type(value), jnp.inexact))
+
+
+def _log_abs(v: Any) -> Any:
+    return lax.log(lax.abs(v))
+
+
+def _log1p_square(y: Any) -> Any:
+    """`log(1 + y**2)` without overflow for large `|y|`, with safe gradients."""
+    a = lax.abs(y)
+    big = a > 1
+    a_big = jnp.where(big, a, 1)
+    a_small = jnp.where(big, 0, a)
+    large = 2 * lax.log(a_big) + lax.log1p(lax.square(lax.reciprocal(a_big)))
+    return jnp.where(big, large, lax.log1p(lax.square(a_small)))
+
+
+def _log_cosh(y: Any) -> Any:
+    """`log(cosh(y))`, stable for large `|y|`."""
+    a = lax.abs(y)
+    return a + lax.log1p(lax.exp(-2 * a)) - _LN2
+
+
+# ---------------------------------------------------------------------------
+# Unary maps. `register_elementwise(prim, inverse_fn, log|dx/dy|(y, x))`.
+
+register_elementwise(lax.exp2_p, lambda y: lax.log(y) * (1 / _LN2),
+                     lambda y, x: -lax.log(y) - math.log(_LN2))  # fmt: skip
+register_elementwise(lax.log1p_p, lax.expm1, lambda y, x: y)
+register_elementwise(lax.expm1_p, lax.log1p, lambda y, x: -lax.log1p(y))
+register_elementwise(lax.atanh_p, lax.tanh, lambda y, x: -2 * _log_cosh(y))
+register_elementwise(lax.sinh_p, lax.asinh, lambda y, x: -0.5 * _log1p_square(y))
+register_elementwise(lax.asinh_p, lax.sinh, lambda y, x: _log_cosh(y))
+# Principal branch x >= 0 (`acosh` returns the non-negative root).
+register_elementwise(lax.cosh_p, lax.acosh,
+                     lambda y, x: -0.5 * (lax.log(y - 1) + lax.log(y + 1)))  # fmt: skip
+# `acosh` is >= 0, so its inverse `cosh` needs no branch: log sinh(y).
+register_elementwise(lax.acosh_p, lax.cosh,
+                     lambda y, x: y + lax.log(-lax.expm1(-2 * y)) - _LN2)  # fmt: skip
+# Principal branches: sin on [-pi/2, pi/2], cos on [0, pi], tan on (-pi/2, pi/2).
+register_elementwise(lax.sin_p, lax.asin,
+                     lambda y, x: -0.5 * (lax.log1p(-y) + lax.log1p(y)))  # fmt: skip
+register_elementwise(lax.cos_p, lax.acos,
+                     lambda y, x: -0.5 * (lax.log1p(-y) + lax.log1p(y)))  # fmt: skip
+register_elementwise(lax.tan_p, lax.atan, lambda y, x: -_log1p_square(y))
+register_elementwise(lax.asin_p, lax.sin, lambda y, x: _log_abs(lax.cos(y)))
+register_elementwise(lax.acos_p, lax.cos, lambda y, x: _log_abs(lax.sin(y)))
+register_elementwise(lax.atan_p, lax.tan, lambda y, x: -2 * _log_abs(lax.cos(y)))
+register_elementwise(lax.logistic_p, lambda y: lax.log(y) - lax.log1p(-y),
+                     lambda y, x: -lax.log(y) - lax.log1p(-y))  # fmt: skip
+# sqrt and rsqrt return non-negative values, so their inverses need no branch.
+register_elementwise(lax.sqrt_p, lax.square, lambda y, x: _LN2 + _log_abs(y))
+register_elementwise(lax.rsqrt_p, lambda y: lax.reciprocal(lax.square(y)),
+                     lambda y, x: _LN2 - 3 * _log_abs(y))  # fmt: skip
+register_elementwise(lax.cbrt_p, lambda y: y * y * y,
+                     lambda y, x: math.log(3.0) + 2 * _log_abs(y))  # fmt: skip
+# Principal branch x >= 0.
+register_elementwise(lax.square_p, lax.sqrt, lambda y, x: -_LN2 - 0.5 * lax.log(y))
+register_elementwise(lax.erf_p, lax.erf_inv,
+                     lambda y, x: _LOG_SQRT_PI - _LN2 + lax.square(x))  # fmt: skip
+register_elementwise(lax.erfc_p, lambda y: lax.erf_inv(1 - y),
+                     lambda y, x: _LOG_SQRT_PI - _LN2 + lax.square(x))  # fmt: skip
+register_elementwise(lax.erf_inv_p, lax.erf,
+                     lambda y, x: _LN2 - _LOG_SQRT_PI - lax.square(y))  # fmt: skip
+
+
+@inverse_rules.register(lax.integer_pow_p)
+def _integer_pow_inverse(outvals: Sequence[Any], x: Any, *, y: int, **params: Any):
+    """`out = x**n`: odd `n` is inverted everywhere, as `sign(out) * |out|**(1/n)`;
+    even `n` on the branch `x >= 0`. Negative `n` likewise (`x**-1`, `x**-3` are
+    inverted for negative `x` too). `n = 0` is constant, hence not invertible."""
+    if x is not None:
+        return None
+    (out,) = outvals
+    n = int(y)
+    if n == 0:
+        raise NotInvertibleError("`integer_pow` with exponent 0 is constant.")
+    if not _is_float(out):
+        raise NotInvertibleError(
+            "`integer_pow` of integers is not inverted: roots of integers are not "
+            "integers in general."
+        )
+    if n == 1:
+        return [out], _zero(out)
+    if n == -1:
+        solved = lax.reciprocal(out)
+    elif n == 2:
+        solved = lax.sqrt(out)
+    elif n == -2:
+        solved = lax.rsqrt(out)
+    elif n == 3:
+        solved = lax.cbrt(out)
+    else:
+        root = lax.pow(lax.abs(out), jnp.asarray(1 / n, out.dtype))
+        solved = lax.sign(out) * root if n % 2 else root
+    ildj = jnp.sum(-math.log(abs(n)) + (1 / n - 1) * _log_abs(out))
+    return [solved], ildj
+
+
+@inverse_rules.register(lax.convert_element_type_p)
+def _convert_element_type_inverse(
+    outvals: Sequence[Any], x: Any, *, new_dtype: Any, **params: Any
+):
+    """Conversions between floating dtypes are inverted by converting back
+    (ildj 0). Conversions from or to integers and booleans round, and
+    complex-to-real drops the imaginary part, so they are not invertible.
+
+    The source dtype comes from `operand_aval`; called without it, the value
+    is returned in `new_dtype`."""
+    if x is not None:
+        return None
+    (out,) = outvals
+    aval = operand_aval(0)
+    src = None if aval is None else aval.dtype
+    if not jnp.issubdtype(new_dtype, jnp.inexact) or (
+        src is not None and not jnp.issubdtype(src, jnp.inexact)
+    ):
+        raise NotInvertibleError(
+            "`convert_element_type` is only inverted between floating dtypes; "
+            f"converting {'' if src is None else f'{src} '}to {new_dtype} rounds "
+            "or wraps values."
+        )
+    if src is None:
+        return [out], _zero(out)
+    src_complex = jnp.issubdtype(src, jnp.complexfloating)
+    new_complex = jnp.issubdtype(new_dtype, jnp.complexfloating)
+    if src_complex and not new_complex:
+        raise NotInvertibleError(
+            "`convert_element_type` from complex to real drops the imaginary part."
+        )
+    if new_complex and not src_complex:
+        out = lax.real(out)
+    return [lax.convert_element_type(out, src)], _zero(out)
+
+
+def _identity_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
+    """Operands equal results: copy each known result back."""
+    solved = [o if v is None else v for o, v in zip(outvals, invals, strict=True)]
+    if any(s is None for s in solved):
+        return None
+    return solved, _zero(solved[0])
+
+
+for _prim in (lax.copy_p, lax.reduce_precision_p, lax.stop_gradient_p,
+              lax.device_put_p, lax.optimization_barrier_p):  # fmt: skip
+    inverse_rules.register(_prim, _identity_inverse)
+
+
+# ---------------------------------------------------------------------------
+# Binary maps with one side known.
+
+
+def _register_binary(
+    prim: Any,
+    solve_lhs: Callable[[Any, Any], tuple[Any, Any]] | None,
+    solve_rhs: Callable[[Any, Any], tuple[Any, Any]] | None,
+    *,
+    floats_only: bool = True,
+) -> None:
+    """Like `register_binary`, with `solve_*(y, known) -> (x, log|dx/dy|)` and a
+    shape check against the unknown operand's aval (a broadcast scalar operand
+    cannot be recovered)."""
+
+    def rule(outvals: Sequence[Any], a: Any, b: Any, **params: Any) -> Any:
+        (y,) = outvals
+        if a is None and b is not None and solve_lhs is not None:
+            solve, known, index = solve_lhs, b, 0
+        elif b is None and a is not None and solve_rhs is not None:
+            solve, known, index = solve_rhs, a, 1
+        else:
+            return None
+        if floats_only and not _is_float(y):
+            raise NotInvertibleError(
+                f"`{prim.name}` of integers rounds, so it is not inverted."
+            )
+        aval = operand_aval(index)
+        if aval is not None and tuple(aval.shape) != jnp.shape(y):
+            return None
+        if jnp.ndim(known) != 0 and jnp.shape(known) != jnp.shape(y):
+            return None
+        solved, log_abs = solve(y, jnp.asarray(known).astype(jnp.result_type(y)))
+        if jnp.shape(solved) != jnp.shape(y):
+            return None
+        ildj = jnp.sum(jnp.broadcast_to(log_abs, jnp.shape(y)))
+        return ([solved, b] if a is None else [a, solved]), ildj
+
+    rule.__name__ = f"_{prim.name}_inverse"
+    inverse_rules.register(prim, rule)
+
+
+def _div_lhs(y: Any, b: Any) -> tuple[Any, Any]:
+    return y * b, _log_abs(b)
+
+
+def _div_rhs(y: Any, a: Any) -> tuple[Any, Any]:
+    return a / y, _log_abs(a) - 2 * _log_abs(y)
+
+
+_register_binary(lax.div_p, _div_lhs, _div_rhs)
+
+
+def _pow_lhs(y: Any, b: Any) -> tuple[Any, Any]:
+    """`y = a**b` for `a`: the root `|y|**(1/b)`, negated where `b` is an odd
+    integer and `y < 0` (the only case where a negative base is real)."""
+    inv_b = lax.reciprocal(b)
+    root = lax.pow(lax.abs(y), inv_b)
+    odd = (lax.round(b) == b) & (lax.rem(lax.abs(b), jnp.ones_like(b) * 2) == 1)
+    solved = jnp.where(odd & (y < 0), -root, root)
+    return solved, -_log_abs(b) + (inv_b - 1) * _log_abs(y)
+
+
+def _pow_rhs(y: Any, a: Any) -> tuple[Any, Any]:
+    """`y = a**b` for `b` with a known base `a > 0, a != 1`: `log(y) / log(a)`."""
+    log_a = lax.log(a)
+    return lax.log(y) / log_a, -lax.log(y) - _log_abs(log_a)
+
+
+_register_binary(lax.pow_p, _pow_lhs, _pow_rhs)
+
+
+def _atan2_lhs(y: Any, b: Any) -> tuple[Any, Any]:
+    """`y = atan2(a, b)` for `a` with `b != 0` known: `a = b * tan(y)`, valid on
+    every branch since `tan(atan2(a, b)) = a / b`."""
+    return b * lax.tan(y), _log_abs(b) - 2 * _log_abs(lax.cos(y))
+
+
+def _atan2_rhs(y: Any, a: Any) -> tuple[Any, Any]:
+    """`y = atan2(a, b)` for `b` with `a != 0` known: `b = a * cos(y) / sin(y)`."""
+    s = lax.sin(y)
+    return a * lax.cos(y) / s, _log_abs(a) - 2 * _log_abs(s)
+
+
+_register_binary(lax.atan2_p, _atan2_lhs, _atan2_rhs)
+
+
+def _xor_solve(y: Any, known: Any) -> tuple[Any, Any]:
+    return lax.bitwise_xor(y, known), _zero(y)
+
+
+_register_binary(lax.xor_p, _xor_solve, _xor_solve, floats_only=False)
+
+
+@inverse_rules.register(lax.not_p)
+def _not_inverse(outvals: Sequence[Any], x: Any, **params: Any) -> Any:
+    """Bitwise (or logical) not is its own inverse."""
+    if x is not None:
+        return None
+    (y,) = outvals
+    return [lax.bitwise_not(y)], _zero(y)
+
+
+# ---------------------------------------------------------------------------
+# Not invertible: the reason is reported if the operand is really needed.
+
+_NOT_INVERTIBLE: dict[str, str] = {
+    "abs": "it maps `x` and `-x` to the same value",
+    "sign": "it keeps only the sign of its operand",
+    "floor": "it rounds its operand",
+    "ceil": "it rounds its operand",
+    "round": "it rounds its operand",
+    "is_finite": "it returns a boolean",
+    "max": "it discards the smaller operand",
+    "min": "it discards the larger operand",
+    "clamp": "it maps everything outside its bounds to the bounds",
+    "rem": "it discards the quotient",
+    "eq": "it returns a boolean",
+    "ne": "it returns a boolean",
+    "lt": "it returns a boolean",
+    "le": "it returns a boolean",
+    "gt": "it returns a boolean",
+    "ge": "it returns a boolean",
+    "and": "it discards bits",
+    "or": "it discards bits",
+    "shift_left": "it discards the high bits",
+    "shift_right_logical": "it discards the low bits",
+    "shift_right_arithmetic": "it discards the low bits",
+    "population_count": "it counts bits",
+    "clz": "it counts bits",
+    "real": "it drops the imaginary part",
+    "imag": "it drops the real part",
+    "reduce_sum": "it reduces an axis to one number",
+    "reduce_prod": "it reduces an axis to one number",
+    "reduce_max": "it reduces an axis to one number",
+    "reduce_min": "it reduces an axis to one number",
+    "reduce_and": "it reduces an axis to one boolean",
+    "reduce_or": "it reduces an axis to one boolean",
+    "reduce_xor": "it reduces an axis to one value",
+    "argmax": "it returns an index",
+    "argmin": "it returns an index",
+    "cummax": "it discards values below the running maximum",
+    "cummin": "it discards values above the running minimum",
+    "sort": "it discards the order of its operand",
+    "top_k": "it keeps only the largest values",
+}
+
+
+def _not_invertible_rule(name: str, why: str) -> Any:
+    def rule(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
+        raise NotInvertibleError(f"`{name}` is not invertible: {why}.")
+
+    rule.__name__ = f"_{name}_inverse"
+    return rule
+
+
+for _name, _why in _NOT_INVERTIBLE.items():
+    inverse_rules.register(
+        getattr(lax, f"{_name}_p"), _not_invertible_rule(_name, _why)
+    )
