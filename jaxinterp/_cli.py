@@ -108,7 +108,7 @@ def parse_arg_specs(text: str) -> list[Any]:
                 f"{', '.join(DTYPES)}.",
                 USAGE_ERROR,
             )
-        if abbrev in _X64_DTYPES and not jax.config.jax_enable_x64:
+        if abbrev in _X64_DTYPES and not jax.config.read("jax_enable_x64"):
             raise CliError(
                 f"--args: {item!r} needs 64-bit mode; set JAX_ENABLE_X64=1.",
                 USAGE_ERROR,

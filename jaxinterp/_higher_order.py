@@ -120,15 +120,28 @@ def _checkpoint(
     return list(interp.cached(key, p.jaxpr, build)(*invals))
 
 
-def _retrace(interp: Interpreter, closed: Any, invals: list[Any]) -> Any:
-    """Trace `interp` walking `closed` into a new `ClosedJaxpr` for these avals."""
+def _retrace(
+    interp: Interpreter, closed: Any, invals: list[Any], name: str = ""
+) -> Any:
+    """Trace `interp` walking `closed` into a new `ClosedJaxpr` for these avals.
+
+    `name` (the wrapped function's name) is kept in the new Jaxpr's debug
+    info, where JAX reads the `name` of a custom-derivative call and
+    `inverse` looks up named inverses.
+    """
     avals = tuple(compat.aval_of(x) for x in invals)
     specs = [
         jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals
     ]
 
     def build() -> Any:
-        return jax.make_jaxpr(_closed_fn(interp, closed))(*specs)
+        walk = _closed_fn(interp, closed)
+
+        def named(*args: Any) -> list[Any]:
+            return walk(*args)
+
+        named.__name__ = named.__qualname__ = name or "walk"
+        return jax.make_jaxpr(named)(*specs)
 
     key = ("retrace", id(closed), avals)
     new = interp.cached(key, closed, build)
@@ -152,7 +165,7 @@ def _custom_call(
     body = compat.call_jaxpr(eqn.params)
     if policy == "inline":
         return interp.eval_closed(body, *invals)
-    new = _retrace(interp, body, invals)
+    new = _retrace(interp, body, invals, compat.call_name(eqn.params))
     params = compat.replace_call_jaxpr(eqn.params, new)
     return compat.bind_eqn(eqn.primitive, invals, params)
 
@@ -168,7 +181,7 @@ def _closed_call(
     body = compat.call_jaxpr(eqn.params)
     if policy == "inline":
         return interp.eval_closed(body, *invals)
-    new = _retrace(interp, body, invals)
+    new = _retrace(interp, body, invals, compat.call_name(eqn.params))
     return compat.bind_eqn(
         compat.closed_call_p, invals, compat.replace_call_jaxpr(eqn.params, new)
     )

@@ -14,6 +14,7 @@ from ._custom_types import PyTree
 from ._errors import (
     JaxinterpError,
     RuleError,
+    describe_value,
     describe_values,
     eqn_context,
 )
@@ -78,7 +79,9 @@ _release_lock = threading.Lock()
 def release_plan(jaxpr: Any) -> list[tuple[Any, ...]]:
     """For each equation of `jaxpr`, the variables whose last use it is.
 
-    Outputs of the jaxpr are never released. Computed once per jaxpr.
+    A result no equation uses is released right after the equation that
+    computes it. Outputs of the jaxpr are never released. Computed once per
+    jaxpr.
     """
     plan = _release_plans.get(jaxpr)
     if plan is not None:
@@ -89,6 +92,9 @@ def release_plan(jaxpr: Any) -> list[tuple[Any, ...]]:
         for v in eqn.invars:
             if type(v) is not _Literal:
                 last[v] = i
+        for v in eqn.outvars:
+            if type(v) is not _DropVar:
+                last[v] = i  # moved on by a later use
     buckets: list[list[Any]] = [[] for _ in jaxpr.eqns]
     for v, i in last.items():
         if v not in keep:
@@ -195,7 +201,10 @@ class Interpreter:
         if rules is not None:
             rule = rules.get(eqn.primitive)
             if rule is not None:
-                return list(rule(*invals, **eqn.params))
+                outvals = rule(*invals, **eqn.params)
+                if type(outvals) is list:
+                    return outvals
+                return self._as_outvals(eqn, outvals)
         handler = _higher_order_handlers.get(eqn.primitive)
         if handler is not None:
             policy = self._policies.get(eqn.primitive.name, self.higher_order)
@@ -234,13 +243,8 @@ class Interpreter:
             except Exception as err:
                 raise self._rule_error(eqn, invals, err) from err
             outvars = eqn.outvars
-            if len(outvals) != len(outvars):
-                raise RuleError(
-                    f"{eqn_context(self.name, eqn)}: processing the equation gave "
-                    f"{len(outvals)} values for {len(outvars)} outputs.\n"
-                    "Rules and `process_eqn` must return a list with one value "
-                    "per output, also for single-result primitives."
-                )
+            if type(outvals) is not list or len(outvals) != len(outvars):
+                outvals = self._as_outvals(eqn, outvals)
             for v, val in zip(outvars, outvals):
                 if type(v) is not _DropVar:
                     env[v] = val
@@ -258,6 +262,27 @@ class Interpreter:
         """Walk a `Staged` function on flat arguments; return flat outputs."""
         with compat.recursion_limit(_RECURSION_LIMIT):
             return self.eval_closed(staged.closed_jaxpr, *flat_args)
+
+    def _as_outvals(self, eqn: Any, outvals: Any) -> list[Any]:
+        """Return `outvals` as a list, checking it has one value per output.
+
+        A bare array is refused even when iterating it would give the right
+        count: that would silently split its leading axis.
+        """
+        n_out = len(eqn.outvars)
+        if isinstance(outvals, list | tuple) and len(outvals) == n_out:
+            return list(outvals)
+        got = (
+            f"{len(outvals)} values"
+            if isinstance(outvals, list | tuple)
+            else f"a {type(outvals).__name__} ({describe_value(outvals)})"
+        )
+        raise RuleError(
+            f"{eqn_context(self.name, eqn)}: processing the equation gave "
+            f"{got} for {n_out} outputs.\n"
+            "Rules and `process_eqn` must return a list with one value per "
+            "output, also for single-result primitives."
+        )
 
     def _rule_error(self, eqn: Any, invals: list[Any], err: Exception) -> RuleError:
         return RuleError(

@@ -13,6 +13,7 @@ directly. When JAX 0.11 changes the `scan` and `jit` params again, or 0.12 merge
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
@@ -340,19 +341,33 @@ def dce_closed_jaxpr(closed: Any) -> Any:
     )
 
 
+# Threads share Python's recursion limit: it is raised while any walk runs and
+# restored when the last one ends, so one thread never lowers it under another.
+_limit_lock = threading.Lock()
+_limit_users = 0
+_limit_saved: int | None = None  # the limit to restore, if we raised it
+
+
 @contextmanager
 def recursion_limit(minimum: int) -> Iterator[None]:
     """Raise Python's recursion limit to at least `minimum` inside the block.
 
     Walking a jaxpr nested `n` levels deep costs a few Python frames per
-    level on top of what JAX itself needs.
+    level on top of what JAX itself needs. Safe to use from several threads.
     """
-    old = sys.getrecursionlimit()
-    if old >= minimum:
-        yield
-        return
-    sys.setrecursionlimit(minimum)
+    global _limit_users, _limit_saved
+    with _limit_lock:
+        _limit_users += 1
+        current = sys.getrecursionlimit()
+        if current < minimum:
+            if _limit_saved is None:
+                _limit_saved = current
+            sys.setrecursionlimit(minimum)
     try:
         yield
     finally:
-        sys.setrecursionlimit(old)
+        with _limit_lock:
+            _limit_users -= 1
+            if _limit_users == 0 and _limit_saved is not None:
+                sys.setrecursionlimit(_limit_saved)
+                _limit_saved = None

@@ -115,9 +115,12 @@ class _InverseFunction:
         return f"<{self.transform} of {self.fn!r}>"
 
     # The signature seen by `inspect` (and by `inverse(inverse(f))`).
-    def _signature(self, y: Any, *known_args: Any) -> None: ...
-
-    __signature__ = inspect.signature(_signature)
+    __signature__ = inspect.Signature(
+        [
+            inspect.Parameter("y", inspect.Parameter.POSITIONAL_ONLY),
+            inspect.Parameter("known_args", inspect.Parameter.VAR_POSITIONAL),
+        ]
+    )
 
     def _positions(self, n_known: int) -> tuple[tuple[int, ...], int]:
         if self.argnums is None:

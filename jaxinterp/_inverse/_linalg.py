@@ -1,0 +1,153 @@
+"""Inverse rules for linear algebra with a known matrix: `dot_general` (`x @ A`,
+`A @ x`, `einsum`, 1x1 convolutions over channels) and `triangular_solve`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax.extend.core.primitives as jex_prims
+import jax.numpy as jnp
+from jax import lax
+
+from .._errors import NotInvertibleError
+from ._rules import inverse_rules, operand_aval
+
+
+def _argsort(order: Sequence[int]) -> tuple[int, ...]:
+    return tuple(sorted(range(len(order)), key=lambda k: order[k]))
+
+
+@inverse_rules.register(lax.dot_general_p)
+def _dot_general_inverse(
+    outvals: Sequence[Any],
+    lhs: Any,
+    rhs: Any,
+    *,
+    dimension_numbers: Any,
+    **params: Any,
+) -> Any:
+    """Solve `y = dot_general(x, A)` (or `(A, x)`) for `x` given `A`.
+
+    The map is invertible when, per batch element, `A`'s contracted dimensions
+    and its free (neither contracted nor batch) dimensions have the same total
+    size `n` and that `n x n` matrix is non-singular. Then `x` follows from
+    `jnp.linalg.solve`, and the ildj is `-k * log|det A|` summed over batch
+    elements, where `k` is the number of right-hand sides (the size of `x`'s
+    free dimensions).
+    """
+    (y,) = outvals
+    if (lhs is None) == (rhs is None):
+        return None
+    (lc, rc), (lb, rb) = dimension_numbers
+    x_is_lhs = lhs is None
+    a = jnp.asarray(rhs if x_is_lhs else lhs)
+    x_contract, a_contract = (tuple(lc), tuple(rc)) if x_is_lhs else (rc, lc)
+    x_batch, a_batch = (tuple(lb), tuple(rb)) if x_is_lhs else (rb, lb)
+    x_contract, a_contract = tuple(x_contract), tuple(a_contract)
+    x_batch, a_batch = tuple(x_batch), tuple(a_batch)
+    dtype = jnp.result_type(y)
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        raise NotInvertibleError("`dot_general` of integers is not inverted.")
+
+    a_free = tuple(d for d in range(a.ndim) if d not in a_contract and d not in a_batch)
+    shape = jnp.shape(y)
+    nb = len(x_batch)
+    batch_shape = shape[:nb]
+    if x_is_lhs:
+        x_free_shape = shape[nb : len(shape) - len(a_free)]
+    else:
+        x_free_shape = shape[nb + len(a_free) :]
+    contract_shape = tuple(a.shape[d] for d in a_contract)
+    free_size = math.prod(a.shape[d] for d in a_free)
+    n = math.prod(contract_shape)
+    if n != free_size:
+        raise NotInvertibleError(
+            f"`dot_general` maps {n} contracted values to {free_size} outputs per "
+            "right-hand side; only a square known operand is invertible."
+        )
+    batch = math.prod(batch_shape)
+    k = math.prod(x_free_shape)
+    a = a.astype(dtype)
+    rank = nb + len(contract_shape) + len(x_free_shape)
+    x_free = _free_dims(x_batch, x_contract, rank)
+    if x_is_lhs:
+        # Y_b (k, n) = X_b (k, n) @ M_b (n, n):  X_b^T = solve(M_b^T, Y_b^T).
+        m = lax.transpose(a, a_batch + a_contract + a_free).reshape(batch, n, n)
+        rhs_t = jnp.swapaxes(jnp.reshape(y, (batch, k, n)), -1, -2)
+        x = jnp.swapaxes(jnp.linalg.solve(jnp.swapaxes(m, -1, -2), rhs_t), -1, -2)
+        x = x.reshape(batch_shape + x_free_shape + contract_shape)
+        layout = x_batch + x_free + x_contract
+    else:
+        # Y_b (n, k) = M_b (n, n) @ X_b (n, k).
+        m = lax.transpose(a, a_batch + a_free + a_contract).reshape(batch, n, n)
+        x = jnp.linalg.solve(m, jnp.reshape(y, (batch, n, k)))
+        x = x.reshape(batch_shape + contract_shape + x_free_shape)
+        layout = x_batch + x_contract + x_free
+    x = lax.transpose(x, _argsort(layout))
+    aval = operand_aval(0 if x_is_lhs else 1)
+    if aval is not None:
+        x = lax.convert_element_type(x, aval.dtype)
+    _, logdet = jnp.linalg.slogdet(m)
+    ildj = -k * jnp.sum(logdet)
+    return ([x, rhs] if x_is_lhs else [lhs, x]), ildj
+
+
+def _free_dims(
+    batch: tuple[int, ...], contract: tuple[int, ...], rank: int
+) -> tuple[int, ...]:
+    return tuple(d for d in range(rank) if d not in batch and d not in contract)
+
+
+def _triangle(a: Any, lower: bool, unit_diagonal: bool) -> Any:
+    """The triangle of `a` that `triangular_solve` reads."""
+    tri = jnp.tril(a) if lower else jnp.triu(a)
+    if unit_diagonal:
+        eye = jnp.eye(a.shape[-1], dtype=bool)
+        tri = jnp.where(eye, jnp.ones((), a.dtype), tri)
+    return tri
+
+
+@inverse_rules.register(jex_prims.triangular_solve_p)
+def _triangular_solve_inverse(
+    outvals: Sequence[Any],
+    a: Any,
+    b: Any,
+    *,
+    left_side: bool,
+    lower: bool,
+    transpose_a: bool,
+    conjugate_a: bool,
+    unit_diagonal: bool,
+    **params: Any,
+) -> Any:
+    """`y = op(a)^-1 b` (or `b op(a)^-1`) for `b`: multiply back by `op(a)`,
+    reading only the triangle of `a` that the solve read (ildj: `k` times
+    `log|diag(a)|`, summed, with `k` right-hand sides)."""
+    (y,) = outvals
+    if b is not None:
+        return None
+    if a is None:
+        raise NotInvertibleError(
+            "`triangular_solve` is only inverted for its right-hand side, with a "
+            "known matrix."
+        )
+    a = jnp.asarray(a)
+    tri = _triangle(a, lower, unit_diagonal)
+    op = jnp.swapaxes(tri, -1, -2) if transpose_a else tri
+    if conjugate_a:
+        op = jnp.conj(op)
+    hi = lax.Precision.HIGHEST
+    solved = (
+        jnp.matmul(op, y, precision=hi)
+        if left_side
+        else jnp.matmul(y, op, precision=hi)
+    )
+    if unit_diagonal:
+        ildj = jnp.zeros((), jnp.finfo(jnp.result_type(y)).dtype)
+    else:
+        k = jnp.shape(y)[-1] if left_side else jnp.shape(y)[-2]
+        diag = jnp.diagonal(a, axis1=-2, axis2=-1)
+        ildj = k * jnp.sum(jnp.log(jnp.abs(diag)))
+    return [a, solved], ildj

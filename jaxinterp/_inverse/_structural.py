@@ -1,0 +1,534 @@
+"""Inverse rules for structural primitives: reshapes, permutations, pieces of
+arrays, padding, gathers that permute, selects and cumulative sums.
+
+All of these move values without changing them, so their ildj is zero
+(`cumsum` is triangular with a unit diagonal; `cumprod` and `cumlogsumexp`
+are triangular and give theirs in closed form). Rules that only learn part of
+an operand (`slice`, `dynamic_slice`, some `split`, `pad` and
+`dynamic_update_slice` equations) return a `PieceResult`; the engine assembles
+the operand when its pieces cover it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .._errors import NotInvertibleError
+from ._rules import Piece, PieceResult, inverse_rules, operand_aval
+
+
+def _zero(like: Any) -> Any:
+    dtype = jnp.result_type(like)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        dtype = jnp.float32
+    return jnp.zeros((), dtype)
+
+
+def _static_ints(values: Sequence[Any]) -> tuple[int, ...] | None:
+    """The values as Python ints, or `None` if any is traced."""
+    try:
+        return tuple(int(v) for v in values)
+    except (jax.errors.ConcretizationTypeError, TypeError):
+        return None
+
+
+def _is_tracer(value: Any) -> bool:
+    """Whether `value` is traced; concrete values (checked with NumPy, not
+    computed on) allow static checks such as "is this a permutation"."""
+    return isinstance(value, jax.core.Tracer)
+
+
+# ---------------------------------------------------------------------------
+# Reshapes and permutations: the whole operand, ildj 0.
+
+
+@inverse_rules.register(lax.reshape_p)
+def _reshape_inverse(
+    outvals: Sequence[Any], x: Any, *dyn: Any, dimensions: Any = None, **params: Any
+) -> Any:
+    """Reshape back to the operand's shape (read from `operand_aval`)."""
+    aval = operand_aval(0)
+    if x is not None or aval is None:
+        return None
+    (y,) = outvals
+    if dimensions is None:
+        return [lax.reshape(y, tuple(aval.shape)), *dyn], _zero(y)
+    # `dimensions` transposes the operand before reshaping it.
+    shape = tuple(aval.shape[d] for d in dimensions)
+    inv = tuple(sorted(range(len(dimensions)), key=lambda k: dimensions[k]))
+    x = lax.transpose(lax.reshape(y, shape), inv)
+    return [x, *dyn], _zero(y)
+
+
+@inverse_rules.register(lax.squeeze_p)
+def _squeeze_inverse(outvals: Sequence[Any], x: Any, *, dimensions: Any) -> Any:
+    """Put the squeezed size-1 dimensions back."""
+    if x is not None:
+        return None
+    (y,) = outvals
+    ndim = jnp.ndim(y) + len(dimensions)
+    dims = sorted(d % ndim for d in dimensions)
+    return [lax.expand_dims(y, dims)], _zero(y)
+
+
+@inverse_rules.register(lax.broadcast_in_dim_p)
+def _broadcast_in_dim_inverse(
+    outvals: Sequence[Any],
+    x: Any,
+    *dyn: Any,
+    shape: Any,
+    broadcast_dimensions: Any,
+    **params: Any,
+) -> Any:
+    """Invert a `broadcast_in_dim` that only adds size-1 dimensions (as
+    `expand_dims` does). A broadcast that copies values is not a bijection.
+
+    Without `operand_aval`, an operand dimension is assumed to have the size of
+    the output dimension it maps to."""
+    if x is not None:
+        return None
+    (y,) = outvals
+    aval = operand_aval(0)
+    in_shape = (
+        tuple(shape[d] for d in broadcast_dimensions)
+        if aval is None
+        else tuple(aval.shape)
+    )
+    new = [d for d in range(len(shape)) if d not in broadcast_dimensions]
+    copies = any(shape[d] != 1 for d in new) or any(
+        shape[d] != n for d, n in zip(broadcast_dimensions, in_shape, strict=True)
+    )
+    if copies:
+        raise NotInvertibleError(
+            f"`broadcast_in_dim` copies its operand of shape {in_shape} to shape "
+            f"{tuple(shape)}; only broadcasts that add size-1 dimensions are "
+            "invertible."
+        )
+    return [lax.reshape(y, in_shape), *dyn], _zero(y)
+
+
+@inverse_rules.register(lax.transpose_p)
+def _transpose_inverse(outvals: Sequence[Any], x: Any, *, permutation: Any) -> Any:
+    if x is not None:
+        return None
+    (y,) = outvals
+    inv = tuple(sorted(range(len(permutation)), key=lambda k: permutation[k]))
+    return [lax.transpose(y, inv)], _zero(y)
+
+
+@inverse_rules.register(lax.rev_p)
+def _rev_inverse(outvals: Sequence[Any], x: Any, *, dimensions: Any) -> Any:
+    if x is not None:
+        return None
+    (y,) = outvals
+    return [lax.rev(y, dimensions)], _zero(y)
+
+
+@inverse_rules.register(lax.concatenate_p)
+def _concatenate_inverse(outvals: Sequence[Any], *operands: Any, dimension: int) -> Any:
+    """Slice each unknown operand out of the result. The sizes of unknown
+    operands come from `operand_aval`, or, for a single unknown operand,
+    from the result's size less the known operands'."""
+    (y,) = outvals
+    sizes: list[int | None] = []
+    for k, op in enumerate(operands):
+        aval = operand_aval(k)
+        if op is not None:
+            sizes.append(jnp.shape(op)[dimension])
+        elif aval is not None:
+            sizes.append(int(aval.shape[dimension]))
+        else:
+            sizes.append(None)
+    missing = [k for k, s in enumerate(sizes) if s is None]
+    if len(missing) > 1:
+        return None
+    if missing:
+        rest = sum(s for s in sizes if s is not None)
+        sizes[missing[0]] = jnp.shape(y)[dimension] - rest
+    solved, start = [], 0
+    for op, size in zip(operands, sizes, strict=True):
+        assert size is not None
+        end = start + size
+        solved.append(
+            lax.slice_in_dim(y, start, end, axis=dimension) if op is None else op
+        )
+        start = end
+    return solved, _zero(y)
+
+
+_stack_p = getattr(lax, "stack_p", None)  # JAX >= 0.8
+_unstack_p = getattr(lax, "unstack_p", None)
+
+if _stack_p is not None:
+
+    @inverse_rules.register(_stack_p)
+    def _stack_inverse(outvals: Sequence[Any], *operands: Any, axis: int) -> Any:
+        (y,) = outvals
+        solved = [
+            lax.index_in_dim(y, k, axis, keepdims=False) if op is None else op
+            for k, op in enumerate(operands)
+        ]
+        return solved, _zero(y)
+
+
+if _unstack_p is not None:
+
+    @inverse_rules.register(_unstack_p)
+    def _unstack_inverse(outvals: Sequence[Any], x: Any, *, axis: int) -> Any:
+        """All results known: stack them; otherwise each known one is a piece."""
+        if x is not None:
+            return None
+        if all(o is not None for o in outvals):
+            parts = [lax.expand_dims(o, (axis,)) for o in outvals]
+            return [lax.concatenate(parts, axis)], _zero(outvals[0])
+        pieces = []
+        for k, o in enumerate(outvals):
+            if o is None:
+                continue
+            value = lax.expand_dims(o, (axis,))
+            start = [0] * value.ndim
+            start[axis] = k
+            pieces.append(Piece(0, tuple(start), _limit(start, value.shape), value))
+        return PieceResult(pieces)
+
+
+def _clamp(
+    idx: Sequence[int], shape: Sequence[int], sizes: Sequence[int]
+) -> tuple[int, ...]:
+    """Start indices clamped so the slice fits, as `dynamic_slice` does."""
+    return tuple(
+        min(max(i, 0), n - s) for i, n, s in zip(idx, shape, sizes, strict=True)
+    )
+
+
+def _limit(start: Sequence[int], shape: Sequence[int]) -> tuple[int, ...]:
+    return tuple(s + n for s, n in zip(start, shape, strict=True))
+
+
+# ---------------------------------------------------------------------------
+# Pieces: each equation sees part of its operand.
+
+
+@inverse_rules.register(lax.slice_p)
+def _slice_inverse(
+    outvals: Sequence[Any],
+    x: Any,
+    *,
+    start_indices: Any,
+    limit_indices: Any,
+    strides: Any = None,
+) -> Any:
+    """The result is the piece `[start:limit:strides)` of the operand."""
+    if x is not None:
+        return None
+    (y,) = outvals
+    stride = None if strides is None else tuple(int(s) for s in strides)
+    piece = Piece(
+        0,
+        tuple(int(s) for s in start_indices),
+        tuple(int(s) for s in limit_indices),
+        y,
+        stride,
+    )
+    return PieceResult([piece])
+
+
+@inverse_rules.register(lax.split_p)
+def _split_inverse(outvals: Sequence[Any], x: Any, *, sizes: Any, axis: int) -> Any:
+    """All results known: concatenate them; otherwise each is a piece."""
+    if x is not None:
+        return None
+    if all(o is not None for o in outvals):
+        return [lax.concatenate(list(outvals), axis)], _zero(outvals[0])
+    pieces, offset = [], 0
+    for o, size in zip(outvals, sizes, strict=True):
+        if o is not None:
+            start = [0] * jnp.ndim(o)
+            start[axis] = offset
+            pieces.append(Piece(0, tuple(start), _limit(start, jnp.shape(o)), o))
+        offset += int(size)
+    return PieceResult(pieces)
+
+
+@inverse_rules.register(lax.dynamic_slice_p)
+def _dynamic_slice_inverse(
+    outvals: Sequence[Any], x: Any, *starts: Any, slice_sizes: Any
+) -> Any:
+    """A piece at the start indices, clamped into the operand as JAX clamps
+    them. The indices must be concrete, since pieces are static regions
+    (a slice covering the whole operand is the operand whatever they are)."""
+    if x is not None or any(s is None for s in starts):
+        return None
+    (y,) = outvals
+    aval = operand_aval(0)
+    sizes = tuple(int(s) for s in slice_sizes)
+    if aval is not None and tuple(aval.shape) == sizes:
+        return [y, *starts], _zero(y)
+    idx = _static_ints(starts)
+    if idx is None:
+        raise NotInvertibleError(
+            "`dynamic_slice` with traced start indices gives a piece of its "
+            "operand at a place only known at run time, which cannot be "
+            "assembled; use static indices (`lax.slice`)."
+        )
+    if aval is not None:
+        idx = _clamp(idx, aval.shape, sizes)
+    else:
+        idx = tuple(max(i, 0) for i in idx)
+    return PieceResult([Piece(0, idx, _limit(idx, sizes), y)])
+
+
+@inverse_rules.register(lax.dynamic_update_slice_p)
+def _dynamic_update_slice_inverse(
+    outvals: Sequence[Any], operand: Any, update: Any, *starts: Any, **params: Any
+) -> Any:
+    """The update is the slice of the result at the start indices; the operand
+    is known outside it (pieces, for concrete indices)."""
+    if any(s is None for s in starts):
+        return None
+    (y,) = outvals
+    up_aval = operand_aval(1)
+    up_shape = jnp.shape(update) if update is not None else None
+    if up_shape is None and up_aval is not None:
+        up_shape = tuple(up_aval.shape)
+    shape = jnp.shape(y)
+    pieces = []
+    if update is None:
+        if up_shape is None:
+            return None
+        value = lax.dynamic_slice(y, starts, up_shape)
+        pieces.append(Piece(1, (0,) * len(up_shape), tuple(up_shape), value))
+    if operand is None:
+        idx = _static_ints(starts)
+        if idx is not None and up_shape is not None:
+            idx = _clamp(idx, shape, up_shape)
+            for lo, hi in _complement(shape, idx, _limit(idx, up_shape)):
+                value = lax.slice(y, lo, hi)
+                pieces.append(Piece(0, lo, hi, value))
+    return PieceResult(pieces) if pieces else None
+
+
+def _complement(
+    shape: Sequence[int], lo: Sequence[int], hi: Sequence[int]
+) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Boxes tiling `shape` outside the box `[lo:hi)`."""
+    boxes = []
+    prefix_lo: list[int] = []
+    prefix_hi: list[int] = []
+    rank = len(shape)
+    for d in range(rank):
+        rest_lo = [0] * (rank - d - 1)
+        rest_hi = list(shape[d + 1 :])
+        if lo[d] > 0:
+            boxes.append(
+                (tuple(prefix_lo + [0] + rest_lo), tuple(prefix_hi + [lo[d]] + rest_hi))
+            )
+        if hi[d] < shape[d]:
+            boxes.append(
+                (
+                    tuple(prefix_lo + [hi[d]] + rest_lo),
+                    tuple(prefix_hi + [shape[d]] + rest_hi),
+                )
+            )
+        prefix_lo.append(lo[d])
+        prefix_hi.append(hi[d])
+    return boxes
+
+
+@inverse_rules.register(lax.pad_p)
+def _pad_inverse(
+    outvals: Sequence[Any], x: Any, padding_value: Any, *, padding_config: Any
+) -> Any:
+    """Slice the operand back out of the padded result (strided for interior
+    padding). Negative padding crops the operand: what survives is a piece."""
+    if x is not None:
+        return None
+    (y,) = outvals
+    aval = operand_aval(0)
+    out_shape = jnp.shape(y)
+    start, limit, stride, keep_lo, keep_hi = [], [], [], [], []
+    cropped = False
+    for d, (lo, hi, interior) in enumerate(padding_config):
+        lo, hi, step = int(lo), int(hi), int(interior) + 1
+        if aval is not None:
+            n = int(aval.shape[d])
+        else:
+            n = (out_shape[d] - lo - hi + int(interior)) // step
+        # Operand element j lands at lo + j * step; keep those inside.
+        j0 = -(lo // step) if lo < 0 else 0  # ceil(-lo / step)
+        j1 = min(n, (out_shape[d] - 1 - lo) // step + 1)
+        if j1 <= j0:
+            return None
+        cropped = cropped or j0 > 0 or j1 < n
+        keep_lo.append(j0)
+        keep_hi.append(j1)
+        start.append(lo + j0 * step)
+        limit.append(lo + (j1 - 1) * step + 1)
+        stride.append(step)
+    value = lax.slice(y, start, limit, stride)
+    if cropped:
+        return PieceResult([Piece(0, tuple(keep_lo), tuple(keep_hi), value)])
+    return [value, padding_value], _zero(y)
+
+
+# ---------------------------------------------------------------------------
+# Gathers that permute one axis, and selects.
+
+
+@inverse_rules.register(lax.gather_p)
+def _gather_inverse(
+    outvals: Sequence[Any],
+    x: Any,
+    indices: Any,
+    *,
+    dimension_numbers: Any,
+    slice_sizes: Any,
+    **params: Any,
+) -> Any:
+    """Invert `x[perm]` / `jnp.take(x, perm, axis)` where `perm` permutes a whole
+    axis: gather back with `argsort(perm)`. Concrete indices are checked to be
+    a permutation; traced ones are assumed to be one."""
+    if x is not None or indices is None:
+        return None
+    (y,) = outvals
+    dn = dimension_numbers
+    collapsed = tuple(dn.collapsed_slice_dims)
+    batching = tuple(getattr(dn, "operand_batching_dims", ()))
+    aval = operand_aval(0)
+    rank = len(slice_sizes)
+    n = jnp.shape(indices)[0] if jnp.ndim(indices) == 2 else -1
+    ok = (
+        len(collapsed) == 1
+        and tuple(dn.start_index_map) == collapsed
+        and not batching
+        and jnp.shape(indices) == (n, 1)
+        and jnp.ndim(y) == rank
+        and len(dn.offset_dims) == rank - 1
+    )
+    if ok:
+        (axis,) = collapsed
+        shape = tuple(aval.shape) if aval is not None else None
+        ok = int(slice_sizes[axis]) == 1 and (
+            shape is None
+            or (
+                shape[axis] == n
+                and all(
+                    int(s) == shape[d] for d, s in enumerate(slice_sizes) if d != axis
+                )
+            )
+        )
+    if not ok:
+        raise NotInvertibleError(
+            "`gather` is only inverted when it permutes one whole axis "
+            "(`x[perm]`, `jnp.take(x, perm, axis)`)."
+        )
+    perm = indices[:, 0]
+    if not _is_tracer(indices):
+        if not np.array_equal(np.sort(np.asarray(perm)), np.arange(n)):
+            raise NotInvertibleError(
+                "`gather` indices are not a permutation of the axis, so some "
+                "elements are dropped or repeated."
+            )
+    (pos,) = [d for d in range(rank) if d not in dn.offset_dims]
+    moved = jnp.moveaxis(y, pos, axis)
+    solved = jnp.take(moved, jnp.argsort(perm), axis=axis, mode="clip")
+    return [solved, indices], _zero(y)
+
+
+@inverse_rules.register(lax.select_n_p)
+def _select_n_inverse(outvals: Sequence[Any], which: Any, *cases: Any) -> Any:
+    """With a known predicate and one unknown case, the case equals the result
+    where the predicate selects it. Elsewhere it was discarded: a concrete
+    predicate that does not select the case everywhere raises; under tracing
+    those elements come back as NaN."""
+    if which is None:
+        return None
+    unknown = [k for k, c in enumerate(cases) if c is None]
+    if len(unknown) != 1:
+        return None
+    (k,) = unknown
+    (y,) = outvals
+    if not _is_tracer(which):
+        if np.all(np.asarray(which).astype(np.int32) == k):
+            solved = y
+        else:
+            raise NotInvertibleError(
+                f"`select_n` discards case {k} where the predicate selects another "
+                "case, so that case cannot be recovered."
+            )
+    elif jnp.issubdtype(jnp.result_type(y), jnp.inexact):
+        solved = jnp.where(lax.convert_element_type(which, jnp.int32) == k, y, jnp.nan)
+    else:
+        return None
+    result = [which, *cases]
+    result[k + 1] = solved
+    return result, _zero(y)
+
+
+# ---------------------------------------------------------------------------
+# Cumulative reductions: lower-triangular maps.
+
+
+def _shifted(y: Any, axis: int, reverse: bool, fill: Any) -> Any:
+    """`y` shifted by one along `axis` (towards the end, or the start if
+    `reverse`), with `fill` in the vacated place."""
+    config = [(0, 0, 0)] * jnp.ndim(y)
+    config[axis] = (-1, 1, 0) if reverse else (1, -1, 0)
+    return lax.pad(y, jnp.asarray(fill, jnp.result_type(y)), config)
+
+
+@inverse_rules.register(lax.cumsum_p)
+def _cumsum_inverse(outvals: Sequence[Any], x: Any, *, axis: int, reverse: bool):
+    """Differences along the axis (unit triangular: ildj 0)."""
+    if x is not None:
+        return None
+    (y,) = outvals
+    return [y - _shifted(y, axis, reverse, 0)], _zero(y)
+
+
+@inverse_rules.register(lax.cumprod_p)
+def _cumprod_inverse(outvals: Sequence[Any], x: Any, *, axis: int, reverse: bool):
+    """Ratios along the axis; the operand must have no zeros."""
+    if x is not None:
+        return None
+    (y,) = outvals
+    if not jnp.issubdtype(jnp.result_type(y), jnp.inexact):
+        raise NotInvertibleError("`cumprod` of integers is not inverted.")
+    prev = _shifted(y, axis, reverse, 1)
+    return [y / prev], -jnp.sum(lax.log(lax.abs(prev)))
+
+
+@inverse_rules.register(lax.cumlogsumexp_p)
+def _cumlogsumexp_inverse(
+    outvals: Sequence[Any], x: Any, *, axis: int, reverse: bool
+) -> Any:
+    """`x = y + log(1 - exp(prev - y))` where `prev` is the previous partial sum."""
+    if x is not None:
+        return None
+    (y,) = outvals
+    prev = _shifted(y, axis, reverse, -math.inf)
+    log_gap = lax.log(-lax.expm1(prev - y))
+    return [y + log_gap], -jnp.sum(log_gap)
+
+
+_tile_p = getattr(lax, "tile_p", None)  # JAX >= 0.8
+
+if _tile_p is not None:
+
+    @inverse_rules.register(_tile_p)
+    def _tile_inverse(outvals: Sequence[Any], x: Any, *, reps: Any) -> Any:
+        if x is not None:
+            return None
+        (y,) = outvals
+        if all(int(r) == 1 for r in reps):
+            return [y], _zero(y)
+        raise NotInvertibleError(
+            f"`tile` with reps {tuple(reps)} copies its operand; it is not a bijection."
+        )
