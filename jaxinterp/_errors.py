@@ -6,6 +6,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 from jax.extend import source_info_util
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -49,14 +50,25 @@ def source_line(eqn: Any) -> str:
     return text or "an unknown location"
 
 
+def describe_aval(aval: Any) -> str:
+    """Describe an abstract value by dtype and shape, as `f32[3,4]`."""
+    try:
+        return str(aval.str_short(short_dtypes=True))
+    except TypeError:
+        return str(aval.str_short())
+
+
 def describe_value(value: Any) -> str:
-    """Describe a value by dtype and shape, as `f32[3,4]`."""
+    """Describe a value by dtype and shape, as `f32[3,4]` or `f32[] (Python float)`."""
     aval = getattr(value, "aval", None)
     if aval is not None and hasattr(aval, "str_short"):
+        return describe_aval(aval)
+    if isinstance(value, bool | int | float | complex):
         try:
-            return aval.str_short(short_dtypes=True)
-        except TypeError:
-            return aval.str_short()
+            aval = jax.typeof(value)
+        except (TypeError, OverflowError):
+            return f"Python {type(value).__name__}"
+        return f"{describe_aval(aval)} (Python {type(value).__name__})"
     shape = getattr(value, "shape", None)
     dtype = getattr(value, "dtype", None)
     if shape is not None and dtype is not None:

@@ -16,7 +16,7 @@ import jax.tree_util as jtu
 
 from . import _jax_compat as compat
 from ._custom_types import PyTree
-from ._errors import StagingError, describe_value
+from ._errors import StagingError, describe_aval, describe_value
 
 # Staged signatures kept per function; the oldest is dropped past this.
 _PER_FUNCTION_CACHE_SIZE = 64
@@ -79,15 +79,23 @@ class Staged:
             got = compat.aval_of(leaf)
             if got.shape != aval.shape or got.dtype != aval.dtype:
                 raise StagingError(
-                    f"`{self.fn_name}` was staged with input {i} of type "
-                    f"{aval.str_short()} but was called with "
-                    f"{describe_value(leaf)}."
+                    f"`{self.fn_name}` was staged with {_leaf_name(args, kwargs, i)} "
+                    f"of type {describe_aval(aval)} but was called with "
+                    f"{describe_value(leaf)}.\n"
+                    "Stage it again for the new types with `jaxinterp.stage`."
                 )
         return leaves
 
     def unflatten_out(self, flat_out: Sequence[Any]) -> PyTree:
         """Rebuild the result pytree from flat outputs."""
         return jtu.tree_unflatten(self.out_tree, list(flat_out))
+
+
+def _leaf_name(args: tuple[Any, ...], kwargs: dict[str, Any], index: int) -> str:
+    """Spell the path of flat leaf `index` of `(args, kwargs)`, as `args[1]['a']`."""
+    path, _ = jtu.tree_flatten_with_path((args, kwargs))[0][index]
+    head = "args" if getattr(path[0], "idx", 0) == 0 else "kwargs"
+    return f"{head}{jtu.keystr(tuple(path[1:]))}"
 
 
 # -------------------------------------------------------------------------

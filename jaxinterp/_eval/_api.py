@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 from .. import _jax_compat as compat
 from .._custom_types import PyTree
-from .._errors import StagingError, describe_value
+from .._errors import StagingError, describe_aval, describe_value, describe_values
 from .._interpreter import _RECURSION_LIMIT, Interpreter
 from .._registry import RuleRegistry
 from ._rules import eval_rules
@@ -73,15 +73,16 @@ def eval_jaxpr(closed_jaxpr: Any, *args: Any) -> list[Any]:
     jaxpr = compat.open_jaxpr(closed_jaxpr)
     invars = jaxpr.invars
     if len(args) != len(invars):
+        expected = ", ".join(describe_aval(v.aval) for v in invars) or "none"
         raise StagingError(
-            f"`eval_jaxpr` got {len(args)} arguments for a Jaxpr with "
-            f"{len(invars)} inputs ({', '.join(v.aval.str_short() for v in invars)})."
+            f"`eval_jaxpr` got {len(args)} arguments ({describe_values(args)}) "
+            f"for a Jaxpr with {len(invars)} inputs ({expected})."
         )
     for i, (var, arg) in enumerate(zip(invars, args, strict=True)):
         got = compat.aval_of(arg)
         if got.shape != var.aval.shape or got.dtype != var.aval.dtype:
             raise StagingError(
-                f"`eval_jaxpr` input {i} expects {var.aval.str_short()}, got "
+                f"`eval_jaxpr` input {i} expects {describe_aval(var.aval)}, got "
                 f"{describe_value(arg)}."
             )
     with compat.recursion_limit(_RECURSION_LIMIT):

@@ -123,8 +123,8 @@ class custom_inverse:  # noqa: N801 - named like jax.custom_jvp, a decorator
         if trees is None or any(o is None for o in outvals):
             return None
         in_tree, out_tree = trees
-        n_args = in_tree.num_children
         arg_trees = in_tree.children()
+        n_args = len(arg_trees)
         bounds = list(itertools.accumulate(t.num_leaves for t in arg_trees))
         starts = [0, *bounds[:-1]]
         args_leaves = [list(invals[s:e]) for s, e in zip(starts, bounds, strict=True)]
