@@ -95,11 +95,19 @@ def release_plan(jaxpr: Any) -> list[tuple[Any, ...]]:
         for v in eqn.outvars:
             if type(v) is not _DropVar:
                 last[v] = i  # moved on by a later use
-    buckets: list[list[Any]] = [[] for _ in jaxpr.eqns]
+    # Most equations release nothing or one value: share the empty tuple and
+    # allocate only for equations that do release.
+    buckets: dict[int, list[Any]] = {}
     for v, i in last.items():
         if v not in keep:
-            buckets[i].append(v)
-    plan = [tuple(b) for b in buckets]
+            bucket = buckets.get(i)
+            if bucket is None:
+                buckets[i] = [v]
+            else:
+                bucket.append(v)
+    plan: list[tuple[Any, ...]] = [()] * len(jaxpr.eqns)
+    for i, bucket in buckets.items():
+        plan[i] = tuple(bucket)
     with _release_lock:
         _release_plans[jaxpr] = plan
     return plan

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -141,7 +140,9 @@ def eqn_contexts(eqn: Any) -> tuple[Any, Any]:
     (`compute_on`, XLA metadata...). `eqn.ctx` is not part of `jax.extend`.
     """
     info = eqn.source_info
-    name_stack = source_info_util.current_name_stack() + info.name_stack
+    name_stack = source_info_util.current_name_stack()
+    if info.name_stack:  # adding an empty stack would only copy the current one
+        name_stack = name_stack + info.name_stack
     return (
         source_info_util.user_context(info.traceback, name_stack=name_stack),
         eqn.ctx.manager,
@@ -348,24 +349,39 @@ _limit_users = 0
 _limit_saved: int | None = None  # the limit to restore, if we raised it
 
 
-@contextmanager
-def recursion_limit(minimum: int) -> Iterator[None]:
+def recursion_limit(minimum: int) -> _RecursionLimit:
     """Raise Python's recursion limit to at least `minimum` inside the block.
 
     Walking a jaxpr nested `n` levels deep costs a few Python frames per
     level on top of what JAX itself needs. Safe to use from several threads.
     """
-    global _limit_users, _limit_saved
-    with _limit_lock:
-        _limit_users += 1
-        current = sys.getrecursionlimit()
-        if current < minimum:
-            if _limit_saved is None:
-                _limit_saved = current
-            sys.setrecursionlimit(minimum)
-    try:
-        yield
-    finally:
+    return _RecursionLimit(minimum)
+
+
+class _RecursionLimit:
+    """The context manager of `recursion_limit`.
+
+    A class rather than a `contextlib.contextmanager` generator: it is entered
+    on every call of a transformed function, and costs half as much.
+    """
+
+    __slots__ = ("minimum",)
+
+    def __init__(self, minimum: int) -> None:
+        self.minimum = minimum
+
+    def __enter__(self) -> None:
+        global _limit_users, _limit_saved
+        with _limit_lock:
+            _limit_users += 1
+            current = sys.getrecursionlimit()
+            if current < self.minimum:
+                if _limit_saved is None:
+                    _limit_saved = current
+                sys.setrecursionlimit(self.minimum)
+
+    def __exit__(self, *exc_info: object) -> None:
+        global _limit_users, _limit_saved
         with _limit_lock:
             _limit_users -= 1
             if _limit_users == 0 and _limit_saved is not None:

@@ -358,7 +358,8 @@ def test_missing_rule_names_primitive_and_line():
         return lax.cumlogsumexp(jnp.sort(x))
 
     with pytest.raises(
-        NotInvertibleError, match=r"`jit` at .*test_inverse.py:\d+.*inside `jit` of `sort`"
+        NotInvertibleError,
+        match=r"`jit` at .*test_inverse.py:\d+.*inside `jit` of `sort`",
     ) as info:
         inverse(f)(jnp.ones(3))
     assert "`sort` is not invertible" in str(info.value)

@@ -126,13 +126,13 @@ def _triangular_solve_inverse(
     reading only the triangle of `a` that the solve read (ildj: `k` times
     `log|diag(a)|`, summed, with `k` right-hand sides)."""
     (y,) = outvals
-    if b is not None:
-        return None
     if a is None:
         raise NotInvertibleError(
             "`triangular_solve` is only inverted for its right-hand side, with a "
             "known matrix."
         )
+    if b is not None:
+        return None
     a = jnp.asarray(a)
     tri = _triangle(a, lower, unit_diagonal)
     op = jnp.swapaxes(tri, -1, -2) if transpose_a else tri

@@ -429,16 +429,16 @@ def _gather_inverse(
             "`gather` is only inverted when it permutes one whole axis "
             "(`x[perm]`, `jnp.take(x, perm, axis)`)."
         )
-    perm = indices[:, 0]
     if not _is_tracer(indices):
-        if not np.array_equal(np.sort(np.asarray(perm)), np.arange(n)):
+        if not np.array_equal(np.sort(np.asarray(indices)[:, 0]), np.arange(n)):
             raise NotInvertibleError(
                 "`gather` indices are not a permutation of the axis, so some "
                 "elements are dropped or repeated."
             )
     (pos,) = [d for d in range(rank) if d not in dn.offset_dims]
     moved = jnp.moveaxis(y, pos, axis)
-    solved = jnp.take(moved, jnp.argsort(perm), axis=axis, mode="clip")
+    inv_perm = jnp.argsort(jnp.asarray(indices)[:, 0])
+    solved = jnp.take(moved, inv_perm, axis=axis, mode="clip")
     return [solved, indices], _zero(y)
 
 

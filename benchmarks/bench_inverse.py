@@ -1,0 +1,262 @@
+"""`inverse` benchmarks: compiled speed, tracing cost and eager calls.
+
+Run: `python benchmarks/bench_inverse.py` (add `--quick` for small sizes).
+
+* compiled: `jit(inverse(f))` against a hand-written inverse under `jit`, for
+  an elementwise chain, a stack of affine coupling layers and a `scan` of
+  layers; also the equation counts of both Jaxprs (target: no more);
+* tracing: building the inverse Jaxpr of a chain of N equations against one
+  re-trace of `f`'s Jaxpr through `jax.core.eval_jaxpr`, N = 1,000 and
+  10,000, and the scaling to 100,000; a wide graph of k independent inputs;
+* eager: repeated `inverse(f)(y)` calls against the hand-written inverse
+  called eagerly.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import compare, parse_args, print_header, report  # noqa: E402
+
+import jaxinterp  # noqa: E402
+from jaxinterp import _trace  # noqa: E402
+from jaxinterp._inverse import _api  # noqa: E402
+
+
+def count_eqns(jaxpr) -> int:
+    """Equations in a Jaxpr, sub-Jaxprs included."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        total += 1
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            total += count_eqns(sub)
+    return total
+
+
+# ---------------------------------------------------------------------------
+# Models with hand-written inverses.
+
+
+def chain(x):
+    x = x * 1.5 + 0.25
+    x = jnp.tanh(x)
+    x = jnp.arctanh(x * 0.9)
+    x = jnp.exp(x)
+    return jnp.log1p(x)
+
+
+def chain_inverse(y):
+    x = jnp.expm1(y)
+    x = jnp.log(x)
+    x = jnp.tanh(x) / 0.9
+    x = jnp.arctanh(x)
+    return (x - 0.25) / 1.5
+
+
+def mlp(params, h):
+    w1, b1, w2, b2 = params
+    h = jnp.tanh(h @ w1 + b1)
+    out = h @ w2 + b2
+    d = out.shape[-1] // 2
+    return jnp.tanh(out[..., :d]), out[..., d:]
+
+
+def coupling(x, params):
+    d = x.shape[-1] // 2
+    for layer in params:
+        x1, x2 = x[..., :d], x[..., d:]
+        s, t = mlp(layer, x1)
+        x = jnp.concatenate([x2 * jnp.exp(s) + t, x1], axis=-1)
+    return x
+
+
+def coupling_inverse(y, params):
+    d = y.shape[-1] // 2
+    for layer in reversed(params):
+        z, x1 = y[..., :d], y[..., d:]
+        s, t = mlp(layer, x1)
+        y = jnp.concatenate([x1, (z - t) * jnp.exp(-s)], axis=-1)
+    return y
+
+
+def scan_layers(x, weights):
+    def layer(c, w):
+        scale, shift = w
+        return jnp.tanh(c) * jnp.exp(scale) + shift, None
+
+    return lax.scan(layer, x, weights)[0]
+
+
+def scan_layers_inverse(y, weights):
+    def layer(c, w):
+        scale, shift = w
+        return jnp.arctanh((c - shift) * jnp.exp(-scale)), None
+
+    return lax.scan(layer, y, weights, reverse=True)[0]
+
+
+def bench_compiled(quick: bool) -> None:
+    print("## compiled: jit(inverse(f)) / jit(hand-written inverse)")
+    n = 100_000 if quick else 1_000_000
+    key = jax.random.key(0)
+    x = jax.random.uniform(key, (n,), minval=-0.5, maxval=0.5)
+    dim, hidden, batch = 8, 64, (4_096 if quick else 65_536)
+    keys = jax.random.split(key, 8 * 4)
+    params = [
+        (
+            0.1 * jax.random.normal(keys[4 * i], (dim // 2, hidden)),
+            jnp.zeros(hidden),
+            0.1 * jax.random.normal(keys[4 * i + 1], (hidden, dim)),
+            jnp.zeros(dim),
+        )
+        for i in range(8)
+    ]
+    xb = jax.random.normal(keys[-1], (batch, dim))
+    weights = (
+        0.1 * jax.random.normal(keys[-2], (16, n)),
+        0.1 * jax.random.normal(keys[-3], (16, n)),
+    )
+    xs = 0.3 * x
+    cases = {
+        "elementwise chain": (chain, chain_inverse, (chain(x),), None),
+        "coupling stack (8 layers)": (
+            coupling,
+            coupling_inverse,
+            (coupling(xb, params), params),
+            0,
+        ),
+        "scan of 16 layers": (
+            scan_layers,
+            scan_layers_inverse,
+            (scan_layers(xs, weights), weights),
+            0,
+        ),
+    }
+    for name, (fn, hand, args, argnums) in cases.items():
+        ours = jax.jit(jaxinterp.inverse(fn, argnums=argnums))
+        theirs = jax.jit(hand)
+        times = compare(
+            {"ours": lambda: ours(*args), "hand": lambda: theirs(*args)},
+            repeats=10 if quick else 30,
+        )
+        report(f"{name}: time ratio", min(times["ours"]) / min(times["hand"]), 1.05)
+        n_ours = count_eqns(jax.make_jaxpr(jaxinterp.inverse(fn, argnums=argnums))(*args).jaxpr)
+        n_hand = count_eqns(jax.make_jaxpr(hand)(*args).jaxpr)
+        print(f"{name}: equations {n_ours} (hand-written {n_hand})"
+              f" {'OK' if n_ours <= n_hand else 'MISSED'}")
+
+
+# ---------------------------------------------------------------------------
+# Tracing cost.
+
+
+def long_chain(n: int):
+    def f(x):
+        for i in range(n // 2):
+            x = x * 1.0001 if i % 2 else x + 0.001
+            x = x - 0.0005
+        return x
+
+    return f
+
+
+def build_cost(fn, args, repeats: int) -> tuple[float, float]:
+    """Seconds to build the inverse Jaxpr (engine + DCE), and one eval_jaxpr re-trace."""
+    staged = jaxinterp.stage(fn, *args)
+    closed = staged.closed_jaxpr
+
+    def retrace():
+        return jax.make_jaxpr(
+            lambda *a: jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *a)
+        )(*args)
+
+    y = fn(*args)
+    y_leaves = jax.tree.leaves(y)
+    mask = tuple([True] * len(staged.in_avals))
+    specs = tuple(jax.tree.map(_api._spec, a) for a in args)
+
+    def build():
+        _api._compiled_cache.pop(staged, None)
+        return _api._compile(staged, mask, specs, y_leaves)
+
+    times = compare({"ours": build, "ref": retrace}, repeats=repeats, warmup=1)
+    return min(times["ours"]), min(times["ref"])
+
+
+def bench_tracing(quick: bool) -> None:
+    print("## tracing: building the inverse Jaxpr / re-trace through eval_jaxpr")
+    sizes = (1_000, 10_000) if not quick else (1_000,)
+    per = {}
+    x = jnp.ones(4)
+    for n in sizes:
+        ours, ref = build_cost(long_chain(n), (x,), repeats=3 if n > 1_000 else 5)
+        per[n] = ours
+        report(f"chain of {n} equations: ratio", ours / ref, 1.5)
+    if not quick:
+        ours, _ = build_cost(long_chain(100_000), (x,), repeats=1)
+        report("scaling: 100,000 / 10,000 equations", ours / per[10_000], 11.0)
+
+    def wide(k):
+        def f(*xs):
+            return [jnp.exp(v) * 2.0 for v in xs]
+
+        return f, tuple(jnp.ones(2) for _ in range(k))
+
+    small, big = (30, 300) if quick else (300, 3_000)
+    t_small, _ = build_cost(*wide(small), repeats=3)
+    t_big, _ = build_cost(*wide(big), repeats=1)
+    report(f"wide graph: k = {big} / k = {small}", t_big / t_small, 11.0)
+
+    # For reference: the whole first call (staging f + building + running).
+    f = long_chain(1_000)
+
+    def first_call():
+        _trace.clear_cache()
+        return jax.make_jaxpr(jaxinterp.inverse(f))(x)
+
+    staged = jaxinterp.stage(f, x).closed_jaxpr
+
+    def retrace():
+        return jax.make_jaxpr(
+            lambda a: jax.core.eval_jaxpr(staged.jaxpr, staged.consts, a)
+        )(x)
+
+    times = compare({"ours": first_call, "ref": retrace}, repeats=3)
+    print(
+        "first call of make_jaxpr(inverse(f)), 1,000 equations, staging included: "
+        f"{min(times['ours']) / min(times['ref']):.2f}x a re-trace (no target)"
+    )
+
+
+# ---------------------------------------------------------------------------
+# Eager calls.
+
+
+def bench_eager(quick: bool) -> None:
+    print("## eager: repeated inverse(f)(y) / hand-written inverse, both eager")
+    y = chain(jnp.linspace(-0.5, 0.5, 1_000))
+    inv = jaxinterp.inverse(chain)
+    times = compare(
+        {"ours": lambda: inv(y), "hand": lambda: chain_inverse(y)},
+        repeats=50 if quick else 200,
+        warmup=3,
+    )
+    report("elementwise chain, eager per call", min(times["ours"]) / min(times["hand"]), 1.2)
+
+
+def main() -> None:
+    args = parse_args(__doc__.splitlines()[0])
+    print_header("bench_inverse")
+    bench_compiled(args.quick)
+    bench_tracing(args.quick)
+    bench_eager(args.quick)
+
+
+if __name__ == "__main__":
+    main()

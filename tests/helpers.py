@@ -1,0 +1,141 @@
+"""Shared helpers for the interpreter-core tests.
+
+`tree_allclose` and `compare_with_reference` live in `jaxinterp.testing`; this
+module adds bitwise comparison, a few small interpreters and Jaxpr inspection.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.extend as jex
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+from jax import lax
+
+import jaxinterp
+from jaxinterp.testing import compare_with_reference, tree_allclose
+
+__all__ = [
+    "PrimitiveLog",
+    "SinToCos",
+    "assert_tree_equal",
+    "compare_with_reference",
+    "iter_eqns",
+    "primitive_names",
+    "run_python",
+    "top_level_primitives",
+    "tree_allclose",
+]
+
+
+def _is_key(x: Any) -> bool:
+    return jnp.issubdtype(jnp.result_type(x), jax.dtypes.prng_key)
+
+
+def assert_tree_equal(actual: Any, expected: Any, what: str = "result") -> None:
+    """Assert two pytrees are equal bit for bit: structure, avals and bytes."""
+    a_leaves, a_tree = jtu.tree_flatten(actual)
+    e_leaves, e_tree = jtu.tree_flatten(expected)
+    assert a_tree == e_tree, f"{what}: structure {a_tree} != {e_tree}"
+    for i, (a, e) in enumerate(zip(a_leaves, e_leaves, strict=True)):
+        a_aval, e_aval = jax.typeof(a), jax.typeof(e)
+        assert a_aval.shape == e_aval.shape, f"{what} leaf {i}: {a_aval} != {e_aval}"
+        assert a_aval.dtype == e_aval.dtype, f"{what} leaf {i}: {a_aval} != {e_aval}"
+        assert a_aval.weak_type == e_aval.weak_type, (
+            f"{what} leaf {i}: weak type {a_aval} != {e_aval}"
+        )
+        if _is_key(a):
+            assert jax.random.key_impl(a) == jax.random.key_impl(e)
+            a, e = jax.random.key_data(a), jax.random.key_data(e)
+        # `jnp.asarray` keeps a Python scalar's JAX dtype (`np.asarray` widens).
+        a_np, e_np = np.asarray(jnp.asarray(a)), np.asarray(jnp.asarray(e))
+        np.testing.assert_array_equal(a_np, e_np, err_msg=f"{what} leaf {i}")
+        # assert_array_equal treats 0.0 == -0.0 and NaN == NaN; bytes do not.
+        assert a_np.tobytes() == e_np.tobytes(), f"{what} leaf {i}: bits differ"
+
+
+class SinToCos(jaxinterp.Interpreter):
+    """Replaces every `sin` by `cos`, wherever it is nested."""
+
+    name = "sin_to_cos"
+
+    def process_eqn(self, eqn: Any, invals: list[Any]) -> list[Any]:
+        if eqn.primitive is lax.sin_p:
+            return [lax.cos(*invals)]
+        return super().process_eqn(eqn, invals)
+
+
+class PrimitiveLog(jaxinterp.Interpreter):
+    """Records the name of every primitive it processes (nested ones too)."""
+
+    name = "primitive_log"
+    cache_subcalls = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.names: list[str] = []
+
+    def process_eqn(self, eqn: Any, invals: list[Any]) -> list[Any]:
+        self.names.append(eqn.primitive.name)
+        return super().process_eqn(eqn, invals)
+
+
+def _sub_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
+    """Yield the open Jaxprs in an equation's params (searched generically)."""
+    stack = list(params.values())
+    while stack:
+        value = stack.pop()
+        if isinstance(value, jex.core.ClosedJaxpr):
+            yield value.jaxpr
+        elif isinstance(value, jex.core.Jaxpr):
+            yield value
+        elif isinstance(value, tuple | list):
+            stack.extend(value)
+
+
+def iter_eqns(jaxpr: Any) -> Iterator[Any]:
+    """Yield every equation of `jaxpr` and of its sub-Jaxprs."""
+    stack = [getattr(jaxpr, "jaxpr", jaxpr)]
+    while stack:
+        current = stack.pop()
+        for eqn in current.eqns:
+            yield eqn
+            stack.extend(_sub_jaxprs(eqn.params))
+
+
+def primitive_names(jaxpr: Any) -> set[str]:
+    """The names of all primitives in `jaxpr`, sub-Jaxprs included."""
+    return {eqn.primitive.name for eqn in iter_eqns(jaxpr)}
+
+
+def top_level_primitives(jaxpr: Any) -> list[Any]:
+    """The primitives of the top-level equations of `jaxpr`, in order."""
+    return [eqn.primitive for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns]
+
+
+def run_python(code: str, env: dict[str, str] | None = None, timeout: int = 240) -> str:
+    """Run `code` in a fresh Python with extra environment variables; return stdout.
+
+    The variables are set before the interpreter starts, so before JAX is
+    imported. Raises `AssertionError` with the output if the script fails.
+    """
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, (
+        f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    )
+    return proc.stdout
