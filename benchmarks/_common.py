@@ -4,16 +4,22 @@ Every benchmark compares jaxinterp with a reference measured in the same run,
 so the figures are ratios and hold across machines. Timings follow `timeit`:
 warm up first, repeat, interleave the contenders (so a slow spell on a shared
 machine hits both) and keep the minimum, the run least disturbed by the rest
-of the machine. Garbage collection stays on, since users run with it, but
-`gc.freeze()` moves everything alive before a run out of the collector's
-reach: a run pays for collecting what it allocates, not for the rest of the
-process.
+of the machine. Like `timeit`, a timed run has the garbage collector off (it
+collects just before): Python's full collections, which scan every object
+alive, otherwise land at arbitrary points of long runs and make their cost
+look super-linear, for `jax.core.eval_jaxpr` as much as for the walker. Pass
+`--gc` to time with the collector on.
+
+The clock is `time.perf_counter`. On a machine shared with other work, pass
+`--cpu` to time with `time.process_time` instead (CPU seconds of every thread
+of the process), which ignores the time the process waits for a core.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import platform
 import statistics
 import time
@@ -22,14 +28,29 @@ from typing import Any
 
 import jax
 
+# Whether timed runs keep the garbage collector on (`--gc`).
+_KEEP_GC = False
+# The clock of timed runs (`--cpu` picks `time.process_time`).
+_CLOCK: Callable[[], float] = time.perf_counter
+
 
 def parse_args(description: str) -> argparse.Namespace:
-    """Parse the flags every benchmark takes (`--quick`)."""
+    """Parse the flags every benchmark takes (`--quick`, `--gc`, `--cpu`)."""
+    global _KEEP_GC, _CLOCK
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--quick", action="store_true", help="smaller sizes, for a smoke test"
     )
-    return parser.parse_args()
+    parser.add_argument(
+        "--gc", action="store_true", help="keep the garbage collector on in timings"
+    )
+    parser.add_argument(
+        "--cpu", action="store_true", help="time CPU seconds, not wall-clock ones"
+    )
+    args = parser.parse_args()
+    _KEEP_GC = args.gc
+    _CLOCK = time.process_time if args.cpu else time.perf_counter
+    return args
 
 
 def print_header(title: str) -> None:
@@ -37,20 +58,23 @@ def print_header(title: str) -> None:
     device = jax.devices()[0]
     print(
         f"# {title}: JAX {jax.__version__}, {device.platform} "
-        f"({device.device_kind}), Python {platform.python_version()}"
+        f"({device.device_kind}), Python {platform.python_version()}, "
+        f"{os.cpu_count()} CPUs; timings: {_CLOCK.__name__}, garbage collector "
+        f"{'on' if _KEEP_GC else 'off'}"
     )
 
 
 def time_once(fn: Callable[[], Any]) -> float:
     """Run `fn` once, blocking on its result; return the seconds it took."""
     gc.collect()
-    gc.freeze()
+    if not _KEEP_GC:
+        gc.disable()
     try:
-        start = time.perf_counter()
+        start = _CLOCK()
         jax.block_until_ready(fn())
-        return time.perf_counter() - start
+        return _CLOCK() - start
     finally:
-        gc.unfreeze()
+        gc.enable()
 
 
 def compare(

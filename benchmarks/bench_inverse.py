@@ -146,10 +146,14 @@ def bench_compiled(quick: bool) -> None:
             repeats=10 if quick else 30,
         )
         report(f"{name}: time ratio", min(times["ours"]) / min(times["hand"]), 1.05)
-        n_ours = count_eqns(jax.make_jaxpr(jaxinterp.inverse(fn, argnums=argnums))(*args).jaxpr)
+        n_ours = count_eqns(
+            jax.make_jaxpr(jaxinterp.inverse(fn, argnums=argnums))(*args).jaxpr
+        )
         n_hand = count_eqns(jax.make_jaxpr(hand)(*args).jaxpr)
-        print(f"{name}: equations {n_ours} (hand-written {n_hand})"
-              f" {'OK' if n_ours <= n_hand else 'MISSED'}")
+        print(
+            f"{name}: equations {n_ours} (hand-written {n_hand})"
+            f" {'OK' if n_ours <= n_hand else 'MISSED'}"
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -247,7 +251,11 @@ def bench_eager(quick: bool) -> None:
         repeats=50 if quick else 200,
         warmup=3,
     )
-    report("elementwise chain, eager per call", min(times["ours"]) / min(times["hand"]), 1.2)
+    report(
+        "elementwise chain, eager per call",
+        min(times["ours"]) / min(times["hand"]),
+        1.2,
+    )
 
 
 def main() -> None:

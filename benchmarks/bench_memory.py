@@ -122,7 +122,9 @@ def main() -> None:
     gc.collect()
     assert live_bytes() == nbytes, "only the input should be alive"
     checksum = jnp.sum(walker(x))  # reduce at once: keep no extra array alive
+    peak_walker = probe.peak
     assert checksum == jnp.sum(chain(x, sample)), "the walker's result differs"
+    del checksum
     print(f"  eager `chain` itself: peak live arrays {peak_eager / nbytes:.2f}")
 
     rss = {
@@ -133,10 +135,9 @@ def main() -> None:
         text = "unavailable" if arrays is None else f"{arrays:.2f} arrays"
         print(f"  {name}: peak resident memory {text}")
 
-    # Scalars JAX keeps for the literals add a few bytes: compare as printed.
-    arrays = round(probe.peak / nbytes, 2)
-    print(f"  walker: peak live bytes {probe.peak} ({probe.peak - 3 * nbytes:+d} over 3 arrays)")
-    report(f"walker peak live arrays, {STEPS}-step chain", arrays, 3.0)
+    extra = peak_walker - 3 * nbytes
+    print(f"  walker: peak live bytes {peak_walker} ({extra:+d} over 3 arrays)")
+    report(f"walker peak live arrays, {STEPS}-step chain", peak_walker / nbytes, 3.0)
 
 
 if __name__ == "__main__":

@@ -82,9 +82,11 @@ def retrace_walker(closed: Any) -> Callable[[], Any]:
     return run
 
 
-def per_equation(sizes: tuple[int, ...], repeats: dict[int, int]) -> None:
+def per_equation(sizes: tuple[int, ...], repeats: dict[int, int]) -> dict[int, Any]:
+    """Report the walker/reference ratio per size; return the staged chains."""
+    staged = {}
     for n in sizes:
-        closed = stage_chain(n)
+        staged[n] = closed = stage_chain(n)
         times = compare(
             {
                 "jax.core.eval_jaxpr": retrace_reference(closed),
@@ -96,38 +98,53 @@ def per_equation(sizes: tuple[int, ...], repeats: dict[int, int]) -> None:
             print(f"  {name}, {n} eqns: {describe(ts, per=n)} per eqn")
         ratio = min(times["jaxinterp.eval_jaxpr"]) / min(times["jax.core.eval_jaxpr"])
         report(f"walker/eval_jaxpr ratio, {n} eqns", ratio, 1.10)
+    return staged
 
 
-def scaling(small: int, large: int, repeats: int) -> None:
-    closed = {n: stage_chain(n) for n in (small, large)}
-    times = compare(
+def scaling(small: Any, large_n: int, repeats: int) -> None:
+    """Report how the walker's time grows from `small`'s length to `large_n`.
+
+    The 10x longer chain runs the walker `repeats` times and the reference
+    once, for context (each run of it takes seconds); the shorter chain is
+    already warm from the per-equation figures.
+    """
+    small_n = len(small.jaxpr.eqns)
+    large = stage_chain(large_n)
+    walker = compare(
         {
-            f"{name} {n}": retrace(closed[n])
-            for n in (small, large)
-            for name, retrace in (
-                ("walker", retrace_walker),
-                ("reference", retrace_reference),
-            )
+            n: retrace_walker(closed)
+            for n, closed in ((small_n, small), (large_n, large))
         },
         repeats=repeats,
+        warmup=0,
     )
-    for name, ts in times.items():
-        print(f"  {name} eqns: {describe(ts, unit='ms')}")
-    reference = min(times[f"reference {large}"]) / min(times[f"reference {small}"])
-    print(f"  (jax.core.eval_jaxpr scales by {reference:.2f} on the same chains)")
-    ratio = min(times[f"walker {large}"]) / min(times[f"walker {small}"])
-    report(f"walker scaling, {large}/{small} eqns", ratio, 11.0 * large / small / 10)
+    reference = compare(
+        {
+            n: retrace_reference(closed)
+            for n, closed in ((small_n, small), (large_n, large))
+        },
+        repeats=1,
+        warmup=0,
+    )
+    for n in (small_n, large_n):
+        print(f"  walker, {n} eqns: {describe(walker[n], per=n)} per eqn")
+        print(f"  reference, {n} eqns: {describe(reference[n], per=n)} per eqn")
+    context = min(reference[large_n]) / min(reference[small_n])
+    print(f"  (jax.core.eval_jaxpr scales by {context:.2f} on the same chains)")
+    ratio = min(walker[large_n]) / min(walker[small_n])
+    target = 1.1 * large_n / small_n
+    report(f"walker scaling, {large_n}/{small_n} eqns", ratio, target)
 
 
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
     print_header("bench_walker")
     if args.quick:
-        per_equation((300, 1_000), {300: 5, 1_000: 3})
-        scaling(1_000, 10_000, repeats=2)
+        staged = per_equation((300, 1_000), {300: 5, 1_000: 5})
+        scaling(staged[1_000], 10_000, repeats=2)
     else:
-        per_equation((1_000, 10_000), {1_000: 15, 10_000: 7})
-        scaling(10_000, 100_000, repeats=3)
+        staged = per_equation((1_000, 10_000), {1_000: 15, 10_000: 7})
+        scaling(staged[10_000], 100_000, repeats=2)
 
 
 if __name__ == "__main__":

@@ -34,8 +34,7 @@ class Interval:
     hi: jax.Array
 
 
-def hull(los, his) -> Interval:
-    """The smallest interval holding all of `los` and `his`."""
+def hull(los, his) -> Interval:  # the smallest interval holding all of them
     return Interval(ft.reduce(jnp.minimum, los), ft.reduce(jnp.maximum, his))
 
 
@@ -115,8 +114,7 @@ def _cond_interval(index, *ops, branches, **params):
         first, last = max(int(index.lo), first), min(int(index.hi), last)
     walk = IntervalInterpreter().eval_closed
     outs = [walk(branches[i], *ops) for i in range(first, last + 1)]
-    join = lambda vs: hull([v.lo for v in vs], [v.hi for v in vs])  # noqa: E731
-    return [join(vs) for vs in zip(*outs, strict=True)]
+    return [hull([v.lo for v in vs], [v.hi for v in vs]) for vs in zip(*outs)]  # noqa: B905
 
 
 CALLS = {"jit", "pjit", "closed_call", "custom_jvp_call", "custom_vjp_call", "remat2"}

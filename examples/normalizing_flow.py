@@ -10,12 +10,10 @@ computed forwards and the affine map is undone backwards. The inverse
 composes with `jax.vmap`, `jax.grad` and `jax.jit`, so training is plain
 gradient ascent on the log-likelihood (with Adam) of a two-moons data set.
 
-Run: python examples/normalizing_flow.py [--steps 1000] [--out normalizing_flow.png]
+Run: python examples/normalizing_flow.py (writes normalizing_flow.png)
 """
 
 from __future__ import annotations
-
-import argparse
 
 import jax
 import jax.numpy as jnp
@@ -155,8 +153,4 @@ def main(steps: int = 1000, out: str | None = "normalizing_flow.png", n: int = 1
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--out", default="normalizing_flow.png")
-    args = parser.parse_args()
-    main(args.steps, args.out)
+    main()

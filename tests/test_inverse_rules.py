@@ -123,6 +123,20 @@ PERM = np.array([2, 0, 1])
 PAD_INTERIOR = [(1, 2, 1), (0, 0, 2)]
 PAD_NEGATIVE = [(0, 0, 0), (-1, 1, 0)]
 solve_triangular = jax.scipy.linalg.solve_triangular
+# JAX < 0.8 stages `x[:, ::2]` as a `gather`, later releases as a strided `slice`.
+STRIDED_SLICE = any(
+    e.primitive is lax.slice_p
+    for e in jax.make_jaxpr(lambda x: x[::2])(np.ones(3)).jaxpr.eqns
+)
+
+
+def even_odd(x):
+    if STRIDED_SLICE:
+        return x[:, ::2], 2 * x[:, 1::2]
+    return lax.slice(x, (0, 0), (2, 3), (1, 2)), 2 * lax.slice(
+        x, (0, 1), (2, 3), (1, 2)
+    )
+
 
 # fmt: off
 ELEMENTWISE_CASES = [
@@ -219,7 +233,7 @@ STRUCTURAL_CASES = [
      domain(-3, 3, **FIXED)),
     (lax.slice_p, named("halves", lambda x: (x[:, :1], x[:, 1:])),
      domain(-3, 3, **FIXED)),
-    (lax.slice_p, named("even_odd", lambda x: (x[:, ::2], 2 * x[:, 1::2])),
+    (lax.slice_p, even_odd,
      domain(-3, 3, **FIXED)),
     (lax.split_p, named("split", lambda x: tuple(jnp.split(x, 3, axis=1))),
      domain(-3, 3, **FIXED)),
@@ -816,7 +830,7 @@ def test_inverse_end_to_end(prim, fn, domain):
     x = jnp.asarray(domain.sample(seed=1))
     y = fn(x)
     got, ildj = jaxinterp.inverse_and_ildj(fn, example_args=(x,))(y)
-    tol = tolerance(x.dtype)
+    tol = tolerance(x.dtype, *(leaf.dtype for leaf in jax.tree.leaves(y)))
     np.testing.assert_allclose(np.asarray(got, np.float64),
                                np.asarray(x, np.float64), **tol)  # fmt: skip
     if not jnp.issubdtype(x.dtype, jnp.floating):

@@ -33,7 +33,7 @@ from .._errors import (
 )
 from .._interpreter import BackwardWalker, Env
 from .._registry import RuleRegistry
-from ._rules import inverse_rules
+from ._rules import inverse_rules, operand_avals
 
 _Literal = compat.Literal
 _DropVar = compat.DropVar
@@ -192,8 +192,11 @@ class InverseWalker(BackwardWalker):
             outs = [env.get(v) for v in eqn.outvars]
             try:
                 user_ctx, eqn_ctx = compat.eqn_contexts(eqn)
-                with user_ctx, eqn_ctx:
+                with user_ctx, eqn_ctx, operand_avals(eqn):
                     res = rule(outs, *ins, **eqn.params)
+                    if res is not None and not hasattr(res, "pieces"):
+                        if res[1] is None:
+                            res = (res[0], _generic_ildj(rule, eqn, outs, ins))
             except NotInvertibleError as err:
                 reasons[i] = _reason(err)
                 continue
@@ -221,8 +224,6 @@ class InverseWalker(BackwardWalker):
                 reasons.pop(i, None)
                 continue
             solved, ildj = res
-            if ildj is None:
-                ildj = _generic_ildj(rule, eqn, outs, ins)
             ildj_terms.append(ildj)
             for v, val in zip(eqn.invars, solved, strict=True):
                 if val is not None and type(v) is not _Literal and v not in env:
