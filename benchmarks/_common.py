@@ -104,6 +104,22 @@ def describe(times: list[float], *, per: float = 1.0, unit: str = "us") -> str:
     return f"min {low:.2f} {unit}, median {mid:.2f} {unit} ({len(times)} runs)"
 
 
+def ratio(times: dict[str, list[float]], ours: str, reference: str) -> float:
+    """Return the ratio of the fastest runs of `ours` and of `reference`."""
+    return min(times[ours]) / min(times[reference])
+
+
+def paired_ratio(times: dict[str, list[float]], ours: str, reference: str) -> float:
+    """Return the median over rounds of `ours` / `reference` in the same round.
+
+    A cross-check of `ratio`: runs of one round are back to back, so a load
+    that comes and goes on a shared machine mostly cancels out.
+    """
+    return statistics.median(
+        a / b for a, b in zip(times[ours], times[reference], strict=True)
+    )
+
+
 def report(label: str, value: float, target: float) -> bool:
     """Print one figure against its target (`<=`); return whether it is met.
 

@@ -187,7 +187,7 @@ def build_cost(fn, args, repeats: int) -> tuple[float, float]:
 
     def build():
         _api._compiled_cache.pop(staged, None)
-        return _api._compile(staged, mask, specs, y_leaves)
+        return _api._compile(staged, mask, specs, y_leaves, "x")
 
     times = compare({"ours": build, "ref": retrace}, repeats=repeats, warmup=1)
     return min(times["ours"]), min(times["ref"])

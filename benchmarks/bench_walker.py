@@ -23,7 +23,15 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from _common import compare, describe, parse_args, print_header, report
+from _common import (
+    compare,
+    describe,
+    paired_ratio,
+    parse_args,
+    print_header,
+    ratio,
+    report,
+)
 from jax import lax
 
 import jaxinterp
@@ -96,8 +104,9 @@ def per_equation(sizes: tuple[int, ...], repeats: dict[int, int]) -> dict[int, A
         )
         for name, ts in times.items():
             print(f"  {name}, {n} eqns: {describe(ts, per=n)} per eqn")
-        ratio = min(times["jaxinterp.eval_jaxpr"]) / min(times["jax.core.eval_jaxpr"])
-        report(f"walker/eval_jaxpr ratio, {n} eqns", ratio, 1.10)
+        names = ("jaxinterp.eval_jaxpr", "jax.core.eval_jaxpr")
+        print(f"  median of the per-round ratios: {paired_ratio(times, *names):.2f}")
+        report(f"walker/eval_jaxpr ratio, {n} eqns", ratio(times, *names), 1.10)
     return staged
 
 
@@ -110,41 +119,36 @@ def scaling(small: Any, large_n: int, repeats: int) -> None:
     """
     small_n = len(small.jaxpr.eqns)
     large = stage_chain(large_n)
+    chains = {str(small_n): small, str(large_n): large}
     walker = compare(
-        {
-            n: retrace_walker(closed)
-            for n, closed in ((small_n, small), (large_n, large))
-        },
+        {n: retrace_walker(closed) for n, closed in chains.items()},
         repeats=repeats,
         warmup=0,
     )
     reference = compare(
-        {
-            n: retrace_reference(closed)
-            for n, closed in ((small_n, small), (large_n, large))
-        },
+        {n: retrace_reference(closed) for n, closed in chains.items()},
         repeats=1,
         warmup=0,
     )
-    for n in (small_n, large_n):
-        print(f"  walker, {n} eqns: {describe(walker[n], per=n)} per eqn")
-        print(f"  reference, {n} eqns: {describe(reference[n], per=n)} per eqn")
-    context = min(reference[large_n]) / min(reference[small_n])
+    for n in chains:
+        print(f"  walker, {n} eqns: {describe(walker[n], per=int(n))} per eqn")
+        print(f"  reference, {n} eqns: {describe(reference[n], per=int(n))} per eqn")
+    context = ratio(reference, str(large_n), str(small_n))
     print(f"  (jax.core.eval_jaxpr scales by {context:.2f} on the same chains)")
-    ratio = min(walker[large_n]) / min(walker[small_n])
+    growth = ratio(walker, str(large_n), str(small_n))
     target = 1.1 * large_n / small_n
-    report(f"walker scaling, {large_n}/{small_n} eqns", ratio, target)
+    report(f"walker scaling, {large_n}/{small_n} eqns", growth, target)
 
 
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
     print_header("bench_walker")
     if args.quick:
-        staged = per_equation((300, 1_000), {300: 5, 1_000: 5})
-        scaling(staged[1_000], 10_000, repeats=2)
+        staged = per_equation((300, 1_000), {300: 15, 1_000: 9})
+        scaling(staged[1_000], 10_000, repeats=3)
     else:
-        staged = per_equation((1_000, 10_000), {1_000: 15, 10_000: 7})
-        scaling(staged[10_000], 100_000, repeats=2)
+        staged = per_equation((1_000, 10_000), {1_000: 31, 10_000: 11})
+        scaling(staged[10_000], 100_000, repeats=3)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,13 @@ def sow(value, *, name: str):
     return sow_p.bind(value, name=name)
 
 
+def sub_jaxprs(params):  # the Jaxprs in an equation's params: bodies, branches...
+    vals = [
+        x for v in params.values() for x in (v if isinstance(v, tuple | list) else [v])
+    ]
+    return [x for x in vals if isinstance(x, jex_core.Jaxpr | jex_core.ClosedJaxpr)]
+
+
 def sown_names(jaxpr) -> set[str]:
     """Names sown in `jaxpr` and its sub-Jaxprs."""
     jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
@@ -50,7 +57,7 @@ def sown_names(jaxpr) -> set[str]:
     for eqn in jaxpr.eqns:
         if eqn.primitive is sow_p:
             names.add(eqn.params["name"])
-        for sub in jex_core.jaxprs_in_params(eqn.params):
+        for sub in sub_jaxprs(eqn.params):
             names |= sown_names(sub)
     return names
 

@@ -10,10 +10,12 @@ computed forwards and the affine map is undone backwards. The inverse
 composes with `jax.vmap`, `jax.grad` and `jax.jit`, so training is plain
 gradient ascent on the log-likelihood (with Adam) of a two-moons data set.
 
-Run: python examples/normalizing_flow.py (writes normalizing_flow.png)
+Run: python examples/normalizing_flow.py (writes examples/output/normalizing_flow.png)
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -135,7 +137,10 @@ def plot(data, dens, samples, lim, path):
     plt.close(fig)
 
 
-def main(steps: int = 1000, out: str | None = "normalizing_flow.png", n: int = 1024):
+OUTPUT = Path(__file__).resolve().parent / "output" / "normalizing_flow.png"
+
+
+def main(steps: int = 1000, out: Path | None = OUTPUT, n: int = 1024):
     rng = np.random.default_rng(0)
     data, params = two_moons(n, rng), init(rng)
     before = float(batch_log_density(params, data).mean())
@@ -145,7 +150,8 @@ def main(steps: int = 1000, out: str | None = "normalizing_flow.png", n: int = 1
     mass = float(dens.sum() * cell)
     print(f"mean log-likelihood {before:.3f} -> {after:.3f} after {steps} steps; "
           f"density integrates to {mass:.4f} on [-4, 4]^2")  # fmt: skip
-    if out:
+    if out is not None:
+        out.parent.mkdir(exist_ok=True)
         noise = jnp.asarray(rng.normal(size=(n, 2)), jnp.float32)
         plot(data, dens, sample(params, noise), 4.0, out)
         print(f"saved {out}")

@@ -33,6 +33,13 @@ TRANSCENDENTAL = {"exp", "log", "log1p", "tanh", "logistic", "sin", "cos", "sqrt
 REDUCTIONS = {"reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin"}
 
 
+def sub_jaxprs(params):  # the Jaxprs in an equation's params: bodies, branches...
+    vals = [
+        x for v in params.values() for x in (v if isinstance(v, tuple | list) else [v])
+    ]
+    return [x for x in vals if isinstance(x, jex_core.Jaxpr | jex_core.ClosedJaxpr)]
+
+
 def flops(eqn) -> tuple[int, int]:
     """(FLOPs, transcendentals) of one equation without sub-Jaxprs."""
     name = eqn.primitive.name
@@ -67,7 +74,7 @@ class OpCounter(jaxinterp.Interpreter):
     def process_eqn(self, eqn, invals):
         name = eqn.primitive.name
         self.eqns[name] += 1
-        subs = list(jex_core.jaxprs_in_params(eqn.params))
+        subs = list(sub_jaxprs(eqn.params))
         if name == "scan":  # the body runs `length` times
             self.absorb(self.walk(eqn.params["jaxpr"]), eqn.params["length"])
         elif name == "cond":  # only one branch runs: count the costliest

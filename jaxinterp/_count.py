@@ -38,7 +38,6 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 from jax import lax
-from jax.extend import core as jex_core
 
 from . import _jax_compat as compat
 from ._interpreter import Interpreter
@@ -296,10 +295,10 @@ class OpCounter(Interpreter):
             counts.add(max(branches, key=Counts.key))
         elif prim is compat.while_p:
             counts.while_loops += 1
-            for sub in jex_core.jaxprs_in_params(eqn.params):
+            for sub in compat.jaxprs_in_params(eqn.params):
                 counts.add(self.count_closed(sub))
         else:
-            subs = list(jex_core.jaxprs_in_params(eqn.params))
+            subs = list(compat.jaxprs_in_params(eqn.params))
             if subs:  # jit, custom_jvp_call, checkpoint, ...: walk the body once
                 for sub in subs:
                     counts.add(self.count_closed(sub))

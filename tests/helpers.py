@@ -21,12 +21,14 @@ import numpy as np
 from jax import lax
 
 import jaxinterp
+from jaxinterp._interpreter import release_plan
 from jaxinterp.testing import compare_with_reference, tree_allclose
 
 __all__ = [
     "PrimitiveLog",
     "SinToCos",
     "assert_tree_equal",
+    "check_release_plan",
     "compare_with_reference",
     "iter_eqns",
     "primitive_names",
@@ -139,3 +141,27 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: int = 240)
         f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     )
     return proc.stdout
+
+
+def check_release_plan(jaxpr: Any) -> list[tuple[Any, ...]]:
+    """Replay `release_plan(jaxpr)`: after each equation exactly the values used
+    later (or returned) must be held. Returns the plan."""
+    plan = release_plan(jaxpr)
+    assert len(plan) == len(jaxpr.eqns)
+    eqns = jaxpr.eqns
+
+    def variables(vs):
+        return {v for v in vs if not isinstance(v, jax.extend.core.Literal)}
+
+    outvars = variables(jaxpr.outvars)
+    drop = jaxinterp._jax_compat.DropVar
+    defined = set(jaxpr.invars) | set(jaxpr.constvars)
+    held = set(defined)
+    for k, eqn in enumerate(eqns):
+        results = {v for v in eqn.outvars if not isinstance(v, drop)}
+        defined |= results
+        held = (held | results) - set(plan[k])
+        used_later = {v for e in eqns[k + 1 :] for v in variables(e.invars)}
+        needed = {v for v in defined if v in used_later or v in outvars}
+        assert held == needed, f"after equation {k}: held {held}, needed {needed}"
+    return plan

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from jax.extend import core as jex_core
 
 import jaxinterp
 from jaxinterp._count import count_staged
@@ -49,8 +50,10 @@ def all_eqns(jaxpr):
     jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
     for eqn in jaxpr.eqns:
         yield eqn
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-            yield from all_eqns(sub)
+        for value in eqn.params.values():
+            for item in value if isinstance(value, tuple | list) else [value]:
+                if isinstance(item, jex_core.Jaxpr | jex_core.ClosedJaxpr):
+                    yield from all_eqns(item)
 
 
 # ---------------------------------------------------------------------------

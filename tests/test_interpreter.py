@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from helpers import (
     PrimitiveLog,
+    check_release_plan,
     SinToCos,
     assert_tree_equal,
     iter_eqns,
@@ -314,31 +315,6 @@ def test_multiple_result_primitives_and_dropped_outputs():
     assert "sort" in log.names and "scan" in log.names
 
 
-def _check_release_plan(jaxpr):
-    """Replay `release_plan(jaxpr)`: after each equation exactly the values used
-    later (or returned) must be held."""
-    plan = release_plan(jaxpr)
-    assert len(plan) == len(jaxpr.eqns)
-    eqns = jaxpr.eqns
-
-    def variables(vs):
-        return {v for v in vs if not isinstance(v, jax.extend.core.Literal)}
-
-    outvars = variables(jaxpr.outvars)
-    drop = jaxinterp._jax_compat.DropVar
-    held = set(jaxpr.invars) | set(jaxpr.constvars)
-    for k, eqn in enumerate(eqns):
-        held |= {v for v in eqn.outvars if not isinstance(v, drop)}
-        held -= set(plan[k])
-        used_later = {v for e in eqns[k + 1 :] for v in variables(e.invars)}
-        assert held == {v for v in held if v in used_later or v in outvars}, k
-        assert held >= {v for v in used_later | outvars if v in held}, k
-        # Nothing needed later was released.
-        assert not set(plan[k]) & (used_later | outvars), k
-    assert held == outvars
-    return plan
-
-
 def test_release_plan_frees_each_value_after_its_last_use():
     def f(x):
         a = jnp.sin(x)
@@ -347,7 +323,7 @@ def test_release_plan_frees_each_value_after_its_last_use():
         return c + a, b
 
     jaxpr = stage(f, jnp.ones(3)).jaxpr
-    plan = _check_release_plan(jaxpr)
+    plan = check_release_plan(jaxpr)
     assert jaxpr.invars[0] in plan[2]  # `x` is freed once `c` is made
     assert release_plan(jaxpr) is plan  # computed once per jaxpr
 
@@ -359,10 +335,10 @@ def test_release_plan_frees_unused_results_at_once():
         return x * 2.0, ys
 
     jaxpr = stage(f, jnp.ones(3)).jaxpr
-    _check_release_plan(jaxpr)
+    check_release_plan(jaxpr)
     # Also when a result stops being returned.
-    _check_release_plan(jaxpr.replace(outvars=jaxpr.outvars[:1]))
-    _check_release_plan(stage(_nested, jnp.ones(3)).jaxpr)
+    check_release_plan(jaxpr.replace(outvars=jaxpr.outvars[:1]))
+    check_release_plan(stage(_nested, jnp.ones(3)).jaxpr)
 
 
 class _Probe(Interpreter):

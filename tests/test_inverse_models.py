@@ -17,9 +17,7 @@ DIM, HIDDEN = 6, 16
 
 def slogdet_ildj(inv, y):
     flat_y = jnp.reshape(y, (-1,))
-    jac = jax.jacfwd(lambda t: jnp.reshape(inv(jnp.reshape(t, y.shape)), (-1,)))(
-        flat_y
-    )
+    jac = jax.jacfwd(lambda t: jnp.reshape(inv(jnp.reshape(t, y.shape)), (-1,)))(flat_y)
     return jnp.linalg.slogdet(jac)[1]
 
 

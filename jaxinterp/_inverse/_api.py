@@ -17,6 +17,7 @@ from .. import _jax_compat as compat
 from .._custom_types import PyTree
 from .._trace import Staged, check_callable, stage_flat
 from ._engine import InverseWalker
+from ._rules import want_ildj
 
 __all__ = ["ildj", "inverse", "inverse_and_ildj"]
 
@@ -36,17 +37,14 @@ def _describe(tree: Any, leaves: Sequence[Any]) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class _Compiled:
-    """The cached inverse of one staged signature."""
+    """The cached inverse of one staged signature, for one mode."""
 
-    with_ildj: Any  # ClosedJaxpr: (*y, *known) -> (*x, ildj)
-    only_x: Any  # ClosedJaxpr: (*y, *known) -> (*x)
-    only_ildj: Any  # ClosedJaxpr: (*y, *known) -> (ildj,)
+    closed: Any  # ClosedJaxpr: (*y, *known) -> (*x, ildj) | (*x) | (ildj,)
     x_trees: tuple[Any, ...]
     n_x: int
 
-    def runner(self, mode: str) -> tuple[Any, Callable[..., list[Any]]]:
-        closed = {"x": self.only_x, "ildj": self.only_ildj}.get(mode, self.with_ildj)
-        return closed, _jitted(closed)
+    def runner(self) -> tuple[Any, Callable[..., list[Any]]]:
+        return self.closed, _jitted(self.closed)
 
 
 _jit_cache: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -183,8 +181,8 @@ class _InverseFunction:
         for i, arg in enumerate(full):
             mask.extend([i in unknown] * len(jtu.tree_leaves(arg)))
         known_leaves = [x for x, m in zip(leaves, mask, strict=True) if not m]
-        compiled = _compile(staged, tuple(mask), specs, y_leaves)
-        closed, jitted = compiled.runner(self.mode)
+        compiled = _compile(staged, tuple(mask), specs, y_leaves, self.mode)
+        closed, jitted = compiled.runner()
         args = [*y_leaves, *known_leaves]
         if any(compat.is_tracer(a) for a in args):
             outs = jex_core.jaxpr_as_fun(closed)(*args)
@@ -232,9 +230,18 @@ class _InverseFunction:
 
 
 def _compile(
-    staged: Staged, mask: tuple[bool, ...], specs: tuple[Any, ...], y_leaves: list[Any]
+    staged: Staged,
+    mask: tuple[bool, ...],
+    specs: tuple[Any, ...],
+    y_leaves: list[Any],
+    mode: str,
 ) -> _Compiled:
-    key = (mask, tuple(_spec(y) for y in y_leaves))
+    """Trace the engine into the inverse Jaxpr for `mode` (cached per signature).
+
+    `mode` is `"x"` (the unknown inputs), `"ildj"` or `"both"`. Without an
+    ildj the rules are told not to compute one; dead code is removed either way.
+    """
+    key = (mask, tuple(_spec(y) for y in y_leaves), mode)
     with _compiled_lock:
         per_staged = _compiled_cache.setdefault(staged, {})
         hit = per_staged.get(key)
@@ -249,7 +256,9 @@ def _compile(
         invals = [None if m else next(known) for m in mask]
         sol = walker.solve(jaxpr, consts, invals, list(ys))
         xs = [v for v, m in zip(sol.invals, mask, strict=True) if m]
-        return [*xs, sol.ildj]
+        if mode == "x":
+            return xs
+        return [sol.ildj] if mode == "ildj" else [*xs, sol.ildj]
 
     known_specs = [
         jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
@@ -257,30 +266,16 @@ def _compile(
         if not m
     ]
     in_specs = [*(_spec(y) for y in y_leaves), *known_specs]
-    with compat.recursion_limit(12_000):
+    with compat.recursion_limit(12_000), want_ildj(mode != "x"):
         closed = jax.make_jaxpr(inverse_flat)(*in_specs)
-    n_x = sum(mask)
-    with_ildj = compat.dce_closed_jaxpr(closed)
-    only_x = compat.dce_closed_jaxpr(_select_outputs(closed, range(n_x)))
-    only_ildj = compat.dce_closed_jaxpr(_select_outputs(closed, [n_x]))
     compiled = _Compiled(
-        with_ildj=with_ildj,
-        only_x=only_x,
-        only_ildj=only_ildj,
+        closed=compat.dce_closed_jaxpr(closed),
         x_trees=tuple(jtu.tree_structure(s) for s in specs),
-        n_x=n_x,
+        n_x=sum(mask),
     )
     with _compiled_lock:
         per_staged[key] = compiled
     return compiled
-
-
-def _select_outputs(closed: Any, keep: Any) -> Any:
-    jaxpr = compat.open_jaxpr(closed)
-    outvars = [jaxpr.outvars[i] for i in keep]
-    return compat.make_closed_jaxpr(
-        jaxpr.replace(outvars=outvars), compat.jaxpr_consts(closed)
-    )
 
 
 def inverse(

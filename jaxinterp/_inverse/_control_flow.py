@@ -19,7 +19,7 @@ from jax import lax
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
 from ._engine import InverseWalker
-from ._rules import inverse_rules
+from ._rules import ildj_wanted, inverse_rules, want_ildj
 
 _walker = InverseWalker()
 _Literal = compat.Literal
@@ -133,8 +133,10 @@ _jit_cache: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDict
 
 
 def _jitted_inverse(closed: Any, mask: tuple[bool, ...], name: str) -> Any:
+    # JAX caches the trace per function: one function per (mask, ildj wanted).
+    wanted = ildj_wanted()
     per_body = _jit_cache.setdefault(closed, {})
-    fn = per_body.get(mask)
+    fn = per_body.get((mask, wanted))
     if fn is not None:
         return fn
     body_ref = weakref.ref(closed)
@@ -144,7 +146,8 @@ def _jitted_inverse(closed: Any, mask: tuple[bool, ...], name: str) -> Any:
         assert body is not None, "the jit body outlived its inverse"
         it = iter(known)
         invals = [None if unknown else next(it) for unknown in mask]
-        solved, ildj = _invert_closed(body, invals, outvals)
+        with want_ildj(wanted):
+            solved, ildj = _invert_closed(body, invals, outvals)
         dtype = _ildj_dtype(outvals)
         return [s for s, unknown in zip(solved, mask, strict=True) if unknown], (
             jnp.asarray(ildj).astype(dtype)
@@ -152,7 +155,7 @@ def _jitted_inverse(closed: Any, mask: tuple[bool, ...], name: str) -> Any:
 
     inverse_body.__name__ = inverse_body.__qualname__ = f"inverse_{name}"
     fn = jax.jit(inverse_body)
-    per_body[mask] = fn
+    per_body[(mask, wanted)] = fn
     return fn
 
 

@@ -13,7 +13,6 @@ per signature and removes dead code from the resulting Jaxpr.
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -144,7 +143,9 @@ class InverseWalker(BackwardWalker):
         reasons: dict[int, str] = {}
         pieces: dict[Any, list[Any]] = {}
         ildj_terms: list[Any] = []
-        queue = deque(range(n))
+        # A stack, last equation on top: inversion mostly runs backwards, so
+        # each equation of a chain is usually looked at once.
+        stack = list(range(n))
         queued = bytearray(b"\x01") * n
         done = bytearray(n)
 
@@ -152,24 +153,27 @@ class InverseWalker(BackwardWalker):
             p = producer.get(v)
             if p is not None and not done[p] and not queued[p]:
                 queued[p] = 1
-                queue.append(p)
+                stack.append(p)
             for c in consumers.get(v, ()):
                 if not done[c] and not queued[c]:
                     queued[c] = 1
-                    queue.append(c)
+                    stack.append(c)
 
-        while queue:
-            i = queue.popleft()
+        while stack:
+            i = stack.pop()
             queued[i] = 0
             if done[i]:
                 continue
             eqn = eqns[i]
-            ins_known = [type(v) is _Literal or v in env for v in eqn.invars]
-            outs_known = [v in env for v in eqn.outvars]
-            if all(ins_known):
+            all_in = True
+            for v in eqn.invars:
+                if type(v) is not _Literal and v not in env:
+                    all_in = False
+                    break
+            if all_in:
                 done[i] = 1
                 reasons.pop(i, None)
-                if all(outs_known):
+                if all(v in env for v in eqn.outvars):
                     continue
                 ins = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
                 outs = self._forward(eqn, ins)
@@ -180,9 +184,14 @@ class InverseWalker(BackwardWalker):
                         learned(v)
                 continue
             # Dropped results are never known; a rule sees them as `None`.
-            if not all(
-                k or v in dropped for k, v in zip(outs_known, eqn.outvars, strict=True)
-            ) or not any(outs_known):
+            any_out, all_out = False, True
+            for v in eqn.outvars:
+                if v in env:
+                    any_out = True
+                elif v not in dropped:
+                    all_out = False
+                    break
+            if not (any_out and all_out):
                 continue
             rule = self.rules.get(eqn.primitive)
             if rule is None:
@@ -300,12 +309,14 @@ def _known_summary(eqn: Any, ins: list[Any]) -> str:
 
 
 def _sum_terms(terms: list[Any]) -> Any:
-    if not terms:
+    # Rules give volume-preserving steps a plain `0.0`: no operation to add.
+    traced = [t for t in terms if not (isinstance(t, (int, float)) and t == 0)]
+    if not traced:
         return jnp.zeros((), jnp.float32)
-    total = terms[0]
-    for t in terms[1:]:
-        total = total + t
-    return total
+    result = traced[0]
+    for t in traced[1:]:
+        result = result + t
+    return jnp.asarray(result)
 
 
 def _generic_ildj(rule: Any, eqn: Any, outs: list[Any], ins: list[Any]) -> Any:

@@ -17,6 +17,7 @@ with `jax.jacfwd` and `slogdet` (exact but slow: give it when you can).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -37,12 +38,45 @@ inverse_rules: RuleRegistry[InverseRule] = RuleRegistry(
 Solve = Callable[..., Any]
 
 
+# Whether the ildj is wanted: `inverse` alone traces the engine with this off,
+# so rules built here skip computing it (and dead-code elimination drops what
+# hand-written rules compute anyway).
+_WANT_ILDJ: ContextVar[bool] = ContextVar("jaxinterp_want_ildj", default=True)
+
+
+def ildj_wanted() -> bool:
+    """Whether the running inversion needs the ildj (rules may skip it if not)."""
+    return _WANT_ILDJ.get()
+
+
+@contextmanager
+def want_ildj(wanted: bool) -> Iterator[None]:
+    """Say, inside the block, whether the ildj is wanted."""
+    token = _WANT_ILDJ.set(wanted)
+    try:
+        yield
+    finally:
+        _WANT_ILDJ.reset(token)
+
+
+_reduce_sum = getattr(lax, "reduce_sum", None)
+
+
+def total(t: Any) -> Any:
+    """Sum all elements of `t` to a scalar (cheap to trace; scalars pass through)."""
+    if isinstance(t, (int, float)) or jnp.ndim(t) == 0:
+        return t
+    if _reduce_sum is None:  # JAX releases without `lax.reduce_sum`
+        return jnp.sum(t)
+    return _reduce_sum(t, tuple(range(jnp.ndim(t))))
+
+
 def _sum_log_abs(d: Any) -> Any:
     """`sum(log|d|)` in at least float32, as a scalar."""
     d = jnp.asarray(d)
     if not jnp.issubdtype(d.dtype, jnp.inexact):
         d = d.astype(jnp.float32)
-    return jnp.sum(jnp.log(jnp.abs(d)))
+    return total(lax.log(lax.abs(d)))
 
 
 def elementwise_ildj(inverse_fn: Solve, y: Any) -> Any:
@@ -89,10 +123,12 @@ def register_elementwise(
         if y is None:
             return None
         solved = inverse_fn(y, **params)
-        if log_abs_dinv is None:
+        if not _WANT_ILDJ.get():
+            ildj: Any = 0.0
+        elif log_abs_dinv is None:
             ildj = elementwise_ildj(lambda t: inverse_fn(t, **params), y)
         else:
-            ildj = jnp.sum(log_abs_dinv(y, solved, **params))
+            ildj = _broadcast_total(log_abs_dinv(y, solved, **params), y)
         return [solved], ildj
 
     rule.__name__ = f"_{prim.name}_inverse"
@@ -136,14 +172,25 @@ def register_binary(
         solved = solve(y, known)
         if jnp.shape(solved) != jnp.shape(y):
             return None
-        if log_abs is None:
+        if not _WANT_ILDJ.get():
+            ildj: Any = 0.0
+        elif log_abs is None:
             ildj = elementwise_ildj(lambda t: solve(t, known), y)
         else:
-            ildj = jnp.sum(log_abs(y, known, solved))
+            ildj = _broadcast_total(log_abs(y, known, solved), y)
         return ([solved, b] if a is None else [a, solved]), ildj
 
     rule.__name__ = f"_{prim.name}_inverse"
     return registry.register(prim, rule, override=override)
+
+
+def _broadcast_total(d: Any, like: Any) -> Any:
+    """Sum of `d` broadcast to `like`'s shape (a scalar `d` counts once per element)."""
+    if isinstance(d, (int, float)):
+        return d * math.prod(jnp.shape(like)) if d else 0.0
+    if jnp.ndim(d) == 0 and jnp.ndim(like) != 0:
+        return d * math.prod(jnp.shape(like))
+    return total(d)
 
 
 def zero_ildj(like: Any = None) -> Any:
@@ -164,22 +211,22 @@ register_binary(
     lax.add_p,
     lambda y, b: lax.sub(y, b),
     lambda y, a: lax.sub(y, a),
-    log_abs_dlhs=lambda y, b, a: jnp.zeros_like(y),
-    log_abs_drhs=lambda y, a, b: jnp.zeros_like(y),
+    log_abs_dlhs=lambda y, b, a: 0.0,
+    log_abs_drhs=lambda y, a, b: 0.0,
 )
 register_binary(
     lax.sub_p,
     lambda y, b: lax.add(y, b),
     lambda y, a: lax.sub(a, y),
-    log_abs_dlhs=lambda y, b, a: jnp.zeros_like(y),
-    log_abs_drhs=lambda y, a, b: jnp.zeros_like(y),
+    log_abs_dlhs=lambda y, b, a: 0.0,
+    log_abs_drhs=lambda y, a, b: 0.0,
 )
 register_binary(
     lax.mul_p,
     lambda y, b: lax.div(y, b),
     lambda y, a: lax.div(y, a),
-    log_abs_dlhs=lambda y, b, a: -jnp.broadcast_to(jnp.log(jnp.abs(b)), jnp.shape(y)),
-    log_abs_drhs=lambda y, a, b: -jnp.broadcast_to(jnp.log(jnp.abs(a)), jnp.shape(y)),
+    log_abs_dlhs=lambda y, b, a: -lax.log(lax.abs(b)),
+    log_abs_drhs=lambda y, a, b: -lax.log(lax.abs(a)),
 )
 
 
@@ -194,14 +241,19 @@ _AVALS: ContextVar[tuple[Any, ...] | None] = ContextVar(
 )
 
 
-@contextmanager
-def operand_avals(eqn: Any) -> Iterator[None]:
+class operand_avals:  # noqa: N801 - used like a function: `with operand_avals(eqn)`
     """Make `eqn`'s operand avals visible to `operand_aval` inside the block."""
-    token = _AVALS.set(tuple(v.aval for v in eqn.invars))
-    try:
-        yield
-    finally:
-        _AVALS.reset(token)
+
+    __slots__ = ("_avals", "_token")
+
+    def __init__(self, eqn: Any) -> None:
+        self._avals = tuple(v.aval for v in eqn.invars)
+
+    def __enter__(self) -> None:
+        self._token = _AVALS.set(self._avals)
+
+    def __exit__(self, *exc: object) -> None:
+        _AVALS.reset(self._token)
 
 
 def operand_aval(index: int) -> Any | None:
