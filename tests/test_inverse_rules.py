@@ -123,6 +123,7 @@ BATCH_A = (2 * np.eye(3) + 0.3 * rng.standard_normal((2, 3, 3))).astype(np.float
 L3 = np.tril(A3) + np.eye(3, dtype=np.float32)
 A4_22 = A4.reshape(2, 2, 4)
 PERM = np.array([2, 0, 1])
+ZERO = np.float32(0)
 PAD_INTERIOR = [(1, 2, 1), (0, 0, 2)]
 PAD_NEGATIVE = [(0, 0, 0), (-1, 1, 0)]
 solve_triangular = jax.scipy.linalg.solve_triangular
@@ -249,10 +250,10 @@ STRUCTURAL_CASES = [
          jnp.zeros((4, 5), x.dtype), x, (1, 2))),
      domain(-3, 3, **FIXED)),
     (lax.pad_p, named("jnp.pad", lambda x: jnp.pad(x, 1)), REAL),
-    (lax.pad_p, named("pad_interior", lambda x: lax.pad(x, 0.0, PAD_INTERIOR)),
+    (lax.pad_p, named("pad_interior", lambda x: lax.pad(x, ZERO, PAD_INTERIOR)),
      domain(-3, 3, **FIXED)),
     (lax.pad_p, named("pad_negative",
-                      lambda x: (lax.pad(x, 0.0, PAD_NEGATIVE), x[:, :1])),
+                      lambda x: (lax.pad(x, ZERO, PAD_NEGATIVE), x[:, :1])),
      domain(-3, 3, **FIXED)),
     (lax.gather_p, named("x[perm]", lambda x: x[PERM]), domain(-3, 3, (3, 2), **FIXED)),
     (lax.gather_p, named("take_axis1", lambda x: jnp.take(x, PERM, axis=1)),
@@ -692,7 +693,7 @@ def test_rules_return_none_when_they_cannot_solve_yet():
     rec = _record(lambda x: x.reshape(-1), x, lax.reshape_p)
     rule = inverse_rules.lookup(rec.eqn)
     assert rule(rec.outvals, None, **rec.eqn.params) is None  # no aval outside
-    rec = _record(lambda x: lax.div(x[0, 0], jnp.full(3, 2.0)), x, lax.div_p)
+    rec = _record(lambda x: lax.div(x[0, 0], jnp.full(3, 2.0, x.dtype)), x, lax.div_p)
     assert call_rule(rec) is None  # a broadcast scalar cannot be recovered
 
 
@@ -740,7 +741,9 @@ def test_dynamic_update_slice_gives_the_operand_outside_the_update():
 def test_select_n_with_a_traced_predicate_marks_discarded_elements_nan():
     x = np.array([1.0, 2.0, 3.0], np.float32)
     pred = np.array([True, False, True])
-    rec = _record(lambda x: lax.select_n(pred, jnp.zeros(3), x), x, lax.select_n_p)
+    rec = _record(
+        lambda x: lax.select_n(pred, jnp.zeros(3, x.dtype), x), x, lax.select_n_p
+    )
     rule = inverse_rules.lookup(rec.eqn)
     solved = jax.jit(lambda y, p: rule([y], p, rec.invals[1], None)[0][2])(
         rec.outvals[0], pred

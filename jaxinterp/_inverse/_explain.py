@@ -134,7 +134,8 @@ def explain_inverse(
     ]
     if missing:
         what = ", ".join(
-            f"input {k} ({jaxpr.invars[k].aval.str_short()})" for k in missing
+            f"input {k} ({jaxpr.invars[k].aval.str_short(short_dtypes=True)})"
+            for k in missing
         )
         lines.append(f"NOT invertible: {what} cannot be recovered.")
     else:

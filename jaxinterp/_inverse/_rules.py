@@ -204,9 +204,7 @@ def zero_ildj(like: Any = None) -> Any:
 register_elementwise(lax.neg_p, lax.neg, lambda y, x: jnp.zeros_like(y))
 register_elementwise(lax.exp_p, lax.log, lambda y, x: -lax.log(y))
 register_elementwise(lax.log_p, lax.exp, lambda y, x: y)
-register_elementwise(
-    lax.tanh_p, lax.atanh, lambda y, x: -lax.log1p(-lax.square(y))
-)
+register_elementwise(lax.tanh_p, lax.atanh, lambda y, x: -lax.log1p(-lax.square(y)))
 register_binary(
     lax.add_p,
     lambda y, b: lax.sub(y, b),
