@@ -12,7 +12,7 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
-from hypothesis import strategies as st
+from hypothesis import settings, strategies as st
 from hypothesis.extra import numpy as hnp
 from jax import lax
 
@@ -57,11 +57,19 @@ INT_BINARY: dict[str, Callable[[Any, Any], Any]] = {
 }
 
 
+# A few shapes, 0-d and empty ones included: each new (shape, dtype) costs XLA
+# compilations of every eager op, so a small set keeps the suite fast while the
+# programs and values vary. The `dev` profile draws arbitrary shapes.
+SHAPES = [(), (0,), (3,), (2, 3), (2, 0, 2)]
+
+
 def shapes(max_rank: int = 3, max_side: int = 4) -> st.SearchStrategy[tuple[int, ...]]:
     """Array shapes, 0-d and empty ones included."""
-    return hnp.array_shapes(
-        min_dims=0, max_dims=max_rank, min_side=0, max_side=max_side
-    )
+    if settings.default.max_examples > 100:  # the `dev` profile
+        return hnp.array_shapes(
+            min_dims=0, max_dims=max_rank, min_side=0, max_side=max_side
+        )
+    return st.sampled_from([s for s in SHAPES if len(s) <= max_rank])
 
 
 def float_dtypes() -> st.SearchStrategy[Any]:
@@ -89,7 +97,7 @@ def arrays(draw: st.DrawFn, dtype: Any, shape: tuple[int, ...]) -> Any:
 
 @st.composite
 def programs(
-    draw: st.DrawFn, int_valued: bool, max_ops: int = 6
+    draw: st.DrawFn, int_valued: bool, max_ops: int = 5
 ) -> list[tuple[str, str, int]]:
     """A straight-line program: a list of `(kind, op name, operand index)`.
 

@@ -43,24 +43,27 @@ def test_property_vmap_of_evaluate_equals_a_python_loop(case):
     tree_allclose(jax.vmap(evaluate(fn))(xs), expected)
 
 
-# Wrappers that put a function inside each higher-order construct.
+# Wrappers that put a function into a higher-order construct. Each maps a
+# function returning a pair of arrays shaped like its argument to another one.
 WRAPPERS = {
     "jit": lambda f: jax.jit(f),
     "checkpoint": lambda f: jax.checkpoint(f),
     "cond": lambda f: lambda x: lax.cond(True, f, lambda y: f(y)[::-1], x),
-    "fori": lambda f: (
-        lambda x: lax.fori_loop(0, 2, lambda i, c: (f(c[0])[0], c[1]), f(x))
+    "fori": lambda f: lambda x: lax.fori_loop(0, 2, lambda i, c: f(c[0]), f(x)),
+    "scan": lambda f: (
+        lambda x: jtu.tree_map(
+            lambda y: y[0], lax.scan(lambda c, v: (c, f(v)), 0, x[None])[1]
+        )
     ),
-    "scan": lambda f: lambda x: lax.scan(lambda c, v: (c, f(v)), 0, x[None])[1],
     "while": lambda f: (
         lambda x: lax.while_loop(
-            lambda c: c[0] < 2, lambda c: (c[0] + 1, f(c[1])[0]), (0, x)
-        )[1]
+            lambda c: c[0] < 2, lambda c: (c[0] + 1, *f(c[1])), (0, *f(x))
+        )[1:]
     ),
 }
 
 
-@settings(max_examples=20)
+@settings(max_examples=15)
 @given(elementwise_cases(), st.lists(st.sampled_from(sorted(WRAPPERS)), max_size=3))
 def test_property_nested_constructs_evaluate_bitwise(case, wrappers):
     fn, x = case

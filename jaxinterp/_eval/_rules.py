@@ -12,3 +12,4 @@ from .._registry import RuleRegistry
 eval_rules: RuleRegistry[Rule] = RuleRegistry(
     "evaluate", qualname="jaxinterp.eval_rules"
 )
+"""Forward rules of `evaluate`: `rule(*invals, **params) -> list` per primitive."""

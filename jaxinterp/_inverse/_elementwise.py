@@ -16,18 +16,16 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._errors import NotInvertibleError
-from ._rules import inverse_rules, operand_aval, register_elementwise
+from ._rules import (
+    ildj_wanted,
+    inverse_rules,
+    operand_aval,
+    register_elementwise,
+    total,
+)
 
 _LN2 = math.log(2.0)
 _LOG_SQRT_PI = 0.5 * math.log(math.pi)
-
-
-def _zero(like: Any) -> Any:
-    """A scalar zero ildj in `like`'s floating dtype (float32 for integers)."""
-    dtype = jnp.result_type(like)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        dtype = jnp.float32
-    return jnp.zeros((), dtype)
 
 
 def _is_float(value: Any) -> bool:
@@ -133,7 +131,7 @@ def _integer_pow_inverse(outvals: Sequence[Any], x: Any, *, y: int, **params: An
             "integers in general."
         )
     if n == 1:
-        return [out], _zero(out)
+        return [out], 0.0
     if n == -1:
         solved = lax.reciprocal(out)
     elif n == 2:
@@ -145,8 +143,9 @@ def _integer_pow_inverse(outvals: Sequence[Any], x: Any, *, y: int, **params: An
     else:
         root = lax.pow(lax.abs(out), jnp.asarray(1 / n, out.dtype))
         solved = lax.sign(out) * root if n % 2 else root
-    ildj = jnp.sum(-math.log(abs(n)) + (1 / n - 1) * _log_abs(out))
-    return [solved], ildj
+    if not ildj_wanted():
+        return [solved], 0.0
+    return [solved], total(-math.log(abs(n)) + (1 / n - 1) * _log_abs(out))
 
 
 @inverse_rules.register(lax.convert_element_type_p)
@@ -173,7 +172,7 @@ def _convert_element_type_inverse(
             "or wraps values."
         )
     if src is None:
-        return [out], _zero(out)
+        return [out], 0.0
     src_complex = jnp.issubdtype(src, jnp.complexfloating)
     new_complex = jnp.issubdtype(new_dtype, jnp.complexfloating)
     if src_complex and not new_complex:
@@ -182,15 +181,16 @@ def _convert_element_type_inverse(
         )
     if new_complex and not src_complex:
         out = lax.real(out)
-    return [lax.convert_element_type(out, src)], _zero(out)
+    return [lax.convert_element_type(out, src)], 0.0
 
 
 def _identity_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
-    """Operands equal results: copy each known result back."""
+    """Operands equal results: copy each known result back (results dropped
+    from the program stay unknown)."""
     solved = [o if v is None else v for o, v in zip(outvals, invals, strict=True)]
-    if any(s is None for s in solved):
+    if all(o is None for o, v in zip(outvals, invals, strict=True) if v is None):
         return None
-    return solved, _zero(solved[0])
+    return solved, 0.0
 
 
 for _prim in (
@@ -238,7 +238,12 @@ def _register_binary(
         solved, log_abs = solve(y, jnp.asarray(known).astype(jnp.result_type(y)))
         if jnp.shape(solved) != jnp.shape(y):
             return None
-        ildj = jnp.sum(jnp.broadcast_to(log_abs, jnp.shape(y)))
+        if not ildj_wanted():
+            ildj = 0.0
+        elif jnp.ndim(log_abs) == 0:  # a scalar counts once per element
+            ildj = log_abs * math.prod(jnp.shape(y))
+        else:
+            ildj = total(log_abs)
         return ([solved, b] if a is None else [a, solved]), ildj
 
     rule.__name__ = f"_{prim.name}_inverse"
@@ -291,7 +296,7 @@ _register_binary(lax.atan2_p, _atan2_lhs, _atan2_rhs)
 
 
 def _xor_solve(y: Any, known: Any) -> tuple[Any, Any]:
-    return lax.bitwise_xor(y, known), _zero(y)
+    return lax.bitwise_xor(y, known), 0.0
 
 
 _register_binary(lax.xor_p, _xor_solve, _xor_solve, floats_only=False)
@@ -303,7 +308,7 @@ def _not_inverse(outvals: Sequence[Any], x: Any, **params: Any) -> Any:
     if x is not None:
         return None
     (y,) = outvals
-    return [lax.bitwise_not(y)], _zero(y)
+    return [lax.bitwise_not(y)], 0.0
 
 
 # ---------------------------------------------------------------------------

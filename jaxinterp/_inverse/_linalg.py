@@ -1,5 +1,7 @@
-"""Inverse rules for linear algebra with a known matrix: `dot_general` (`x @ A`,
-`A @ x`, `einsum`, 1x1 convolutions over channels) and `triangular_solve`."""
+"""Inverse rules for linear and triangular maps: `dot_general` with a known
+square operand (`x @ A`, `A @ x`, `einsum`, 1x1 convolutions over channels),
+`triangular_solve` with a known matrix, and the cumulative reductions
+`cumsum`, `cumprod` and `cumlogsumexp`."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._errors import NotInvertibleError
-from ._rules import inverse_rules, operand_aval
+from ._rules import ildj_wanted, inverse_rules, operand_aval, total
 
 
 def _argsort(order: Sequence[int]) -> tuple[int, ...]:
@@ -89,8 +91,7 @@ def _dot_general_inverse(
     aval = operand_aval(0 if x_is_lhs else 1)
     if aval is not None:
         x = lax.convert_element_type(x, aval.dtype)
-    _, logdet = jnp.linalg.slogdet(m)
-    ildj = -k * jnp.sum(logdet)
+    ildj = -k * total(jnp.linalg.slogdet(m)[1]) if ildj_wanted() else 0.0
     return ([x, rhs] if x_is_lhs else [lhs, x]), ildj
 
 
@@ -144,10 +145,57 @@ def _triangular_solve_inverse(
         if left_side
         else jnp.matmul(y, op, precision=hi)
     )
-    if unit_diagonal:
-        ildj = jnp.zeros((), jnp.finfo(jnp.result_type(y)).dtype)
+    if unit_diagonal or not ildj_wanted():
+        ildj: Any = 0.0
     else:
         k = jnp.shape(y)[-1] if left_side else jnp.shape(y)[-2]
         diag = jnp.diagonal(a, axis1=-2, axis2=-1)
-        ildj = k * jnp.sum(jnp.log(jnp.abs(diag)))
+        ildj = k * total(lax.log(lax.abs(diag)))
     return [a, solved], ildj
+
+
+# ---------------------------------------------------------------------------
+# Cumulative reductions: triangular maps (`cumsum` is a product with a
+# triangular matrix of ones; `cumprod` and `cumlogsumexp` are triangular too).
+
+
+def _shifted(y: Any, axis: int, reverse: bool, fill: Any) -> Any:
+    """`y` shifted by one along `axis` (towards the end, or the start if
+    `reverse`), with `fill` in the vacated place."""
+    config = [(0, 0, 0)] * jnp.ndim(y)
+    config[axis] = (-1, 1, 0) if reverse else (1, -1, 0)
+    return lax.pad(y, jnp.asarray(fill, jnp.result_type(y)), config)
+
+
+@inverse_rules.register(lax.cumsum_p)
+def _cumsum_inverse(outvals: Sequence[Any], x: Any, *, axis: int, reverse: bool):
+    """Differences along the axis (unit triangular: ildj 0)."""
+    if x is not None:
+        return None
+    (y,) = outvals
+    return [y - _shifted(y, axis, reverse, 0)], 0.0
+
+
+@inverse_rules.register(lax.cumprod_p)
+def _cumprod_inverse(outvals: Sequence[Any], x: Any, *, axis: int, reverse: bool):
+    """Ratios along the axis; the operand must have no zeros."""
+    if x is not None:
+        return None
+    (y,) = outvals
+    if not jnp.issubdtype(jnp.result_type(y), jnp.inexact):
+        raise NotInvertibleError("`cumprod` of integers is not inverted.")
+    prev = _shifted(y, axis, reverse, 1)
+    return [y / prev], (-total(lax.log(lax.abs(prev))) if ildj_wanted() else 0.0)
+
+
+@inverse_rules.register(lax.cumlogsumexp_p)
+def _cumlogsumexp_inverse(
+    outvals: Sequence[Any], x: Any, *, axis: int, reverse: bool
+) -> Any:
+    """`x = y + log(1 - exp(prev - y))` where `prev` is the previous partial sum."""
+    if x is not None:
+        return None
+    (y,) = outvals
+    prev = _shifted(y, axis, reverse, -math.inf)
+    log_gap = lax.log(-lax.expm1(prev - y))
+    return [y + log_gap], (-total(log_gap) if ildj_wanted() else 0.0)

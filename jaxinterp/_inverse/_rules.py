@@ -34,6 +34,7 @@ from .._registry import RuleRegistry
 inverse_rules: RuleRegistry[InverseRule] = RuleRegistry(
     "inverse", qualname="jaxinterp.inverse_rules"
 )
+"""Inverse rules: `rule(outvals, *invals, **params) -> (solved, ildj) | None`."""
 
 Solve = Callable[..., Any]
 

@@ -2,8 +2,7 @@
 arrays, padding, gathers that permute, selects and cumulative sums.
 
 All of these move values without changing them, so their ildj is zero
-(`cumsum` is triangular with a unit diagonal; `cumprod` and `cumlogsumexp`
-are triangular and give theirs in closed form). Rules that only learn part of
+Rules that only learn part of
 an operand (`slice`, `dynamic_slice`, some `split`, `pad` and
 `dynamic_update_slice` equations) return a `PieceResult`; the engine assembles
 the operand when its pieces cover it.
@@ -11,7 +10,6 @@ the operand when its pieces cover it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,13 +20,6 @@ from jax import lax
 
 from .._errors import NotInvertibleError
 from ._rules import Piece, PieceResult, inverse_rules, operand_aval
-
-
-def _zero(like: Any) -> Any:
-    dtype = jnp.result_type(like)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        dtype = jnp.float32
-    return jnp.zeros((), dtype)
 
 
 def _static_ints(values: Sequence[Any]) -> tuple[int, ...] | None:
@@ -59,12 +50,12 @@ def _reshape_inverse(
         return None
     (y,) = outvals
     if dimensions is None:
-        return [lax.reshape(y, tuple(aval.shape)), *dyn], _zero(y)
+        return [lax.reshape(y, tuple(aval.shape)), *dyn], 0.0
     # `dimensions` transposes the operand before reshaping it.
     shape = tuple(aval.shape[d] for d in dimensions)
     inv = tuple(sorted(range(len(dimensions)), key=lambda k: dimensions[k]))
     x = lax.transpose(lax.reshape(y, shape), inv)
-    return [x, *dyn], _zero(y)
+    return [x, *dyn], 0.0
 
 
 @inverse_rules.register(lax.squeeze_p)
@@ -75,7 +66,7 @@ def _squeeze_inverse(outvals: Sequence[Any], x: Any, *, dimensions: Any) -> Any:
     (y,) = outvals
     ndim = jnp.ndim(y) + len(dimensions)
     dims = sorted(d % ndim for d in dimensions)
-    return [lax.expand_dims(y, dims)], _zero(y)
+    return [lax.expand_dims(y, dims)], 0.0
 
 
 @inverse_rules.register(lax.broadcast_in_dim_p)
@@ -111,7 +102,7 @@ def _broadcast_in_dim_inverse(
             f"{tuple(shape)}; only broadcasts that add size-1 dimensions are "
             "invertible."
         )
-    return [lax.reshape(y, in_shape), *dyn], _zero(y)
+    return [lax.reshape(y, in_shape), *dyn], 0.0
 
 
 @inverse_rules.register(lax.transpose_p)
@@ -120,7 +111,7 @@ def _transpose_inverse(outvals: Sequence[Any], x: Any, *, permutation: Any) -> A
         return None
     (y,) = outvals
     inv = tuple(sorted(range(len(permutation)), key=lambda k: permutation[k]))
-    return [lax.transpose(y, inv)], _zero(y)
+    return [lax.transpose(y, inv)], 0.0
 
 
 @inverse_rules.register(lax.rev_p)
@@ -128,7 +119,7 @@ def _rev_inverse(outvals: Sequence[Any], x: Any, *, dimensions: Any) -> Any:
     if x is not None:
         return None
     (y,) = outvals
-    return [lax.rev(y, dimensions)], _zero(y)
+    return [lax.rev(y, dimensions)], 0.0
 
 
 @inverse_rules.register(lax.concatenate_p)
@@ -160,7 +151,7 @@ def _concatenate_inverse(outvals: Sequence[Any], *operands: Any, dimension: int)
             lax.slice_in_dim(y, start, end, axis=dimension) if op is None else op
         )
         start = end
-    return solved, _zero(y)
+    return solved, 0.0
 
 
 _stack_p = getattr(lax, "stack_p", None)  # JAX >= 0.8
@@ -175,7 +166,7 @@ if _stack_p is not None:
             lax.index_in_dim(y, k, axis, keepdims=False) if op is None else op
             for k, op in enumerate(operands)
         ]
-        return solved, _zero(y)
+        return solved, 0.0
 
 
 if _unstack_p is not None:
@@ -187,7 +178,7 @@ if _unstack_p is not None:
             return None
         if all(o is not None for o in outvals):
             parts = [lax.expand_dims(o, (axis,)) for o in outvals]
-            return [lax.concatenate(parts, axis)], _zero(outvals[0])
+            return [lax.concatenate(parts, axis)], 0.0
         pieces = []
         for k, o in enumerate(outvals):
             if o is None:
@@ -246,7 +237,7 @@ def _split_inverse(outvals: Sequence[Any], x: Any, *, sizes: Any, axis: int) -> 
     if x is not None:
         return None
     if all(o is not None for o in outvals):
-        return [lax.concatenate(list(outvals), axis)], _zero(outvals[0])
+        return [lax.concatenate(list(outvals), axis)], 0.0
     pieces, offset = [], 0
     for o, size in zip(outvals, sizes, strict=True):
         if o is not None:
@@ -270,7 +261,7 @@ def _dynamic_slice_inverse(
     aval = operand_aval(0)
     sizes = tuple(int(s) for s in slice_sizes)
     if aval is not None and tuple(aval.shape) == sizes:
-        return [y, *starts], _zero(y)
+        return [y, *starts], 0.0
     idx = _static_ints(starts)
     if idx is None:
         raise NotInvertibleError(
@@ -375,7 +366,7 @@ def _pad_inverse(
     value = lax.slice(y, start, limit, stride)
     if cropped:
         return PieceResult([Piece(0, tuple(keep_lo), tuple(keep_hi), value)])
-    return [value, padding_value], _zero(y)
+    return [value, padding_value], 0.0
 
 
 # ---------------------------------------------------------------------------
@@ -439,7 +430,7 @@ def _gather_inverse(
     moved = jnp.moveaxis(y, pos, axis)
     inv_perm = jnp.argsort(jnp.asarray(indices)[:, 0])
     solved = jnp.take(moved, inv_perm, axis=axis, mode="clip")
-    return [solved, indices], _zero(y)
+    return [solved, indices], 0.0
 
 
 @inverse_rules.register(lax.select_n_p)
@@ -469,53 +460,7 @@ def _select_n_inverse(outvals: Sequence[Any], which: Any, *cases: Any) -> Any:
         return None
     result = [which, *cases]
     result[k + 1] = solved
-    return result, _zero(y)
-
-
-# ---------------------------------------------------------------------------
-# Cumulative reductions: lower-triangular maps.
-
-
-def _shifted(y: Any, axis: int, reverse: bool, fill: Any) -> Any:
-    """`y` shifted by one along `axis` (towards the end, or the start if
-    `reverse`), with `fill` in the vacated place."""
-    config = [(0, 0, 0)] * jnp.ndim(y)
-    config[axis] = (-1, 1, 0) if reverse else (1, -1, 0)
-    return lax.pad(y, jnp.asarray(fill, jnp.result_type(y)), config)
-
-
-@inverse_rules.register(lax.cumsum_p)
-def _cumsum_inverse(outvals: Sequence[Any], x: Any, *, axis: int, reverse: bool):
-    """Differences along the axis (unit triangular: ildj 0)."""
-    if x is not None:
-        return None
-    (y,) = outvals
-    return [y - _shifted(y, axis, reverse, 0)], _zero(y)
-
-
-@inverse_rules.register(lax.cumprod_p)
-def _cumprod_inverse(outvals: Sequence[Any], x: Any, *, axis: int, reverse: bool):
-    """Ratios along the axis; the operand must have no zeros."""
-    if x is not None:
-        return None
-    (y,) = outvals
-    if not jnp.issubdtype(jnp.result_type(y), jnp.inexact):
-        raise NotInvertibleError("`cumprod` of integers is not inverted.")
-    prev = _shifted(y, axis, reverse, 1)
-    return [y / prev], -jnp.sum(lax.log(lax.abs(prev)))
-
-
-@inverse_rules.register(lax.cumlogsumexp_p)
-def _cumlogsumexp_inverse(
-    outvals: Sequence[Any], x: Any, *, axis: int, reverse: bool
-) -> Any:
-    """`x = y + log(1 - exp(prev - y))` where `prev` is the previous partial sum."""
-    if x is not None:
-        return None
-    (y,) = outvals
-    prev = _shifted(y, axis, reverse, -math.inf)
-    log_gap = lax.log(-lax.expm1(prev - y))
-    return [y + log_gap], -jnp.sum(log_gap)
+    return result, 0.0
 
 
 _tile_p = getattr(lax, "tile_p", None)  # JAX >= 0.8
@@ -528,7 +473,7 @@ if _tile_p is not None:
             return None
         (y,) = outvals
         if all(int(r) == 1 for r in reps):
-            return [y], _zero(y)
+            return [y], 0.0
         raise NotInvertibleError(
             f"`tile` with reps {tuple(reps)} copies its operand; it is not a bijection."
         )
