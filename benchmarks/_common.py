@@ -2,9 +2,12 @@
 
 Every benchmark compares jaxinterp with a reference measured in the same run,
 so the figures are ratios and hold across machines. Timings follow `timeit`:
-warm up first, repeat, interleave the contenders (so a slow spell on a shared
-machine hits both) and keep the minimum, the run least disturbed by the rest
-of the machine. Like `timeit`, a timed run has the garbage collector off (it
+warm up first, then repeat in rounds, each running every contender back to
+back (alternating which goes first). A figure is the median over rounds of
+the ratio within a round (`paired_ratio`): a load that comes and goes on a
+shared machine hits both sides of a round alike, where the two fastest runs
+(`ratio`, printed as a cross-check) may come from different moments. Like
+`timeit`, a timed run has the garbage collector off (it
 collects just before): Python's full collections, which scan every object
 alive, otherwise land at arbitrary points of long runs and make their cost
 look super-linear, for `jax.core.eval_jaxpr` as much as for the walker. Pass
@@ -53,15 +56,23 @@ def parse_args(description: str) -> argparse.Namespace:
     return args
 
 
-def print_header(title: str) -> None:
-    """Print what ran where: the benchmark, JAX's version and the machine."""
+def print_header(title: str, *, timed: bool = True) -> None:
+    """Print what ran where: the benchmark, JAX's version and the machine.
+
+    With `timed`, also say how timings are taken (clock, garbage collector).
+    """
     device = jax.devices()[0]
-    print(
+    line = (
         f"# {title}: JAX {jax.__version__}, {device.platform} "
         f"({device.device_kind}), Python {platform.python_version()}, "
-        f"{os.cpu_count()} CPUs; timings: {_CLOCK.__name__}, garbage collector "
-        f"{'on' if _KEEP_GC else 'off'}"
+        f"{os.cpu_count()} CPUs"
     )
+    if timed:
+        line += (
+            f"; timings: {_CLOCK.__name__}, garbage collector "
+            f"{'on' if _KEEP_GC else 'off'}"
+        )
+    print(line)
 
 
 def time_once(fn: Callable[[], Any]) -> float:
@@ -110,11 +121,7 @@ def ratio(times: dict[str, list[float]], ours: str, reference: str) -> float:
 
 
 def paired_ratio(times: dict[str, list[float]], ours: str, reference: str) -> float:
-    """Return the median over rounds of `ours` / `reference` in the same round.
-
-    A cross-check of `ratio`: runs of one round are back to back, so a load
-    that comes and goes on a shared machine mostly cancels out.
-    """
+    """Return the median over rounds of `ours` / `reference` in the same round."""
     return statistics.median(
         a / b for a, b in zip(times[ours], times[reference], strict=True)
     )
@@ -123,8 +130,9 @@ def paired_ratio(times: dict[str, list[float]], ours: str, reference: str) -> fl
 def report(label: str, value: float, target: float) -> bool:
     """Print one figure against its target (`<=`); return whether it is met.
 
-    A missed target is reported, never hidden; the script still exits 0.
+    The figure is compared as printed, to two decimals. A missed target is
+    reported, never hidden; the script still exits 0.
     """
-    met = value <= target
+    met = round(value, 2) <= target
     print(f"{label}: {value:.2f} (target <= {target:.2f}) {'OK' if met else 'MISSED'}")
     return met

@@ -103,7 +103,7 @@ def peak_rss(run: Callable[[], Any], nbytes: int) -> float | None:
 
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
-    print_header("bench_memory")
+    print_header("bench_memory", timed=False)
     size = 2_500_000 if args.quick else 25_000_000
     x = jnp.linspace(0.0, 1.0, size, dtype=jnp.float32)
     nbytes = x.nbytes

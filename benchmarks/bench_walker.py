@@ -39,6 +39,10 @@ import jaxinterp
 SPECS = (jax.ShapeDtypeStruct((8,), jnp.float32),) * 2
 
 
+# Chains are built from blocks of this many equations.
+BLOCK = 1_000
+
+
 def chain(n: int) -> Callable[[jax.Array, jax.Array], jax.Array]:
     """Return a function of `(x, y)` that stages to exactly `n` equations."""
 
@@ -59,9 +63,23 @@ def chain(n: int) -> Callable[[jax.Array, jax.Array], jax.Array]:
 
 
 def stage_chain(n: int) -> Any:
-    """Stage `chain(n)` into a `ClosedJaxpr`, checking its length."""
+    """Stage an `n`-equation chain into a `ClosedJaxpr`, checking its length.
+
+    A long chain repeats a staged block of `BLOCK` equations through
+    `jax.core.eval_jaxpr`, which binds each equation directly: three to four
+    times faster than tracing `jnp` and `lax` calls again.
+    """
     start = time.perf_counter()
-    closed = jax.make_jaxpr(chain(n))(*SPECS)
+    size = min(n, BLOCK)
+    assert n % size == 0, (n, size)
+    block = jax.make_jaxpr(chain(size))(*SPECS).jaxpr
+
+    def repeat(x: jax.Array, y: jax.Array) -> jax.Array:
+        for _ in range(n // size):
+            (x,) = jax.core.eval_jaxpr(block, [], x, y)
+        return x
+
+    closed = jax.make_jaxpr(repeat)(*SPECS)
     assert len(closed.jaxpr.eqns) == n, len(closed.jaxpr.eqns)
     print(f"  staged {n} eqns in {time.perf_counter() - start:.1f} s")
     return closed
@@ -105,8 +123,8 @@ def per_equation(sizes: tuple[int, ...], repeats: dict[int, int]) -> dict[int, A
         for name, ts in times.items():
             print(f"  {name}, {n} eqns: {describe(ts, per=n)} per eqn")
         names = ("jaxinterp.eval_jaxpr", "jax.core.eval_jaxpr")
-        print(f"  median of the per-round ratios: {paired_ratio(times, *names):.2f}")
-        report(f"walker/eval_jaxpr ratio, {n} eqns", ratio(times, *names), 1.10)
+        print(f"  ratio of the fastest runs: {ratio(times, *names):.2f}")
+        report(f"walker/eval_jaxpr ratio, {n} eqns", paired_ratio(times, *names), 1.10)
     return staged
 
 
@@ -135,7 +153,10 @@ def scaling(small: Any, large_n: int, repeats: int) -> None:
         print(f"  reference, {n} eqns: {describe(reference[n], per=int(n))} per eqn")
     context = ratio(reference, str(large_n), str(small_n))
     print(f"  (jax.core.eval_jaxpr scales by {context:.2f} on the same chains)")
-    growth = ratio(walker, str(large_n), str(small_n))
+    print(
+        f"  ratio of the fastest runs: {ratio(walker, str(large_n), str(small_n)):.2f}"
+    )
+    growth = paired_ratio(walker, str(large_n), str(small_n))
     target = 1.1 * large_n / small_n
     report(f"walker scaling, {large_n}/{small_n} eqns", growth, target)
 

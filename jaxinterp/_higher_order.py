@@ -93,10 +93,10 @@ def _while(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> lis
     cond_walk = _closed_fn(interp, p.cond_jaxpr)
     body_walk = _closed_fn(interp, p.body_jaxpr)
 
-    def cond_fun(carry: list[Any]) -> Any:
+    def cond_fun(carry: Any) -> Any:
         return cond_walk(*cond_consts, *carry)[0]
 
-    def body_fun(carry: list[Any]) -> list[Any]:
+    def body_fun(carry: Any) -> Any:
         return body_walk(*body_consts, *carry)
 
     return list(lax.while_loop(cond_fun, body_fun, init))

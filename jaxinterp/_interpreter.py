@@ -83,9 +83,9 @@ def release_plan(jaxpr: Any) -> list[tuple[Any, ...]]:
     computes it. Outputs of the jaxpr are never released. Computed once per
     jaxpr.
     """
-    plan = _release_plans.get(jaxpr)
-    if plan is not None:
-        return plan
+    cached = _release_plans.get(jaxpr)
+    if cached is not None:
+        return cached
     keep = {v for v in jaxpr.outvars if type(v) is not _Literal}
     last: dict[Any, int] = {}
     for i, eqn in enumerate(jaxpr.eqns):
@@ -163,7 +163,7 @@ class Interpreter:
     #: Forward rules consulted before the default behaviour (or `None`).
     rules: ClassVar[RuleRegistry[Any] | None] = None
     #: Default policy for higher-order primitives.
-    higher_order: ClassVar[Policy] = "recursive"
+    higher_order: Policy = "recursive"
     #: Cache rebuilt `jit`s (and traced bodies) per sub-Jaxpr. Turn it off when
     #: `process_eqn` has side effects that must run on every call.
     cache_subcalls: ClassVar[bool] = True
@@ -253,7 +253,7 @@ class Interpreter:
             outvars = eqn.outvars
             if type(outvals) is not list or len(outvals) != len(outvars):
                 outvals = self._as_outvals(eqn, outvals)
-            for v, val in zip(outvars, outvals):
+            for v, val in zip(outvars, outvals, strict=True):
                 if type(v) is not _DropVar:
                     env[v] = val
             for v in dead:

@@ -194,8 +194,10 @@ def _normalize_argnums(argnums: int | Sequence[int], nargs: int) -> tuple[int, .
 
 
 def _fn_name(fn: Any) -> str:
-    return getattr(fn, "__qualname__", None) or getattr(
-        fn, "__name__", type(fn).__name__
+    return str(
+        getattr(fn, "__qualname__", None)
+        or getattr(fn, "__name__", None)
+        or type(fn).__name__
     )
 
 

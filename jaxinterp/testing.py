@@ -9,7 +9,7 @@ from each leaf's dtype.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -63,7 +63,7 @@ def tree_allclose(
     """
     a_leaves, a_tree = jtu.tree_flatten(actual)
     e_leaves, e_tree = jtu.tree_flatten(expected)
-    if a_tree != e_tree:
+    if cast(Any, a_tree) != e_tree:  # the stubs' `PyTreeDef` lacks `__ne__`
         raise AssertionError(f"{what}: structure {a_tree} != expected {e_tree}")
     for i, (a, e) in enumerate(zip(a_leaves, e_leaves, strict=True)):
         a_dtype, e_dtype = jnp.result_type(a), jnp.result_type(e)

@@ -1,4 +1,4 @@
-"""Error types and messages: they name the transformation, the primitive and the user's line."""
+"""Error types and messages: they name the transform, the primitive, the user line."""
 
 from __future__ import annotations
 
@@ -22,6 +22,10 @@ from jaxinterp import (
     evaluate,
     stage,
 )
+
+# Default float and int types: 64-bit under `JAX_ENABLE_X64=1`.
+F = "f64" if jax.config.jax_enable_x64 else "f32"
+I = "i64" if jax.config.jax_enable_x64 else "i32"  # noqa: E741
 
 
 def _line_of(fn, marker: str) -> int:
@@ -110,16 +114,16 @@ def test_flatten_args_names_the_leaf_and_both_types():
     with pytest.raises(
         StagingError,
         match=re.escape(
-            "`_pair_fn` was staged with args[1]['a'] of type f32[2] but was called "
-            "with f32[3]."
+            f"`_pair_fn` was staged with args[1]['a'] of type {F}[2] but was "
+            f"called with {F}[3]."
         ),
     ):
         staged.flatten_args(1.0, {"a": jnp.ones(3)})
     with pytest.raises(
         StagingError,
         match=re.escape(
-            "was staged with args[0] of type f32[] but was called with "
-            "i32[] (Python int)."
+            f"was staged with args[0] of type {F}[] but was called with "
+            f"{I}[] (Python int)."
         ),
     ):
         staged.flatten_args(1, {"a": jnp.ones(2)})
@@ -136,18 +140,18 @@ def test_eval_jaxpr_checks_the_argument_count_and_types():
     with pytest.raises(
         StagingError,
         match=re.escape(
-            "`eval_jaxpr` got 1 arguments (f32[] (Python float)) for a Jaxpr with "
-            "2 inputs (f32[], f32[3])."
+            f"`eval_jaxpr` got 1 arguments ({F}[] (Python float)) for a Jaxpr "
+            f"with 2 inputs ({F}[], {F}[3])."
         ),
     ):
         eval_jaxpr(closed, 1.0)
     with pytest.raises(
         StagingError,
-        match=re.escape("`eval_jaxpr` input 1 expects f32[3], got f32[4]."),
+        match=re.escape(f"`eval_jaxpr` input 1 expects {F}[3], got {F}[4]."),
     ):
         eval_jaxpr(closed, 1.0, jnp.ones(4))
     with pytest.raises(
-        StagingError, match=re.escape("`eval_jaxpr` input 0 expects f32[], got i32[].")
+        StagingError, match=re.escape(f"`eval_jaxpr` input 0 expects {F}[], got i32[].")
     ):
         eval_jaxpr(closed, jnp.int32(1), jnp.ones(3))
 
@@ -225,7 +229,7 @@ def test_rule_error_names_transformation_primitive_and_user_line(fn, marker):
     cited = message.split("used at ", 1)[1].split(",", 1)[0]
     assert "jaxinterp" not in cited
     assert "raised ZeroDivisionError: sin is not allowed here" in message
-    assert re.search(r"\n\nOperands: f32\[3?\]\.$", message)  # a scan body sees f32[]
+    assert re.search(rf"\n\nOperands: {F}\[3?\]\.$", message)  # a scan body: f32[]
     assert isinstance(info.value.__cause__, ZeroDivisionError)
 
 
@@ -285,7 +289,7 @@ def test_missing_rule_error_from_a_strict_walker_passes_through_unchanged():
     [
         (lambda x: [x, x], "2 values"),
         (lambda x: [], "0 values"),
-        (lambda x: x, "a ArrayImpl (f32[1])"),
+        (lambda x: x, f"a ArrayImpl ({F}[1])"),
     ],
     ids=["two-values", "no-value", "bare-array"],
 )
@@ -298,7 +302,7 @@ def test_rule_returning_the_wrong_number_of_values_is_a_rule_error(returned, got
     line = _line_of(_user_top, "FAIL-TOP")
     with pytest.raises(
         RuleError,
-        match=re.escape(f"`sloppy` at primitive `sin`, used at "),
+        match=re.escape("`sloppy` at primitive `sin`, used at "),
     ) as info:
         # A bare array of length 1 would otherwise be split along its axis.
         Sloppy().transform(_user_top)(jnp.ones(1))

@@ -8,6 +8,7 @@ when it reaches inside (the `recursive` and `inline` policies) and
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -36,6 +37,11 @@ HANDLED = jaxinterp.higher_order_primitives()
 def _constructs(fn, *args) -> list:
     """The higher-order primitives at the top level of `fn`'s Jaxpr."""
     return [p for p in top_level_primitives(stage(fn, *args).jaxpr) if p in HANDLED]
+
+
+def _names(closed) -> list[str]:
+    """The `name=` params shown in a Jaxpr's printout, sorted."""
+    return sorted(re.findall(r"\bname=([\w<>.]+)", str(closed)))
 
 
 # ---------------------------------------------------------------------------
@@ -180,6 +186,8 @@ def test_recursive_rebuilds_the_same_construct(name, make, call_like):
     rebuilt = top_level_primitives(jax.make_jaxpr(evaluate(f))(X))
     # The construct is still there, as the same primitive ...
     assert [p for p in rebuilt if p in HANDLED] == original
+    # ... with the same names (of `jit`s, custom-derivative functions) ...
+    assert _names(jax.make_jaxpr(evaluate(f))(X)) == _names(jax.make_jaxpr(f)(X))
     # ... and its result is the function's own, bit for bit.
     assert_tree_equal(evaluate(f)(X), f(X))
 
@@ -295,6 +303,9 @@ def test_library_custom_derivatives_match(fn, x):
     assert_tree_equal(
         jax.jit(jax.grad(loss(evaluate(fn))))(x), jax.jit(jax.grad(loss(fn)))(x)
     )
+    # The rebuilt custom-derivative calls keep their names (`inverse` looks
+    # up named inverses such as softplus's by them).
+    assert _names(jax.make_jaxpr(evaluate(fn))(x)) == _names(jax.make_jaxpr(fn)(x))
 
 
 def test_relu_derivative_at_zero_comes_from_its_custom_rule():

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from helpers import (
     PrimitiveLog,
-    check_release_plan,
     SinToCos,
     assert_tree_equal,
+    check_release_plan,
     iter_eqns,
     tree_allclose,
 )

@@ -23,6 +23,7 @@ from typing import Any
 import hypothesis.extra.numpy as hnp
 import jax
 import jax.numpy as jnp
+import jax.test_util
 import numpy as np
 import pytest
 from hypothesis import assume, given, strategies as st
@@ -258,6 +259,12 @@ STRUCTURAL_CASES = [
     (lax.gather_p, named("x[perm]", lambda x: x[PERM]), domain(-3, 3, (3, 2), **FIXED)),
     (lax.gather_p, named("take_axis1", lambda x: jnp.take(x, PERM, axis=1)),
      domain(-3, 3, **FIXED)),
+    (lax.gather_p,
+     named("gather_pieces", lambda x: (x[:, np.array([2, 0])], x[:, np.array([1])])),
+     domain(-3, 3, **FIXED)),
+    (lax.gather_p,
+     named("gather_scattered", lambda x: (x[np.array([3, 0])], x[np.array([1, 2])])),
+     domain(-3, 3, (4, 2), **FIXED)),
     (lax.select_n_p,
      named("where_all", lambda x: jnp.where(jnp.ones(x.shape, bool), x, 0.0)), REAL),
     (lax.cumsum_p, named("cumsum", lambda x: jnp.cumsum(x, axis=-1)), REAL),
@@ -486,7 +493,8 @@ def check_rows(
 
 
 def _returns_pieces(rec: Record) -> bool:
-    return rec.eqn.primitive in (lax.slice_p, lax.dynamic_slice_p, lax.pad_p)
+    pieces = (lax.slice_p, lax.dynamic_slice_p, lax.pad_p, lax.gather_p)
+    return rec.eqn.primitive in pieces
 
 
 # ---------------------------------------------------------------------------
@@ -661,7 +669,7 @@ def test_not_invertible_variants_say_why():
         lambda x: jnp.broadcast_to(x, (4, 2, 3)), x, lax.broadcast_in_dim_p, "copies"
     )
     _raises(lambda x: x[jnp.array([0, 0])], x, lax.gather_p, "not a permutation")
-    _raises(lambda x: x[jnp.array([1, 0]), 0], x, lax.gather_p, "permutes one")
+    _raises(lambda x: x[jnp.array([1, 0]), 0], x, lax.gather_p, "whole slices")
     _raises(
         lambda x: jnp.where(jnp.array([True, False, True]), x, 1.0),
         x,
@@ -825,6 +833,18 @@ def _engine_passes_avals() -> bool:
     return probe(jnp.ones(3, jnp.float16)).dtype == jnp.float32
 
 
+@functools.cache
+def _engine_folds_constants() -> bool:
+    """Probe: gather pieces need the (computed) indices to be concrete."""
+    fn = lambda x: (x[np.array([0])], x[np.array([1])])  # noqa: E731
+    try:
+        jaxinterp.inverse(fn, example_args=(jnp.ones(2),))(fn(jnp.ones(2)))
+    except NotInvertibleError:
+        return False
+    return True
+
+
+NEEDS_CONCRETE_INDICES = {"gather_pieces", "gather_scattered"}
 NEEDS_AVALS = {"flatten", "reshape_dims", "concat_two", "roll", "to_f16",
                "to_bf16_to_f32", "dus_update"}  # fmt: skip
 
@@ -834,6 +854,12 @@ NEEDS_AVALS = {"flatten", "reshape_dims", "concat_two", "roll", "to_f16",
 def test_inverse_end_to_end(prim, fn, domain):
     if fn.__name__ in NEEDS_AVALS and not _engine_passes_avals():
         pytest.skip("the engine does not call rules inside `operand_avals(eqn)` yet")
+    if fn.__name__ in NEEDS_CONCRETE_INDICES and not _engine_folds_constants():
+        pytest.skip(
+            "the engine traces the index arithmetic, so gather indices are not "
+            "concrete (evaluate constant equations under "
+            "`jax.ensure_compile_time_eval()` to enable gather pieces)"
+        )
     x = jnp.asarray(domain.sample(seed=1))
     y = fn(x)
     got, ildj = jaxinterp.inverse_and_ildj(fn, example_args=(x,))(y)
@@ -851,3 +877,21 @@ def test_inverse_end_to_end(prim, fn, domain):
         np.testing.assert_allclose(
             float(ildj), float(want), rtol=10 * tol["rtol"], atol=atol
         )
+
+
+@pytest.mark.skipif(not HAS_INVERSE, reason="`jaxinterp.inverse` has not landed")
+def test_pieces_and_solves_compose_with_jit_vmap_grad():
+    """Even/odd halves (pieces), a 1x1 mixing (`dot_general`) and a cumsum,
+    inverted under `jit(vmap(...))` and differentiated."""
+
+    def flow(x):
+        even, odd = lax.slice(x, (0,), (4,), (2,)), lax.slice(x, (1,), (4,), (2,))
+        odd = odd * jnp.exp(jnp.tanh(even)) + even
+        mixed = jnp.concatenate([even, odd]).reshape(2, 2) @ A3[:2, :2]
+        return jnp.cumsum(mixed.reshape(-1))
+
+    xs = jnp.asarray(REAL.sample(seed=3, shape=(3, 4)))
+    ys = jax.vmap(flow)(xs)
+    inv = jaxinterp.inverse(flow, example_args=(xs[0],))
+    np.testing.assert_allclose(jax.jit(jax.vmap(inv))(ys), xs, rtol=1e-4, atol=1e-4)
+    jax.test_util.check_grads(inv, (ys[0],), order=1, modes=["rev"], atol=1e-2)

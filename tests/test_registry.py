@@ -1,4 +1,4 @@
-"""Tests of `RuleRegistry`: registration, parents, user primitives, `missing`, `lookup`."""
+"""Tests of `RuleRegistry`: registration, parents, user primitives, missing, lookup."""
 
 from __future__ import annotations
 

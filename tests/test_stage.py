@@ -111,11 +111,12 @@ def test_shape_dtype_structs_are_accepted_as_arguments():
         return jnp.dot(x, y)
 
     spec = jax.ShapeDtypeStruct((2, 3), jnp.float32)
-    staged = stage(f, spec, jnp.ones(3))
+    staged = stage(f, spec, jnp.ones(3, jnp.float32))
     assert staged.in_avals[0].shape == (2, 3)
     assert staged.out_avals[0].shape == (2,)
-    x = jnp.arange(6.0).reshape(2, 3)
-    assert_tree_equal(_run_staged(staged, x, jnp.ones(3)), f(x, jnp.ones(3)))
+    x = jnp.arange(6.0, dtype=jnp.float32).reshape(2, 3)
+    y = jnp.ones(3, jnp.float32)
+    assert_tree_equal(_run_staged(staged, x, y), f(x, y))
 
 
 def test_static_argnums_bake_python_values_into_the_jaxpr():

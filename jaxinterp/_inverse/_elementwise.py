@@ -1,5 +1,6 @@
 """Inverse rules for elementwise primitives: unary maps, binary maps with one
-side known, identities, and the common primitives that are not invertible.
+side known, identities, `select_n` with a known predicate, and the common
+primitives that are not invertible.
 
 Each invertible rule gives its ildj in closed form. Functions that are not
 injective on the reals (`cosh`, `square`, even `integer_pow`, `sin`, ...) are
@@ -12,7 +13,9 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from .._errors import NotInvertibleError
@@ -30,6 +33,12 @@ _LOG_SQRT_PI = 0.5 * math.log(math.pi)
 
 def _is_float(value: Any) -> bool:
     return bool(jnp.issubdtype(jnp.result_type(value), jnp.inexact))
+
+
+def _is_tracer(value: Any) -> bool:
+    """Whether `value` is traced; concrete values allow static checks (with
+    NumPy on the known value, never on what is computed)."""
+    return isinstance(value, jax.core.Tracer)
 
 
 def _log_abs(v: Any) -> Any:
@@ -309,6 +318,36 @@ def _not_inverse(outvals: Sequence[Any], x: Any, **params: Any) -> Any:
         return None
     (y,) = outvals
     return [lax.bitwise_not(y)], 0.0
+
+
+@inverse_rules.register(lax.select_n_p)
+def _select_n_inverse(outvals: Sequence[Any], which: Any, *cases: Any) -> Any:
+    """With a known predicate and one unknown case, the case equals the result
+    where the predicate selects it. Elsewhere it was discarded: a concrete
+    predicate that does not select the case everywhere raises; under tracing
+    those elements come back as NaN."""
+    if which is None:
+        return None
+    unknown = [k for k, c in enumerate(cases) if c is None]
+    if len(unknown) != 1:
+        return None
+    (k,) = unknown
+    (y,) = outvals
+    if not _is_tracer(which):
+        if np.all(np.asarray(which).astype(np.int32) == k):
+            solved = y
+        else:
+            raise NotInvertibleError(
+                f"`select_n` discards case {k} where the predicate selects another "
+                "case, so that case cannot be recovered."
+            )
+    elif jnp.issubdtype(jnp.result_type(y), jnp.inexact):
+        solved = jnp.where(lax.convert_element_type(which, jnp.int32) == k, y, jnp.nan)
+    else:
+        return None
+    result = [which, *cases]
+    result[k + 1] = solved
+    return result, 0.0
 
 
 # ---------------------------------------------------------------------------

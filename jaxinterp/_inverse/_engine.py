@@ -122,12 +122,39 @@ class InverseWalker(BackwardWalker):
         n = len(eqns)
         producer: dict[Any, int] = {}
         consumers: dict[Any, list[int]] = {}
+        # How many unfinished equations still refer to each variable: a value
+        # is released once none does (long programs would otherwise keep every
+        # intermediate tracer alive, and the garbage collector's full passes
+        # over them make tracing super-linear).
+        pending: dict[Any, int] = {}
+        eqn_vars: list[tuple[Any, ...]] = []
         for i, eqn in enumerate(eqns):
             for v in eqn.outvars:
                 producer[v] = i
             for v in eqn.invars:
                 if type(v) is not _Literal:
-                    consumers.setdefault(v, []).append(i)
+                    uses = consumers.get(v)
+                    if uses is None:
+                        consumers[v] = [i]
+                    elif uses[-1] != i:
+                        uses.append(i)
+            distinct = tuple(
+                dict.fromkeys(
+                    [v for v in eqn.invars if type(v) is not _Literal] + eqn.outvars
+                )
+            )
+            for v in distinct:
+                pending[v] = pending.get(v, 0) + 1
+            eqn_vars.append(distinct)
+        protected = {*jaxpr.invars, *jaxpr.constvars}
+        protected.update(v for v in jaxpr.outvars if type(v) is not _Literal)
+
+        def release(i: int) -> None:
+            for v in eqn_vars[i]:
+                left = pending[v] - 1
+                pending[v] = left
+                if not left and v not in protected:
+                    env.pop(v, None)
 
         # Results nobody reads are "dropped": JAX >= 0.8 leaves them as plain
         # `Var`s that appear nowhere else, older releases use `DropVar`.
@@ -173,15 +200,15 @@ class InverseWalker(BackwardWalker):
             if all_in:
                 done[i] = 1
                 reasons.pop(i, None)
-                if all(v in env for v in eqn.outvars):
-                    continue
-                ins = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
-                outs = self._forward(eqn, ins)
-                status[i] = FORWARD
-                for v, val in zip(eqn.outvars, outs, strict=True):
-                    if v not in env:
-                        env[v] = val
-                        learned(v)
+                if not all(v in env for v in eqn.outvars):
+                    ins = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
+                    outs = self._forward(eqn, ins)
+                    status[i] = FORWARD
+                    for v, val in zip(eqn.outvars, outs, strict=True):
+                        if v not in env:
+                            env[v] = val
+                            learned(v)
+                release(i)
                 continue
             # Dropped results are never known; a rule sees them as `None`.
             any_out, all_out = False, True
@@ -231,6 +258,7 @@ class InverseWalker(BackwardWalker):
                 done[i] = 1
                 status[i] = INVERTED
                 reasons.pop(i, None)
+                release(i)
                 continue
             solved, ildj = res
             ildj_terms.append(ildj)
@@ -241,6 +269,7 @@ class InverseWalker(BackwardWalker):
             done[i] = 1
             status[i] = INVERTED
             reasons.pop(i, None)
+            release(i)
 
         for i in reasons:
             status[i] = BLOCKING

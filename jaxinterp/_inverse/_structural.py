@@ -1,10 +1,10 @@
 """Inverse rules for structural primitives: reshapes, permutations, pieces of
-arrays, padding, gathers that permute, selects and cumulative sums.
+arrays, padding and gathers of whole slices.
 
-All of these move values without changing them, so their ildj is zero
-Rules that only learn part of
-an operand (`slice`, `dynamic_slice`, some `split`, `pad` and
-`dynamic_update_slice` equations) return a `PieceResult`; the engine assembles
+All of these move values without changing them, so their ildj is zero. Rules
+that only learn part of an operand (`slice`, `dynamic_slice`, `pad` with
+negative padding, `dynamic_update_slice`, gathers of some rows, and `split` or
+`unstack` with dropped results) return a `PieceResult`; the engine assembles
 the operand when its pieces cover it.
 """
 
@@ -370,7 +370,7 @@ def _pad_inverse(
 
 
 # ---------------------------------------------------------------------------
-# Gathers that permute one axis, and selects.
+# Gathers of whole slices along one axis.
 
 
 @inverse_rules.register(lax.gather_p)
@@ -383,84 +383,94 @@ def _gather_inverse(
     slice_sizes: Any,
     **params: Any,
 ) -> Any:
-    """Invert `x[perm]` / `jnp.take(x, perm, axis)` where `perm` permutes a whole
-    axis: gather back with `argsort(perm)`. Concrete indices are checked to be
-    a permutation; traced ones are assumed to be one."""
+    """Invert a gather of whole slices along one axis (`x[perm]`,
+    `jnp.take(x, idx, axis)`, and `x[::2]` before JAX 0.8).
+
+    A permutation of the whole axis is undone by gathering with
+    `argsort(perm)`. Concrete distinct indices that do not cover the axis give
+    pieces (one strided piece for an arithmetic progression). Traced indices
+    are assumed to permute the whole axis; repeated indices are not
+    invertible."""
     if x is not None or indices is None:
         return None
     (y,) = outvals
     dn = dimension_numbers
     collapsed = tuple(dn.collapsed_slice_dims)
-    batching = tuple(getattr(dn, "operand_batching_dims", ()))
     aval = operand_aval(0)
     rank = len(slice_sizes)
     n = jnp.shape(indices)[0] if jnp.ndim(indices) == 2 else -1
     ok = (
         len(collapsed) == 1
         and tuple(dn.start_index_map) == collapsed
-        and not batching
+        and not tuple(getattr(dn, "operand_batching_dims", ()))
         and jnp.shape(indices) == (n, 1)
         and jnp.ndim(y) == rank
         and len(dn.offset_dims) == rank - 1
+        and int(slice_sizes[collapsed[0]]) == 1
     )
-    if ok:
-        (axis,) = collapsed
-        shape = tuple(aval.shape) if aval is not None else None
-        ok = int(slice_sizes[axis]) == 1 and (
-            shape is None
-            or (
-                shape[axis] == n
-                and all(
-                    int(s) == shape[d] for d, s in enumerate(slice_sizes) if d != axis
-                )
-            )
+    shape = tuple(aval.shape) if aval is not None else None
+    if ok and shape is not None:
+        ok = all(
+            int(s) == shape[d] for d, s in enumerate(slice_sizes) if d != collapsed[0]
         )
     if not ok:
         raise NotInvertibleError(
-            "`gather` is only inverted when it permutes one whole axis "
+            "`gather` is only inverted when it takes whole slices along one axis "
             "(`x[perm]`, `jnp.take(x, perm, axis)`)."
         )
-    if not _is_tracer(indices):
-        if not np.array_equal(np.sort(np.asarray(indices)[:, 0]), np.arange(n)):
+    (axis,) = collapsed
+    size = n if shape is None else shape[axis]
+    (pos,) = [d for d in range(rank) if d not in dn.offset_dims]
+    moved = jnp.moveaxis(y, pos, axis)
+    if _is_tracer(indices):
+        if n != size:
+            raise NotInvertibleError(
+                "`gather` with traced indices is only inverted when they permute "
+                "the whole axis."
+            )
+    else:
+        idx = np.asarray(indices)[:, 0].astype(np.int64)
+        if (
+            len(np.unique(idx)) != n
+            or idx.min(initial=0) < 0
+            or idx.max(initial=0) >= size
+        ):
             raise NotInvertibleError(
                 "`gather` indices are not a permutation of the axis, so some "
                 "elements are dropped or repeated."
             )
-    (pos,) = [d for d in range(rank) if d not in dn.offset_dims]
-    moved = jnp.moveaxis(y, pos, axis)
+        if n != size:
+            return PieceResult(_gather_pieces(moved, idx, axis))
     inv_perm = jnp.argsort(jnp.asarray(indices)[:, 0])
     solved = jnp.take(moved, inv_perm, axis=axis, mode="clip")
     return [solved, indices], 0.0
 
 
-@inverse_rules.register(lax.select_n_p)
-def _select_n_inverse(outvals: Sequence[Any], which: Any, *cases: Any) -> Any:
-    """With a known predicate and one unknown case, the case equals the result
-    where the predicate selects it. Elsewhere it was discarded: a concrete
-    predicate that does not select the case everywhere raises; under tracing
-    those elements come back as NaN."""
-    if which is None:
-        return None
-    unknown = [k for k, c in enumerate(cases) if c is None]
-    if len(unknown) != 1:
-        return None
-    (k,) = unknown
-    (y,) = outvals
-    if not _is_tracer(which):
-        if np.all(np.asarray(which).astype(np.int32) == k):
-            solved = y
-        else:
-            raise NotInvertibleError(
-                f"`select_n` discards case {k} where the predicate selects another "
-                "case, so that case cannot be recovered."
-            )
-    elif jnp.issubdtype(jnp.result_type(y), jnp.inexact):
-        solved = jnp.where(lax.convert_element_type(which, jnp.int32) == k, y, jnp.nan)
-    else:
-        return None
-    result = [which, *cases]
-    result[k + 1] = solved
-    return result, 0.0
+def _gather_pieces(moved: Any, idx: np.ndarray, axis: int) -> list[Piece]:
+    """Pieces of the operand from rows `idx` (distinct, static) along `axis`."""
+    order = np.argsort(idx)
+    if np.any(order != np.arange(len(idx))):
+        moved = jnp.take(moved, jnp.asarray(order), axis=axis)
+    idx = idx[order]
+    shape = jnp.shape(moved)
+
+    def region(lo: int, hi: int, step: int) -> tuple[tuple[int, ...], ...]:
+        start, limit, stride = [0] * len(shape), list(shape), [1] * len(shape)
+        start[axis], limit[axis], stride[axis] = lo, hi, step
+        return tuple(start), tuple(limit), tuple(stride)
+
+    steps = np.diff(idx)
+    if len(idx) == 1 or np.all(steps == steps[0]):
+        step = int(steps[0]) if len(idx) > 1 else 1
+        start, limit, stride = region(int(idx[0]), int(idx[-1]) + 1, step)
+        return [Piece(0, start, limit, moved, stride)]
+    pieces = []
+    for k, i in enumerate(idx):
+        start, limit, _ = region(int(i), int(i) + 1, 1)
+        pieces.append(
+            Piece(0, start, limit, lax.slice_in_dim(moved, k, k + 1, 1, axis))
+        )
+    return pieces
 
 
 _tile_p = getattr(lax, "tile_p", None)  # JAX >= 0.8
