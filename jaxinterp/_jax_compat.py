@@ -185,7 +185,7 @@ def jit_options(p: JitParams) -> dict[str, Any]:
     """The `jax.jit` keyword arguments that rebuild the shardings of a `jit`.
 
     Only set when the original `jit` specified a sharding: unspecified entries
-    are passed back as JAX's own marker (accepted from JAX 0.4.30 to 0.10).
+    are passed back as JAX's own marker (accepted from JAX 0.7 to 0.10).
     """
     options: dict[str, Any] = {}
     if any(isinstance(s, jax.sharding.Sharding) for s in p.in_shardings):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import sys
+import threading
 import weakref
 from collections import Counter, namedtuple
 
@@ -437,3 +439,28 @@ def test_higher_order_primitives_lists_the_handled_constructs():
         prims = [e.primitive for e in stage(fn, *args).jaxpr.eqns]
         assert any(p in handled for p in prims), prims
     assert all(isinstance(p, jax.extend.core.Primitive) for p in handled)
+
+
+def test_recursion_limit_is_not_lowered_under_another_thread():
+    # Walks raise Python's (process-wide) recursion limit. A walk that ends
+    # must not restore the old limit while another thread is still walking.
+    recursion_limit = jaxinterp._jax_compat.recursion_limit
+    limit = sys.getrecursionlimit()
+    target = limit + 5000
+    entered, first_done = threading.Event(), threading.Event()
+    seen = []
+
+    def second_walk():
+        with recursion_limit(target):
+            entered.set()
+            first_done.wait(timeout=10)
+            seen.append(sys.getrecursionlimit())
+
+    with recursion_limit(target):
+        thread = threading.Thread(target=second_walk)
+        thread.start()
+        assert entered.wait(timeout=10)
+    first_done.set()
+    thread.join(timeout=10)
+    assert seen == [target]
+    assert sys.getrecursionlimit() == limit

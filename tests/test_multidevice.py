@@ -7,6 +7,7 @@ subprocess (started once per session) that reports each result as JSON.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from helpers import run_python
@@ -17,7 +18,7 @@ import jax, jax.numpy as jnp, numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-sys.path.insert(0, "tests")
+sys.path.insert(0, TESTS_DIR)
 from helpers import SinToCos, assert_tree_equal, primitive_names, top_level_primitives
 import jaxinterp
 from jaxinterp import Interpreter, evaluate, stage
@@ -144,8 +145,9 @@ print("RESULTS" + json.dumps(results))
 
 @pytest.fixture(scope="module")
 def results() -> dict:
+    script = SCRIPT.replace("TESTS_DIR", repr(os.path.dirname(__file__)))
     out = run_python(
-        SCRIPT, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+        script, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     )
     (line,) = [ln for ln in out.splitlines() if ln.startswith("RESULTS")]
     return json.loads(line[len("RESULTS") :])

@@ -15,7 +15,10 @@ from jax.extend import core as jex_core
 
 from .. import _jax_compat as compat
 from .._custom_types import PyTree
-from .._trace import Staged, check_callable, stage_flat
+from .._trace import _LRU, Staged, check_callable, stage_flat
+
+# Signatures remembered by each inverse function for its fast path.
+_SIGNATURES_PER_FUNCTION = 64
 from ._engine import InverseWalker
 from ._rules import want_ildj
 
@@ -108,6 +111,7 @@ class _InverseFunction:
         self.__qualname__ = self.__name__
         self.__doc__ = f"The {transform} of `{name}` (see `jaxinterp.{transform}`)."
         self.__wrapped__ = fn
+        self._signatures = _LRU(_SIGNATURES_PER_FUNCTION)
 
     def __repr__(self) -> str:
         return f"<{self.transform} of {self.fn!r}>"
@@ -167,23 +171,20 @@ class _InverseFunction:
         return tuple(jtu.tree_map(_spec, yi) for yi in y)
 
     def __call__(self, y: Any, *known_args: Any) -> Any:
-        unknown, n_total = self._positions(len(known_args))
-        specs = self._unknown_specs(y, len(unknown))
-        known_it, spec_it = iter(known_args), iter(specs)
-        full = [
-            next(spec_it) if i in unknown else next(known_it) for i in range(n_total)
-        ]
-        staged, leaves = stage_flat(self.fn, full, {}, ())
         y_leaves, y_tree = jtu.tree_flatten(y)
-        self._check_output(staged, y_tree, y_leaves)
-
-        mask = []
-        for i, arg in enumerate(full):
-            mask.extend([i in unknown] * len(jtu.tree_leaves(arg)))
-        known_leaves = [x for x, m in zip(leaves, mask, strict=True) if not m]
-        compiled = _compile(staged, tuple(mask), specs, y_leaves, self.mode)
-        closed, jitted = compiled.runner()
+        known_leaves, known_tree = jtu.tree_flatten(known_args)
         args = [*y_leaves, *known_leaves]
+        # Repeated calls with one signature skip staging: keyed by the pytree
+        # structures and the abstract values of `y` and the known arguments.
+        key = (y_tree, known_tree, *(compat.aval_of(a) for a in args))
+        compiled = self._signatures.get(key)
+        if compiled is None:
+            compiled = self._prepare(y, y_leaves, y_tree, known_args)
+            if not any(
+                compat.is_tracer(c) for c in compat.jaxpr_consts(compiled.closed)
+            ):
+                self._signatures.put(key, compiled)
+        closed, jitted = compiled.runner()
         if any(compat.is_tracer(a) for a in args):
             outs = jex_core.jaxpr_as_fun(closed)(*args)
         else:
@@ -199,6 +200,23 @@ class _InverseFunction:
             start += tree.num_leaves
         x = xs[0] if len(xs) == 1 else tuple(xs)
         return x if self.mode == "x" else (x, outs[compiled.n_x])
+
+    def _prepare(
+        self, y: Any, y_leaves: list[Any], y_tree: Any, known_args: tuple[Any, ...]
+    ) -> _Compiled:
+        """Stage `fn` for this signature and build (or fetch) its inverse Jaxpr."""
+        unknown, n_total = self._positions(len(known_args))
+        specs = self._unknown_specs(y, len(unknown))
+        known_it, spec_it = iter(known_args), iter(specs)
+        full = [
+            next(spec_it) if i in unknown else next(known_it) for i in range(n_total)
+        ]
+        staged, _ = stage_flat(self.fn, full, {}, ())
+        self._check_output(staged, y_tree, y_leaves)
+        mask: list[bool] = []
+        for i, arg in enumerate(full):
+            mask.extend([i in unknown] * len(jtu.tree_leaves(arg)))
+        return _compile(staged, tuple(mask), specs, y_leaves, self.mode)
 
     def _check_output(self, staged: Staged, y_tree: Any, y_leaves: list[Any]) -> None:
         same = (
