@@ -292,7 +292,12 @@ class InverseWalker(BackwardWalker):
         user_ctx, eqn_ctx = compat.eqn_contexts(eqn)
         try:
             with user_ctx, eqn_ctx:
-                return compat.bind_eqn(eqn.primitive, invals, eqn.params)
+                if any(compat.is_tracer(x) for x in invals):
+                    return compat.bind_eqn(eqn.primitive, invals, eqn.params)
+                # Only constants in: fold them now, so rules downstream see
+                # concrete values (gather indices, `select_n` predicates).
+                with jax.ensure_compile_time_eval():
+                    return compat.bind_eqn(eqn.primitive, invals, eqn.params)
         except JaxinterpError:
             raise
         except Exception as err:

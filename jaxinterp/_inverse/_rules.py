@@ -170,6 +170,9 @@ def register_binary(
             return None
         if jnp.shape(known) != jnp.shape(y) and jnp.ndim(known) != 0:
             return None
+        aval = operand_aval(0 if a is None else 1)
+        if aval is not None and tuple(aval.shape) != tuple(jnp.shape(y)):
+            return None  # a broadcast unknown cannot be recovered
         solved = solve(y, known)
         if jnp.shape(solved) != jnp.shape(y):
             return None
