@@ -1,4 +1,4 @@
-"""Developer sessions: `nox -s tests`, `lint`, `typecheck`, `docs`, `examples`, `bench`."""
+"""Developer sessions: tests, lint, typecheck, docs, examples, bench."""
 
 from __future__ import annotations
 

@@ -142,7 +142,10 @@ def bench_compiled(quick: bool) -> None:
         ours = jax.jit(jaxinterp.inverse(fn, argnums=argnums))
         theirs = jax.jit(hand)
         times = compare(
-            {"ours": lambda: ours(*args), "hand": lambda: theirs(*args)},
+            {
+                "ours": lambda ours=ours, args=args: ours(*args),
+                "hand": lambda theirs=theirs, args=args: theirs(*args),
+            },
             repeats=10 if quick else 30,
         )
         report(f"{name}: time ratio", min(times["ours"]) / min(times["hand"]), 1.05)
@@ -171,7 +174,7 @@ def long_chain(n: int):
 
 
 def build_cost(fn, args, repeats: int) -> tuple[float, float]:
-    """Seconds to build the inverse Jaxpr (engine + DCE), and one eval_jaxpr re-trace."""
+    """Seconds to build the inverse Jaxpr (engine + DCE) and to re-trace `fn`."""
     staged = jaxinterp.stage(fn, *args)
     closed = staged.closed_jaxpr
 

@@ -14,7 +14,13 @@ from ._eval._api import (
     evaluate as evaluate,
 )
 from ._eval._rules import eval_rules as eval_rules
-from ._inverse import _control_flow as _inverse_control_flow  # registers rules
+from ._interpreter import (
+    BackwardWalker as BackwardWalker,
+    Env as Env,
+    Interpreter as Interpreter,
+    higher_order_primitives as higher_order_primitives,
+)
+from ._inverse import _control_flow as _control_flow  # registers the rules
 from ._inverse._api import (
     ildj as ildj,
     inverse as inverse,
@@ -26,12 +32,6 @@ from ._inverse._rules import (
     inverse_rules as inverse_rules,
     register_binary as register_binary,
     register_elementwise as register_elementwise,
-)
-from ._interpreter import (
-    BackwardWalker as BackwardWalker,
-    Env as Env,
-    Interpreter as Interpreter,
-    higher_order_primitives as higher_order_primitives,
 )
 from ._registry import RuleRegistry as RuleRegistry
 from ._trace import Staged as Staged, stage as stage

@@ -16,11 +16,11 @@ from jax.extend import core as jex_core
 from .. import _jax_compat as compat
 from .._custom_types import PyTree
 from .._trace import _LRU, Staged, check_callable, stage_flat
+from ._engine import InverseWalker
+from ._rules import want_ildj
 
 # Signatures remembered by each inverse function for its fast path.
 _SIGNATURES_PER_FUNCTION = 64
-from ._engine import InverseWalker
-from ._rules import want_ildj
 
 __all__ = ["ildj", "inverse", "inverse_and_ildj"]
 

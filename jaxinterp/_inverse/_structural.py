@@ -187,7 +187,7 @@ if _unstack_p is not None:
             start = [0] * value.ndim
             start[axis] = k
             pieces.append(Piece(0, tuple(start), _limit(start, value.shape), value))
-        return PieceResult(pieces)
+        return PieceResult(tuple(pieces))
 
 
 def _clamp(
@@ -245,7 +245,7 @@ def _split_inverse(outvals: Sequence[Any], x: Any, *, sizes: Any, axis: int) -> 
             start[axis] = offset
             pieces.append(Piece(0, tuple(start), _limit(start, jnp.shape(o)), o))
         offset += int(size)
-    return PieceResult(pieces)
+    return PieceResult(tuple(pieces))
 
 
 @inverse_rules.register(lax.dynamic_slice_p)
