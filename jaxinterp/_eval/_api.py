@@ -86,4 +86,9 @@ def eval_jaxpr(closed_jaxpr: Any, *args: Any) -> list[Any]:
                 f"{describe_value(arg)}."
             )
     with compat.recursion_limit(_RECURSION_LIMIT):
-        return EvalInterpreter().eval_closed(closed_jaxpr, *args)
+        return _SHARED.eval_closed(closed_jaxpr, *args)
+
+
+# `eval_jaxpr` shares one interpreter, so the `jit`s it rebuilds inside a Jaxpr
+# stay cached (compiled once) across calls.
+_SHARED = EvalInterpreter()
