@@ -127,44 +127,45 @@ class InverseWalker(BackwardWalker):
         # intermediate tracer alive, and the garbage collector's full passes
         # over them make tracing super-linear).
         pending: dict[Any, int] = {}
-        eqn_vars: list[tuple[Any, ...]] = []
         for i, eqn in enumerate(eqns):
             for v in eqn.outvars:
                 producer[v] = i
+                pending[v] = 1
             for v in eqn.invars:
                 if type(v) is not _Literal:
                     uses = consumers.get(v)
                     if uses is None:
                         consumers[v] = [i]
-                    elif uses[-1] != i:
+                    elif uses[-1] == i:
+                        continue  # the same variable twice in one equation
+                    else:
                         uses.append(i)
-            distinct = tuple(
-                dict.fromkeys(
-                    [v for v in eqn.invars if type(v) is not _Literal] + eqn.outvars
-                )
-            )
-            for v in distinct:
-                pending[v] = pending.get(v, 0) + 1
-            eqn_vars.append(distinct)
+                    pending[v] = pending.get(v, 0) + 1
         protected = {*jaxpr.invars, *jaxpr.constvars}
         protected.update(v for v in jaxpr.outvars if type(v) is not _Literal)
+        jaxpr_outs = protected
+
+        def drop(v: Any) -> None:
+            left = pending[v] - 1
+            pending[v] = left
+            if not left and v not in protected:
+                env.pop(v, None)
 
         def release(i: int) -> None:
-            for v in eqn_vars[i]:
-                left = pending[v] - 1
-                pending[v] = left
-                if not left and v not in protected:
-                    env.pop(v, None)
+            eqn = eqns[i]
+            for v in eqn.outvars:
+                drop(v)
+            invars = eqn.invars
+            for k, v in enumerate(invars):
+                if type(v) is not _Literal and not any(v is u for u in invars[:k]):
+                    drop(v)
 
-        # Results nobody reads are "dropped": JAX >= 0.8 leaves them as plain
-        # `Var`s that appear nowhere else, older releases use `DropVar`.
-        jaxpr_outs = {v for v in jaxpr.outvars if type(v) is not _Literal}
-        dropped = {
-            v
-            for eqn in eqns
-            for v in eqn.outvars
-            if isinstance(v, _DropVar) or (v not in consumers and v not in jaxpr_outs)
-        }
+        def dropped(v: Any) -> bool:
+            # Results nobody reads: JAX >= 0.8 leaves them as plain `Var`s that
+            # appear nowhere else, older releases use `DropVar`.
+            return isinstance(v, _DropVar) or (
+                v not in consumers and v not in jaxpr_outs
+            )
 
         status = [UNUSED] * n
         reasons: dict[int, str] = {}
@@ -215,7 +216,7 @@ class InverseWalker(BackwardWalker):
             for v in eqn.outvars:
                 if v in env:
                     any_out = True
-                elif v not in dropped:
+                elif not dropped(v):
                     all_out = False
                     break
             if not (any_out and all_out):

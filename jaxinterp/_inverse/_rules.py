@@ -246,13 +246,13 @@ _AVALS: ContextVar[tuple[Any, ...] | None] = ContextVar(
 class operand_avals:  # noqa: N801 - used like a function: `with operand_avals(eqn)`
     """Make `eqn`'s operand avals visible to `operand_aval` inside the block."""
 
-    __slots__ = ("_avals", "_token")
+    __slots__ = ("_invars", "_token")
 
     def __init__(self, eqn: Any) -> None:
-        self._avals = tuple(v.aval for v in eqn.invars)
+        self._invars = eqn.invars  # avals are read only when a rule asks
 
     def __enter__(self) -> None:
-        self._token = _AVALS.set(self._avals)
+        self._token = _AVALS.set(self._invars)
 
     def __exit__(self, *exc: object) -> None:
         _AVALS.reset(self._token)
@@ -264,10 +264,10 @@ def operand_aval(index: int) -> Any | None:
     `None` outside `operand_avals` (a rule called directly): rules then fall
     back to what the params and the known values determine.
     """
-    avals = _AVALS.get()
-    if avals is None or not 0 <= index < len(avals):
+    invars = _AVALS.get()
+    if invars is None or not 0 <= index < len(invars):
         return None
-    return avals[index]
+    return invars[index].aval
 
 
 @dataclasses.dataclass(frozen=True)
