@@ -217,7 +217,7 @@ def bench_tracing(quick: bool) -> None:
 
     small, big = (30, 300) if quick else (300, 3_000)
     t_small, _ = build_cost(*wide(small), repeats=3)
-    t_big, _ = build_cost(*wide(big), repeats=1)
+    t_big, _ = build_cost(*wide(big), repeats=3)
     report(f"wide graph: k = {big} / k = {small}", t_big / t_small, 11.0)
 
     # For reference: the whole first call (staging f + building + running).
