@@ -221,7 +221,17 @@ class Interpreter:
         return self.default_rule(eqn, invals)
 
     def default_rule(self, eqn: Any, invals: list[Any]) -> list[Any]:
-        """Re-bind `eqn`'s primitive on `invals` (what `jax.core.eval_jaxpr` does)."""
+        """Re-bind `eqn`'s primitive on `invals` (what `jax.core.eval_jaxpr` does).
+
+        Eagerly (concrete operands, no effects), the primitive runs through a
+        cached single-primitive `jax.jit`: the same compiled computation JAX's
+        own eager dispatch uses, so results are identical, but dispatched by
+        JAX's C++ fast path.
+        """
+        if not eqn.effects:
+            fast = compat.eager_primitive(eqn.primitive, eqn.params, invals)
+            if fast is not None:
+                return fast
         return compat.bind_eqn(eqn.primitive, invals, eqn.params)
 
     # ------------------------------------------------------------------

@@ -12,6 +12,7 @@ directly. When JAX 0.11 changes the `scan` and `jit` params again, or 0.12 merge
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.extend.core as jex_core
 import jax.extend.core.primitives as jex_prims
+import numpy as np
 from jax.extend import source_info_util
 
 JAX_VERSION: tuple[int, ...] = tuple(
@@ -130,6 +132,90 @@ def bind_eqn(prim: Any, invals: Sequence[Any], params: dict[str, Any]) -> list[A
         subfuns, bind_params = bound
         out = prim.bind(*subfuns, *invals, **bind_params)
     return list(out) if prim.multiple_results else [out]
+
+
+def _is_eager() -> bool:
+    """Whether no transformation is tracing: the ambient trace is JAX's eval trace.
+
+    `jax._src.core.trace_ctx` (JAX >= 0.4.36) has no public equivalent; if it is
+    missing, report "not eager" so callers take the plain `bind` path.
+    """
+    try:
+        from jax._src import core as _core
+
+        return type(_core.trace_ctx.trace) is _core.EvalTrace
+    except (ImportError, AttributeError):  # pragma: no cover - other JAX layouts
+        return False
+
+
+_compiling_impl: dict[Any, bool] = {}
+
+
+def _dispatches_by_compiling(prim: Any) -> bool:
+    """Whether `prim`'s eager `impl` is JAX's compile-and-run dispatch.
+
+    True for JAX's own primitives (`impl` is `partial(apply_primitive, prim)`
+    in `jax._src.dispatch`, unchanged from 0.4 to 0.10); false for users'
+    primitives with a Python `impl`, which may have no lowering at all.
+    """
+    known = _compiling_impl.get(prim)
+    if known is None:
+        try:
+            from jax._src import dispatch
+
+            impl = prim.impl
+            known = bool(
+                isinstance(impl, functools.partial)
+                and impl.func is dispatch.apply_primitive
+            )
+        except (ImportError, AttributeError):  # pragma: no cover
+            known = False
+        _compiling_impl[prim] = known
+    return known
+
+
+_eager_cache: dict[Any, Any] = {}
+_EAGER_CACHE_SIZE = 4096
+# Concrete operands: arrays, and the NumPy or Python values of literals.
+_eager_types = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
+
+
+def eager_primitive(
+    prim: Any, params: dict[str, Any], invals: Sequence[Any]
+) -> list[Any] | None:
+    """Apply `prim` to concrete arrays through a cached single-primitive `jit`.
+
+    Returns `None` (the caller then binds) when an operand is not a concrete
+    `jax.Array` (a tracer, a NumPy or Python literal), when the params are
+    unhashable, or for primitives carrying sub-Jaxprs. Eager `bind` compiles
+    the same one-primitive computation; calling it through `jax.jit` reaches
+    JAX's C++ dispatch path instead of the Python one.
+    """
+    if not _dispatches_by_compiling(prim) or not _is_eager():
+        # A primitive with its own Python `impl` may have no lowering; under a
+        # trace, a `jit` call would stage a `jit` equation.
+        return None
+    for x in invals:
+        if isinstance(x, jax.core.Tracer) or not isinstance(x, _eager_types):
+            return None
+    try:
+        key = (prim, tuple(params.items()))
+        fn = _eager_cache.get(key)
+    except TypeError:  # unhashable params
+        return None
+    if fn is None:
+        if any(True for _ in jaxprs_in_params(params)):
+            return None
+
+        def apply(*args: Any) -> Any:
+            return bind_eqn(prim, args, params)
+
+        apply.__name__ = apply.__qualname__ = prim.name
+        fn = jax.jit(apply)
+        if len(_eager_cache) >= _EAGER_CACHE_SIZE:
+            _eager_cache.clear()
+        _eager_cache[key] = fn
+    return fn(*invals)
 
 
 def eqn_contexts(eqn: Any) -> tuple[Any, Any]:
