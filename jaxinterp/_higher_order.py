@@ -19,6 +19,7 @@ from jax import lax
 
 from . import _jax_compat as compat
 from ._interpreter import Interpreter, register_higher_order
+from ._trace import spec_of
 
 
 def _closed_fn(interp: Interpreter, closed: Any) -> Callable[..., list[Any]]:
@@ -130,9 +131,7 @@ def _retrace(
     `inverse` looks up named inverses.
     """
     avals = tuple(compat.aval_of(x) for x in invals)
-    specs = [
-        jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals
-    ]
+    specs = [spec_of(a) for a in avals]
 
     def build() -> Any:
         walk = _closed_fn(interp, closed)

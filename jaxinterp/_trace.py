@@ -178,7 +178,14 @@ def cache_size(fn: Callable[..., Any]) -> int:
 # Staging.
 
 
-def _normalize_argnums(argnums: int | Sequence[int], nargs: int) -> tuple[int, ...]:
+def normalize_argnums(
+    argnums: int | Sequence[int], nargs: int, *, what: str = "static_argnums"
+) -> tuple[int, ...]:
+    """Sorted, de-duplicated non-negative positions for `argnums` among `nargs`.
+
+    Raises:
+        StagingError: naming `what` if a position is out of range.
+    """
     if isinstance(argnums, int):
         argnums = (argnums,)
     out = []
@@ -186,11 +193,16 @@ def _normalize_argnums(argnums: int | Sequence[int], nargs: int) -> tuple[int, .
         j = i + nargs if i < 0 else i
         if not 0 <= j < nargs:
             raise StagingError(
-                f"static_argnums={tuple(argnums)} is out of range for a call with "
+                f"{what}={tuple(argnums)} is out of range for a call with "
                 f"{nargs} positional arguments."
             )
         out.append(j)
     return tuple(sorted(set(out)))
+
+
+def spec_of(aval: Any) -> jax.ShapeDtypeStruct:
+    """The `jax.ShapeDtypeStruct` (weak type included) of an abstract value."""
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
 
 def _fn_name(fn: Any) -> str:
@@ -262,7 +274,7 @@ def stage_flat(
         static_args: tuple[Any, ...] = ()
         dyn_args = tuple(args)
     else:
-        static = _normalize_argnums(static_argnums, len(args))
+        static = normalize_argnums(static_argnums, len(args))
         static_args = tuple(args[i] for i in static)
         dyn_args = tuple(a for i, a in enumerate(args) if i not in static)
     leaves, in_tree = jtu.tree_flatten((dyn_args, kwargs))

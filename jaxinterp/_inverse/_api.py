@@ -15,7 +15,14 @@ from jax.extend import core as jex_core
 
 from .. import _jax_compat as compat
 from .._custom_types import PyTree
-from .._trace import _LRU, Staged, check_callable, stage_flat
+from .._trace import (
+    _LRU,
+    Staged,
+    check_callable,
+    normalize_argnums,
+    spec_of,
+    stage_flat,
+)
 from ._engine import InverseWalker
 from ._rules import want_ildj
 
@@ -28,8 +35,7 @@ __all__ = ["ildj", "inverse", "inverse_and_ildj"]
 def _spec(x: Any) -> jax.ShapeDtypeStruct:
     if isinstance(x, jax.ShapeDtypeStruct):
         return x
-    aval = compat.aval_of(x)
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+    return spec_of(compat.aval_of(x))
 
 
 def _describe(tree: Any, leaves: Sequence[Any]) -> str:
@@ -139,16 +145,8 @@ class _InverseFunction:
             )
             return tuple(range(n)), n
         n_total = len(self.argnums) + n_known
-        unknown = []
-        for i in self.argnums:
-            j = i + n_total if i < 0 else i
-            if not 0 <= j < n_total:
-                raise TypeError(
-                    f"`{self.transform}`: argnums={self.argnums} is out of range for "
-                    f"{n_total} positional arguments."
-                )
-            unknown.append(j)
-        return tuple(sorted(set(unknown))), n_total
+        what = f"`{self.transform}`: argnums"
+        return normalize_argnums(self.argnums, n_total, what=what), n_total
 
     def _unknown_specs(self, y: Any, n_unknown: int) -> tuple[Any, ...]:
         if self.example_args is not None:
@@ -279,9 +277,7 @@ def _compile(
         return [sol.ildj] if mode == "ildj" else [*xs, sol.ildj]
 
     known_specs = [
-        jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
-        for a, m in zip(staged.in_avals, mask, strict=True)
-        if not m
+        spec_of(a) for a, m in zip(staged.in_avals, mask, strict=True) if not m
     ]
     in_specs = [*(_spec(y) for y in y_leaves), *known_specs]
     with compat.recursion_limit(12_000), want_ildj(mode != "x"):

@@ -10,7 +10,7 @@ import jax.tree_util as jtu
 
 from .. import _jax_compat as compat
 from .._errors import JaxinterpError, source_line
-from .._trace import check_callable, stage
+from .._trace import check_callable, normalize_argnums, spec_of, stage
 from ._engine import BLOCKING, FORWARD, INVERTED, UNUSED, InverseWalker
 
 _MARKS = {
@@ -81,22 +81,15 @@ def explain_inverse(
     if argnums is None:
         unknown = tuple(range(n))
     else:
-        nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
-        unknown = tuple(sorted({i + n if i < 0 else i for i in nums}))
+        unknown = normalize_argnums(argnums, n, what="`explain_inverse`: argnums")
     staged = stage(fn, *example_args)
     jaxpr, consts = staged.jaxpr, staged.consts
     mask: list[bool] = []
     for i, arg in enumerate(example_args):
         mask.extend([i in unknown] * len(jtu.tree_leaves(arg)))
     walker = InverseWalker()
-    out_specs = [
-        jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
-        for a in staged.out_avals
-    ]
-    in_specs = [
-        jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
-        for a in staged.in_avals
-    ]
+    out_specs = [spec_of(a) for a in staged.out_avals]
+    in_specs = [spec_of(a) for a in staged.in_avals]
     result: dict[str, Any] = {}
 
     def run(ys: list[Any], xs: list[Any]) -> list[Any]:
