@@ -18,7 +18,7 @@ import jax
 from jax import lax
 
 from . import _jax_compat as compat
-from ._interpreter import Interpreter, register_higher_order
+from ._interpreter import Interpreter, register_eager_callable, register_higher_order
 from ._trace import spec_of
 
 
@@ -34,11 +34,8 @@ def _closed_fn(interp: Interpreter, closed: Any) -> Callable[..., list[Any]]:
     return interp.cached(("closed_fn", id(closed)), closed, build)
 
 
-@register_higher_order(compat.jit_p)
-def _jit(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list[Any]:
-    p = compat.jit_params(eqn.params)
-    if policy == "inline":
-        return interp.eval_closed(p.jaxpr, *invals)
+def _jit_callable(interp: Interpreter, p: compat.JitParams) -> Callable[..., Any]:
+    """The rebuilt `jax.jit` of a `jit` equation's body, cached per interpreter."""
 
     def build() -> Callable[..., Any]:
         def body(*args: Any) -> tuple[Any, ...]:
@@ -56,7 +53,23 @@ def _jit(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list[
         )
 
     key = ("jit", id(p.jaxpr), *p[1:])
-    return list(interp.cached(key, p.jaxpr, build)(*invals))
+    return interp.cached(key, p.jaxpr, build)
+
+
+@register_higher_order(compat.jit_p)
+def _jit(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list[Any]:
+    p = compat.jit_params(eqn.params)
+    if policy == "inline":
+        return interp.eval_closed(p.jaxpr, *invals)
+    return list(_jit_callable(interp, p)(*invals))
+
+
+@register_eager_callable(compat.jit_p)
+def _jit_eager(interp: Interpreter, eqn: Any) -> Callable[..., Any] | None:
+    """Eagerly, a recursive `jit` is a call of its rebuilt, compiled `jax.jit`."""
+    if interp.policy(eqn.primitive) != "recursive" or not interp.cache_subcalls:
+        return None
+    return _jit_callable(interp, compat.jit_params(eqn.params))
 
 
 @register_higher_order(compat.cond_p)

@@ -7,9 +7,11 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any, ClassVar, Literal as TypingLiteral
+from typing import Any, ClassVar, Literal as TypingLiteral, NamedTuple
 
-from . import _jax_compat as compat
+from jax import lax
+
+from . import _jax_compat as compat, _registry
 from ._custom_types import PyTree
 from ._errors import (
     JaxinterpError,
@@ -86,17 +88,34 @@ def release_plan(jaxpr: Any) -> list[tuple[Any, ...]]:
     cached = _release_plans.get(jaxpr)
     if cached is not None:
         return cached
-    keep = {v for v in jaxpr.outvars if type(v) is not _Literal}
+    eqns = jaxpr.eqns
+    plan = _last_uses(
+        [eqn.invars for eqn in eqns], [eqn.outvars for eqn in eqns], jaxpr.outvars
+    )
+    with _release_lock:
+        _release_plans[jaxpr] = plan
+    return plan
+
+
+def _last_uses(
+    reads: Sequence[Sequence[Any]],
+    writes: Sequence[Sequence[Any]],
+    outvars: Sequence[Any],
+) -> list[tuple[Any, ...]]:
+    """For each step reading and writing the given variables, those it reads
+    (or writes) last, leaving out `outvars`. Literals and drop-vars are ignored.
+    """
+    keep = {v for v in outvars if type(v) is not _Literal}
     last: dict[Any, int] = {}
-    for i, eqn in enumerate(jaxpr.eqns):
-        for v in eqn.invars:
-            if type(v) is not _Literal:
+    for i, (ins, outs) in enumerate(zip(reads, writes, strict=True)):
+        for v in ins:
+            if type(v) is not _Literal and type(v) is not _Put:
                 last[v] = i
-        for v in eqn.outvars:
+        for v in outs:
             if type(v) is not _DropVar:
                 last[v] = i  # moved on by a later use
-    # Most equations release nothing or one value: share the empty tuple and
-    # allocate only for equations that do release.
+    # Most steps release nothing or one value: share the empty tuple and
+    # allocate only for steps that do release.
     buckets: dict[int, list[Any]] = {}
     for v, i in last.items():
         if v not in keep:
@@ -105,11 +124,9 @@ def release_plan(jaxpr: Any) -> list[tuple[Any, ...]]:
                 buckets[i] = [v]
             else:
                 bucket.append(v)
-    plan: list[tuple[Any, ...]] = [()] * len(jaxpr.eqns)
+    plan: list[tuple[Any, ...]] = [()] * len(reads)
     for i, bucket in buckets.items():
         plan[i] = tuple(bucket)
-    with _release_lock:
-        _release_plans[jaxpr] = plan
     return plan
 
 
@@ -183,6 +200,9 @@ class Interpreter:
             self._policies[prim if isinstance(prim, str) else prim.name] = policy
         self._subcalls: OrderedDict[Hashable, tuple[Any, Any]] = OrderedDict()
         self._subcall_lock = threading.Lock()
+        self._eager_plans: weakref.WeakKeyDictionary[Any, _EagerPlan] = (
+            weakref.WeakKeyDictionary()
+        )
 
     # ------------------------------------------------------------------
     # Policies and equation processing.
@@ -243,6 +263,9 @@ class Interpreter:
         The signature mirrors `jax.core.eval_jaxpr`. Each value is released
         after its last use.
         """
+        plan = self._eager_plan(jaxpr, consts, args)
+        if plan is not None:
+            return self._eval_eager(jaxpr, plan, consts, args)
         env = Env()
         for v, val in zip(jaxpr.constvars, consts, strict=True):
             env[v] = val
@@ -270,6 +293,96 @@ class Interpreter:
                 del env[v]
         return [v.val if type(v) is _Literal else env[v] for v in jaxpr.outvars]
 
+    # ------------------------------------------------------------------
+    # The eager fast path.
+
+    def _eager_plan(
+        self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]
+    ) -> _EagerPlan | None:
+        """The plan for walking `jaxpr` eagerly, or `None` to walk it generally.
+
+        Only for interpreters that keep the default `process_eqn` and
+        `default_rule`, outside any JAX trace, on concrete inputs.
+        """
+        cls = type(self)
+        if (
+            cls.process_eqn is not Interpreter.process_eqn
+            or cls.default_rule is not Interpreter.default_rule
+            or not compat.is_eager()
+        ):
+            return None
+        for x in consts:
+            if not compat.is_concrete(x):
+                return None
+        for x in args:
+            if not compat.is_concrete(x):
+                return None
+        ambient = compat.ambient_eqn_context()
+        if ambient is None:
+            return None
+        plan = self._eager_plans.get(jaxpr)
+        if (
+            plan is None
+            or plan.generation != _registry.generation()
+            or plan.policy != self.higher_order
+            or not compat.same_eqn_context(plan.context, ambient)
+        ):
+            plan = _EagerPlan(self, jaxpr, ambient)
+            with self._subcall_lock:
+                self._eager_plans[jaxpr] = plan
+        return plan
+
+    def _eval_eager(
+        self, jaxpr: Any, plan: _EagerPlan, consts: Sequence[Any], args: Sequence[Any]
+    ) -> list[Any]:
+        """Walk `jaxpr` eagerly: planned equations call their compiled function
+        directly; the others (and any planned call that raises, to report the
+        error with its context) go through `process_eqn`."""
+        env = dict(plan.seed)  # the literals put on the device
+        for v, val in zip(jaxpr.constvars, consts, strict=True):
+            env[v] = val
+        for v, val in zip(jaxpr.invars, args, strict=True):
+            env[v] = val
+        for eqn, step, writes, dead in plan.program:
+            outvals = None
+            if step is not None:
+                try:
+                    outvals = step.fn(*[env[v] for v in step.inputs])
+                except Exception:  # redone below, to report it with its context
+                    outvals = None
+                    for member in step.absorbed:
+                        self._eval_eqn_in(env, member)
+            if outvals is None:
+                invals = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
+                outvals = self._process_in_context(eqn, invals)
+            for k, v in writes:
+                env[v] = outvals[k]
+            for v in dead:
+                del env[v]
+        return [v.val if type(v) is _Literal else env[v] for v in jaxpr.outvars]
+
+    def _eval_eqn_in(self, env: dict[Any, Any], eqn: Any) -> None:
+        """Evaluate `eqn` through `process_eqn`, reading and writing `env`."""
+        invals = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
+        outvals = self._process_in_context(eqn, invals)
+        for v, val in zip(eqn.outvars, outvals, strict=True):
+            if type(v) is not _DropVar:
+                env[v] = val
+
+    def _process_in_context(self, eqn: Any, invals: list[Any]) -> list[Any]:
+        """`process_eqn` in the equation's contexts, errors wrapped as in a walk."""
+        user_ctx, eqn_ctx = compat.eqn_contexts(eqn)
+        try:
+            with user_ctx, eqn_ctx:
+                outvals = self.process_eqn(eqn, invals)
+        except JaxinterpError:
+            raise
+        except Exception as err:
+            raise self._rule_error(eqn, invals, err) from err
+        if type(outvals) is not list or len(outvals) != len(eqn.outvars):
+            outvals = self._as_outvals(eqn, outvals)
+        return outvals
+
     def eval_closed(self, closed_jaxpr: Any, *args: Any) -> list[Any]:
         """Walk a `ClosedJaxpr` on `args`; return its outputs as a list."""
         return self.eval_jaxpr(
@@ -278,8 +391,11 @@ class Interpreter:
 
     def run(self, staged: Staged, flat_args: Sequence[Any]) -> list[Any]:
         """Walk a `Staged` function on flat arguments; return flat outputs."""
+        closed = staged.closed_jaxpr
         with compat.recursion_limit(_RECURSION_LIMIT):
-            return self.eval_closed(staged.closed_jaxpr, *flat_args)
+            return self.eval_jaxpr(
+                compat.open_jaxpr(closed), compat.jaxpr_consts(closed), *flat_args
+            )
 
     def _as_outvals(self, eqn: Any, outvals: Any) -> list[Any]:
         """Return `outvals` as a list, checking it has one value per output.
@@ -399,6 +515,225 @@ def register_higher_order(prim: Any) -> Callable[[Callable[..., Any]], Any]:
         return fn
 
     return decorate
+
+
+# Compiled callables for higher-order primitives on the eager fast path, filled
+# in by `_higher_order`: fn(interpreter, eqn) -> callable or None. The callable
+# takes the equation's operands and returns its outputs (a list or tuple).
+_eager_callables: dict[Any, Callable[[Any, Any], Any]] = {}
+
+
+def register_eager_callable(prim: Any) -> Callable[[Callable[..., Any]], Any]:
+    """Register how the eager fast path runs higher-order primitive `prim`."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if prim is not None:
+            _eager_callables[prim] = fn
+        return fn
+
+    return decorate
+
+
+class _Put:
+    """A literal operand already on the device, for the eager fast path."""
+
+    __slots__ = ("val",)
+
+    def __init__(self, val: Any) -> None:
+        self.val = val
+
+
+class _Step(NamedTuple):
+    """One compiled call of the eager fast path.
+
+    `fn(*operands)` computes the results of the equation at this position of
+    the plan; `inputs` are the Jaxpr variables (or `_Put` literals) giving the
+    operands. `absorbed` lists earlier equations compiled into `fn` as well
+    (broadcasts and reshapes feeding an elementwise equation), in order.
+    """
+
+    fn: Callable[..., Any]
+    inputs: tuple[Any, ...]
+    absorbed: tuple[Any, ...] = ()
+
+
+# Marks an equation compiled into a later step of the plan.
+_ABSORBED = _Step(fn=lambda *args: None, inputs=())
+
+# Equations that only move or replicate values, and elementwise equations that
+# compute each output element with one correctly rounded operation. Compiling a
+# mover together with the elementwise equation consuming it (as `jnp` does for
+# `x + b` with a broadcast `b`) cannot change a bit of the result, and saves a
+# dispatch. Division is left out: XLA rewrites `a / broadcast(b)` as
+# `a * broadcast(1 / b)`.
+_MOVERS = frozenset(
+    {lax.broadcast_in_dim_p, lax.reshape_p, lax.squeeze_p, lax.transpose_p}
+)
+_ELEMENTWISE = frozenset(
+    {
+        lax.add_p,
+        lax.sub_p,
+        lax.mul_p,
+        lax.max_p,
+        lax.min_p,
+        lax.and_p,
+        lax.or_p,
+        lax.xor_p,
+        lax.eq_p,
+        lax.ne_p,
+        lax.lt_p,
+        lax.le_p,
+        lax.gt_p,
+        lax.ge_p,
+        lax.select_n_p,
+    }
+)
+
+
+class _EagerPlan:
+    """How to run each equation of one Jaxpr eagerly, for one interpreter.
+
+    Each equation gets a `_Step` computing it with one compiled call,
+    `_ABSORBED` if a later step computes it, or `None` if it goes through
+    `process_eqn`: equations with effects, a context other than the ambient
+    one, a rule of the interpreter's, a higher-order primitive without an
+    eager callable, or a primitive with its own Python implementation.
+    `program` is what a walk runs; `seed` holds the literal operands.
+    """
+
+    __slots__ = ("context", "generation", "policy", "program", "seed")
+
+    def __init__(self, interp: Interpreter, jaxpr: Any, context: Any) -> None:
+        self.context = context
+        self.generation = _registry.generation()
+        self.policy = interp.higher_order
+        eqns = jaxpr.eqns
+        compiled = [self._compiles(interp, eqn, context) for eqn in eqns]
+        steps: list[_Step | None] = [
+            self._single(interp, eqn) if ok else None
+            for eqn, ok in zip(eqns, compiled, strict=True)
+        ]
+        self._absorb_movers(jaxpr, compiled, steps)
+        reads = [
+            () if step is _ABSORBED else (eqn.invars if step is None else step.inputs)
+            for eqn, step in zip(eqns, steps, strict=True)
+        ]
+        writes = [
+            () if step is _ABSORBED else eqn.outvars
+            for eqn, step in zip(eqns, steps, strict=True)
+        ]
+        dead = _last_uses(reads, writes, jaxpr.outvars)
+        # What the walk runs: (eqn, step, [(result index, var) to write], dead)
+        # for every equation not absorbed into a later step.
+        self.program = [
+            (
+                eqn,
+                step,
+                tuple(
+                    (k, v) for k, v in enumerate(eqn.outvars) if type(v) is not _DropVar
+                ),
+                released,
+            )
+            for eqn, step, released in zip(eqns, steps, dead, strict=True)
+            if step is not _ABSORBED
+        ]
+        self.seed = {
+            v: v.val
+            for step in steps
+            if step is not None
+            for v in step.inputs
+            if type(v) is _Put
+        }
+
+    @staticmethod
+    def _compiles(interp: Interpreter, eqn: Any, context: Any) -> bool:
+        """Whether `eqn` may run as a compiled call, outside `process_eqn`."""
+        if eqn.effects or not compat.same_eqn_context(eqn.ctx, context):
+            return False
+        rules = interp.rules
+        return rules is None or rules.get(eqn.primitive) is None
+
+    @staticmethod
+    def _single(interp: Interpreter, eqn: Any) -> _Step | None:
+        prim = eqn.primitive
+        if prim in _higher_order_handlers:
+            make = _eager_callables.get(prim)
+            fn = None if make is None else make(interp, eqn)
+        else:
+            fn = compat.eager_callable(prim, eqn.params)
+        if fn is None:
+            return None
+        return _Step(fn, tuple(_operand(v) for v in eqn.invars))
+
+    @staticmethod
+    def _absorb_movers(jaxpr: Any, compiled: list[bool], steps: list[Any]) -> None:
+        """Compile movers into the elementwise equation that alone consumes them."""
+        uses: dict[Any, int] = {}
+        for eqn in jaxpr.eqns:
+            for v in eqn.invars:
+                if type(v) is not _Literal:
+                    uses[v] = uses.get(v, 0) + 1
+        for v in jaxpr.outvars:
+            if type(v) is not _Literal:
+                uses[v] = uses.get(v, 0) + 2  # never absorb a Jaxpr output
+        movers = {
+            eqn.outvars[0]: i
+            for i, eqn in enumerate(jaxpr.eqns)
+            if eqn.primitive in _MOVERS and steps[i] is not None
+        }
+        if not movers:
+            return
+        for j, eqn in enumerate(jaxpr.eqns):
+            if eqn.primitive not in _ELEMENTWISE or steps[j] is None:
+                continue
+            members = sorted(_mover_tree(eqn, jaxpr.eqns, movers, uses))
+            if not members:
+                continue
+            group = [jaxpr.eqns[i] for i in members] + [eqn]
+            position = {g.outvars[0]: m for m, g in enumerate(group[:-1])}
+            inputs: list[Any] = []
+            where: dict[Any, int] = {}
+            program = []
+            for g in group:
+                refs = []
+                for v in g.invars:
+                    if type(v) is not _Literal and v in position:
+                        refs.append((1, position[v]))
+                        continue
+                    key = id(v) if type(v) is _Literal else v
+                    if key not in where:
+                        where[key] = len(inputs)
+                        inputs.append(_operand(v))
+                    refs.append((0, where[key]))
+                program.append((g.primitive, g.params, tuple(refs)))
+            fn = compat.eager_chain(program)
+            if fn is None:
+                continue
+            steps[j] = _Step(fn, tuple(inputs), tuple(group[:-1]))
+            for i in members:
+                steps[i] = _ABSORBED
+
+
+def _mover_tree(
+    eqn: Any, eqns: Sequence[Any], movers: dict[Any, int], uses: dict[Any, int]
+) -> set[int]:
+    """Indices of the movers feeding `eqn` (through other movers) used only there."""
+    found: set[int] = set()
+    stack = [eqn]
+    while stack:
+        for v in stack.pop().invars:
+            if type(v) is _Literal:
+                continue
+            i = movers.get(v)
+            if i is not None and uses.get(v) == 1 and i not in found:
+                found.add(i)
+                stack.append(eqns[i])
+    return found
+
+
+def _operand(var: Any) -> Any:
+    """How a step reads an operand: the variable, or a literal put on the device."""
+    return _Put(compat.device_literal(var)) if type(var) is _Literal else var
 
 
 def higher_order_primitives() -> frozenset[Any]:

@@ -109,8 +109,20 @@ def make_closed_jaxpr(jaxpr: Any, consts: Sequence[Any]) -> Any:
 # Values.
 
 
+# JAX's concrete array class (`jax.Array` is an abstract base that tracers also
+# register with). Used only for fast type checks; `None` if it moves.
+_ArrayImpl = _private_attr("jax._src.array", "ArrayImpl")
+_SingleDeviceSharding = jax.sharding.SingleDeviceSharding
+
+
 def aval_of(value: Any) -> Any:
-    """Return the abstract value of an array, tracer or Python scalar."""
+    """Return the abstract value of an array, tracer or Python scalar.
+
+    The same as `jax.typeof`, with a shortcut for arrays on one device, whose
+    type carries no sharding: their `aval`.
+    """
+    if type(value) is _ArrayImpl and type(value.sharding) is _SingleDeviceSharding:
+        return value.aval
     return jax.typeof(value)
 
 
@@ -134,18 +146,19 @@ def bind_eqn(prim: Any, invals: Sequence[Any], params: dict[str, Any]) -> list[A
     return list(out) if prim.multiple_results else [out]
 
 
-def _is_eager() -> bool:
+def is_eager() -> bool:
     """Whether no transformation is tracing: the ambient trace is JAX's eval trace.
 
     `jax._src.core.trace_ctx` (JAX >= 0.4.36) has no public equivalent; if it is
     missing, report "not eager" so callers take the plain `bind` path.
     """
-    try:
-        from jax._src import core as _core
-
-        return type(_core.trace_ctx.trace) is _core.EvalTrace
-    except (ImportError, AttributeError):  # pragma: no cover - other JAX layouts
+    if _trace_ctx is None:  # pragma: no cover - other JAX layouts
         return False
+    return type(_trace_ctx.trace) is _EvalTrace
+
+
+_trace_ctx = _private_attr("jax._src.core", "trace_ctx")
+_EvalTrace = _private_attr("jax._src.core", "EvalTrace")
 
 
 _compiling_impl: dict[Any, bool] = {}
@@ -180,42 +193,150 @@ _EAGER_CACHE_SIZE = 4096
 _eager_types = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 
 
-def eager_primitive(
-    prim: Any, params: dict[str, Any], invals: Sequence[Any]
-) -> list[Any] | None:
-    """Apply `prim` to concrete arrays through a cached single-primitive `jit`.
+def is_concrete(value: Any) -> bool:
+    """Whether `value` is a concrete operand: an array or scalar, not a tracer."""
+    return type(value) is _ArrayImpl or (
+        isinstance(value, _eager_types) and not isinstance(value, jax.core.Tracer)
+    )
 
-    Returns `None` (the caller then binds) when an operand is not a concrete
-    `jax.Array` (a tracer, a NumPy or Python literal), when the params are
-    unhashable, or for primitives carrying sub-Jaxprs. Eager `bind` compiles
-    the same one-primitive computation; calling it through `jax.jit` reaches
-    JAX's C++ dispatch path instead of the Python one.
+
+def eager_callable(prim: Any, params: dict[str, Any]) -> Any:
+    """A cached `jax.jit` applying `prim` with `params` alone, or `None`.
+
+    Eager `bind` of JAX's own primitives compiles exactly this one-primitive
+    computation; calling it through `jax.jit` reaches JAX's C++ dispatch path
+    instead of the Python one, with identical results. `None` for primitives
+    with their own Python `impl` (which may have no lowering), unhashable
+    params, and primitives carrying sub-Jaxprs. Only call the result on
+    concrete operands outside any trace (see `is_eager`): under a trace it
+    would stage a `jit` equation.
     """
-    if not _dispatches_by_compiling(prim) or not _is_eager():
-        # A primitive with its own Python `impl` may have no lowering; under a
-        # trace, a `jit` call would stage a `jit` equation.
-        return None
-    for x in invals:
-        if isinstance(x, jax.core.Tracer) or not isinstance(x, _eager_types):
-            return None
+    return eager_chain(((prim, params, None),))
+
+
+def eager_chain(program: Sequence[tuple[Any, dict[str, Any], Any]]) -> Any:
+    """A cached `jax.jit` binding several primitives in turn, or `None`.
+
+    `program` lists `(prim, params, refs)`; `refs` says where each operand
+    comes from: `(0, k)` the `k`-th argument, `(1, m)` the result of entry
+    `m`; `None` means the arguments in order. Every entry but the last has a
+    single result; the function returns the last entry's results as a list.
+    `None` under the same conditions as `eager_callable`, for any entry.
+    """
     try:
-        key = (prim, tuple(params.items()))
+        key = tuple(
+            (prim, tuple(params.items()), refs) for prim, params, refs in program
+        )
         fn = _eager_cache.get(key)
     except TypeError:  # unhashable params
         return None
     if fn is None:
-        if any(True for _ in jaxprs_in_params(params)):
-            return None
+        for prim, params, _ in program:
+            if not _dispatches_by_compiling(prim) or any(
+                True for _ in jaxprs_in_params(params)
+            ):
+                return None
 
-        def apply(*args: Any) -> Any:
-            return bind_eqn(prim, args, params)
+        def apply(*args: Any) -> list[Any]:
+            results: list[Any] = []
+            outs: list[Any] = []
+            for prim, params, refs in program:
+                operands = (
+                    args
+                    if refs is None
+                    else [args[k] if src == 0 else results[k] for src, k in refs]
+                )
+                outs = bind_eqn(prim, operands, params)
+                results.append(outs[0] if len(outs) == 1 else None)
+            return outs
 
-        apply.__name__ = apply.__qualname__ = prim.name
+        apply.__name__ = apply.__qualname__ = "_".join(p.name for p, _, _ in program)
         fn = jax.jit(apply)
         if len(_eager_cache) >= _EAGER_CACHE_SIZE:
             _eager_cache.clear()
         _eager_cache[key] = fn
-    return fn(*invals)
+    return fn
+
+
+def eager_primitive(
+    prim: Any, params: dict[str, Any], invals: Sequence[Any]
+) -> list[Any] | None:
+    """Apply `prim` to concrete operands through `eager_callable`, or return `None`.
+
+    `None` (the caller then binds) outside the eval trace, when an operand is
+    a tracer or not an array or scalar, or when `eager_callable` has nothing.
+    """
+    if not _dispatches_by_compiling(prim) or not is_eager():
+        return None
+    for x in invals:
+        if not is_concrete(x):
+            return None
+    fn = eager_callable(prim, params)
+    return None if fn is None else fn(*invals)
+
+
+def device_literal(literal: Any) -> Any:
+    """The value of a `Literal` as a device array of the same type, if possible.
+
+    JAX's C++ dispatch takes device arrays faster than NumPy scalars. The
+    literal's own value is returned when the array's type (dtype, weak type)
+    would differ from the literal's.
+    """
+    value = literal.val
+    try:
+        put = jax.device_put(value)
+    except Exception:  # an unusual literal: keep it as it is
+        return value
+    return put if jax.typeof(put) == literal.aval else value
+
+
+def _eqn_context_builder() -> Any:
+    """A function returning the current `JaxprEqnContext`, or `None` if unknown.
+
+    JAX >= 0.8 interns the context (`JaxprEqnContext()` reads the config; equal
+    contexts are the same object); 0.7 builds it from explicit fields and
+    compares by value. `eqn.ctx` has no public equivalent.
+    """
+    try:
+        from jax._src import core as _core
+
+        context_cls: Any = _core.JaxprEqnContext
+        try:
+            context_cls()
+            return context_cls
+        except TypeError:
+            from jax._src import config, xla_metadata_lib
+
+            compute_on: Any = __import__("jax._src.compute_on", fromlist=["_"])
+
+            def build() -> Any:
+                return context_cls(
+                    compute_on.current_compute_type(),
+                    config.threefry_partitionable.value,
+                    xla_metadata_lib.current_xla_metadata(),
+                )
+
+            build()
+            return build
+    except Exception:  # pragma: no cover - other JAX layouts
+        return lambda: None
+
+
+_build_eqn_context = _eqn_context_builder()
+
+
+def ambient_eqn_context() -> Any:
+    """The equation context JAX would record now (`None` if unknown).
+
+    An equation whose `ctx` is the same (`same_eqn_context`) runs the same
+    without entering its context.
+    """
+    return _build_eqn_context()
+
+
+def same_eqn_context(a: Any, b: Any) -> bool:
+    """Whether two equation contexts are the same (identical or equal)."""
+    return a is b or (a is not None and a == b)
 
 
 def eqn_contexts(eqn: Any) -> tuple[Any, Any]:
@@ -433,6 +554,7 @@ def dce_closed_jaxpr(closed: Any) -> Any:
 _limit_lock = threading.Lock()
 _limit_users = 0
 _limit_saved: int | None = None  # the limit to restore, if we raised it
+_limit_depth = threading.local()  # per thread: how many blocks are open
 
 
 def recursion_limit(minimum: int) -> _RecursionLimit:
@@ -448,7 +570,8 @@ class _RecursionLimit:
     """The context manager of `recursion_limit`.
 
     A class rather than a `contextlib.contextmanager` generator: it is entered
-    on every call of a transformed function, and costs half as much.
+    on every call of a transformed function. A thread already inside one
+    (a walk nested in a transformed call) only counts the nesting.
     """
 
     __slots__ = ("minimum",)
@@ -458,8 +581,13 @@ class _RecursionLimit:
 
     def __enter__(self) -> None:
         global _limit_users, _limit_saved
+        depth = getattr(_limit_depth, "value", 0)
+        _limit_depth.value = depth + 1
+        if depth and sys.getrecursionlimit() >= self.minimum:
+            return
         with _limit_lock:
-            _limit_users += 1
+            if not depth:  # threads are counted once, by their outermost block
+                _limit_users += 1
             current = sys.getrecursionlimit()
             if current < self.minimum:
                 if _limit_saved is None:
@@ -468,6 +596,10 @@ class _RecursionLimit:
 
     def __exit__(self, *exc_info: object) -> None:
         global _limit_users, _limit_saved
+        depth = _limit_depth.value - 1
+        _limit_depth.value = depth
+        if depth:
+            return
         with _limit_lock:
             _limit_users -= 1
             if _limit_users == 0 and _limit_saved is not None:

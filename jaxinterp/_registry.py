@@ -13,6 +13,20 @@ from ._errors import MissingRuleError, source_line
 
 R = TypeVar("R", bound=Callable[..., Any])
 
+# Bumped by every registration or removal in any registry, so that plans built
+# from the rules in force (the walker's eager plans) can tell they are stale.
+_generation = 0
+
+
+def generation() -> int:
+    """A counter that changes whenever any registry gains or loses a rule."""
+    return _generation
+
+
+def _bump() -> None:
+    global _generation
+    _generation += 1
+
 
 class RuleRegistry(Generic[R]):
     """A mapping from `jax.extend.core.Primitive` to a transformation's rule.
@@ -101,6 +115,7 @@ class RuleRegistry(Generic[R]):
                         f"`{prim.name}`. Pass `override=True` to replace it."
                     )
                 self._rules[prim] = fn
+                _bump()
             return fn
 
         return decorate if rule is None else decorate(rule)
@@ -115,6 +130,7 @@ class RuleRegistry(Generic[R]):
             if prim not in self._rules:
                 raise KeyError(f"`{self.name}` has no own rule for `{prim.name}`.")
             del self._rules[prim]
+            _bump()
 
     def get(self, prim: jex_core.Primitive) -> R | None:
         """Return the rule for `prim`, looking through parents, or `None`."""
