@@ -8,7 +8,10 @@ once its last user has run.
 Two measures, each as a multiple of the array's size:
 
 * live arrays: the bytes of `jax.live_arrays()`, sampled after every equation
-  by an `Interpreter` subclass (and after every step of the eager reference);
+  by an `Interpreter` subclass (and after every step of the eager reference).
+  Overriding `process_eqn` takes the walker's general path; `evaluate` itself
+  runs eager calls through its fast path (compiled calls per equation), whose
+  release of values shows in the resident memory below;
 * resident memory: the growth of the process's peak RSS (`VmHWM`, reset
   through `/proc/self/clear_refs`, Linux only) during the call, plus the
   input, so it also sees buffers XLA still holds. Informational: it counts
@@ -127,9 +130,12 @@ def main() -> None:
     del checksum
     print(f"  eager `chain` itself: peak live arrays {peak_eager / nbytes:.2f}")
 
+    fast = jaxinterp.evaluate(chain)
+    assert jnp.sum(fast(x)) == jnp.sum(chain(x)), "evaluate's result differs"
     rss = {
         "eager": peak_rss(lambda: chain(x), nbytes),
         "walker": peak_rss(lambda: walker(x), nbytes),
+        "evaluate (fast path)": peak_rss(lambda: fast(x), nbytes),
     }
     for name, arrays in rss.items():
         text = "unavailable" if arrays is None else f"{arrays:.2f} arrays"

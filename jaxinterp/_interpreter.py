@@ -25,9 +25,7 @@ from ._trace import Staged, check_callable, stage_flat
 
 Policy = TypingLiteral["opaque", "recursive", "inline"]
 _POLICIES = ("opaque", "recursive", "inline")
-# Deep enough for 100+ nested `jit`s: each level adds a few walker frames on
-# top of JAX's own tracing frames.
-_RECURSION_LIMIT = 12_000
+_RECURSION_LIMIT = compat.DEEP_RECURSION_LIMIT
 
 _Literal = compat.Literal
 _DropVar = compat.DropVar
@@ -185,6 +183,17 @@ class Interpreter:
     #: `process_eqn` has side effects that must run on every call.
     cache_subcalls: ClassVar[bool] = True
 
+    # Whether the class keeps the default `process_eqn` and `default_rule`
+    # (set per subclass): only then may eager walks skip `process_eqn`.
+    _default_eqns: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._default_eqns = (
+            cls.process_eqn is Interpreter.process_eqn
+            and cls.default_rule is Interpreter.default_rule
+        )
+
     def __init__(
         self,
         *,
@@ -304,19 +313,13 @@ class Interpreter:
         Only for interpreters that keep the default `process_eqn` and
         `default_rule`, outside any JAX trace, on concrete inputs.
         """
-        cls = type(self)
         if (
-            cls.process_eqn is not Interpreter.process_eqn
-            or cls.default_rule is not Interpreter.default_rule
+            not self._default_eqns
             or not compat.is_eager()
+            or not compat.all_concrete(consts)
+            or not compat.all_concrete(args)
         ):
             return None
-        for x in consts:
-            if not compat.is_concrete(x):
-                return None
-        for x in args:
-            if not compat.is_concrete(x):
-                return None
         ambient = compat.ambient_eqn_context()
         if ambient is None:
             return None
@@ -392,10 +395,11 @@ class Interpreter:
     def run(self, staged: Staged, flat_args: Sequence[Any]) -> list[Any]:
         """Walk a `Staged` function on flat arguments; return flat outputs."""
         closed = staged.closed_jaxpr
+        jaxpr, consts = compat.open_jaxpr(closed), compat.jaxpr_consts(closed)
+        if staged.nesting <= compat.SHALLOW_NESTING:
+            return self.eval_jaxpr(jaxpr, consts, *flat_args)
         with compat.recursion_limit(_RECURSION_LIMIT):
-            return self.eval_jaxpr(
-                compat.open_jaxpr(closed), compat.jaxpr_consts(closed), *flat_args
-            )
+            return self.eval_jaxpr(jaxpr, consts, *flat_args)
 
     def _as_outvals(self, eqn: Any, outvals: Any) -> list[Any]:
         """Return `outvals` as a list, checking it has one value per output.
@@ -453,10 +457,8 @@ class Interpreter:
 
         @functools.wraps(fn)
         def transformed(*args: Any, **kwargs: Any) -> PyTree:
-            # Staging deeply nested `jit`s needs as much stack as walking them.
-            with compat.recursion_limit(_RECURSION_LIMIT):
-                staged, leaves = stage_flat(fn, args, kwargs, static_argnums)
-                return staged.unflatten_out(self.run(staged, leaves))
+            staged, leaves = stage_flat(fn, args, kwargs, static_argnums)
+            return staged.unflatten_out(self.run(staged, leaves))
 
         return transformed
 

@@ -200,6 +200,14 @@ def is_concrete(value: Any) -> bool:
     )
 
 
+def all_concrete(values: Sequence[Any]) -> bool:
+    """Whether every value is a concrete operand (see `is_concrete`)."""
+    for x in values:
+        if type(x) is not _ArrayImpl and not is_concrete(x):
+            return False
+    return True
+
+
 def eager_callable(prim: Any, params: dict[str, Any]) -> Any:
     """A cached `jax.jit` applying `prim` with `params` alone, or `None`.
 
@@ -555,6 +563,30 @@ _limit_lock = threading.Lock()
 _limit_users = 0
 _limit_saved: int | None = None  # the limit to restore, if we raised it
 _limit_depth = threading.local()  # per thread: how many blocks are open
+
+
+# Deep enough for walking and tracing 100+ nested `jit`s: each level adds a few
+# walker frames on top of JAX's own tracing frames.
+DEEP_RECURSION_LIMIT = 12_000
+# Jaxprs nested at most this deep are walked under Python's own limit.
+SHALLOW_NESTING = 8
+
+
+def nesting_depth(jaxpr: Any) -> int:
+    """How deep sub-Jaxprs nest in `jaxpr` (0 for none); iterative, so any depth."""
+    deepest = 0
+    stack = [(open_jaxpr(jaxpr), 0)]
+    seen: set[int] = set()
+    while stack:
+        current, depth = stack.pop()
+        deepest = max(deepest, depth)
+        for eqn in current.eqns:
+            for sub in jaxprs_in_params(eqn.params):
+                sub = open_jaxpr(sub)
+                if id(sub) not in seen:
+                    seen.add(id(sub))
+                    stack.append((sub, depth + 1))
+    return deepest
 
 
 def recursion_limit(minimum: int) -> _RecursionLimit:

@@ -38,6 +38,7 @@ class Staged:
         static_argnums: the positions of the static positional arguments.
         static_args: their values, in `static_argnums` order.
         fn_name: the staged function's name, for messages.
+        nesting: how deep sub-Jaxprs (of `jit`, `scan`...) nest, 0 for none.
     """
 
     closed_jaxpr: Any
@@ -48,6 +49,7 @@ class Staged:
     static_argnums: tuple[int, ...] = ()
     static_args: tuple[Any, ...] = ()
     fn_name: str = "<function>"
+    nesting: int = 0
 
     @property
     def jaxpr(self) -> Any:
@@ -111,11 +113,15 @@ class _LRU:
         self._lock = threading.Lock()
 
     def get(self, key: Hashable) -> Any:
-        with self._lock:
-            value = self._data.get(key)
-            if value is not None:
+        # Lock-free: each `OrderedDict` call is atomic; an entry another thread
+        # evicts between the two calls is still returned, just not refreshed.
+        value = self._data.get(key)
+        if value is not None:
+            try:
                 self._data.move_to_end(key)
-            return value
+            except KeyError:
+                pass
+        return value
 
     def put(self, key: Hashable, value: Any) -> None:
         with self._lock:
@@ -341,7 +347,9 @@ def _trace(
     specs = [
         jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in in_avals
     ]
-    closed = jax.make_jaxpr(flat_fn)(*specs)
+    # Tracing deeply nested `jit`s needs as much stack as walking them.
+    with compat.recursion_limit(compat.DEEP_RECURSION_LIMIT):
+        closed = jax.make_jaxpr(flat_fn)(*specs)
     jaxpr = compat.open_jaxpr(closed)
     return Staged(
         closed_jaxpr=closed,
@@ -352,6 +360,7 @@ def _trace(
         static_argnums=static,
         static_args=static_args,
         fn_name=_fn_name(fn),
+        nesting=compat.nesting_depth(jaxpr),
     )
 
 

@@ -435,6 +435,30 @@ def test_one_hundred_nested_jits():
     assert [e.primitive for e in jaxpr.eqns][0] is lax.cos_p
 
 
+def test_shallow_nesting_is_walked_under_pythons_default_limit():
+    # Jaxprs nested at most `SHALLOW_NESTING` deep are walked without raising
+    # the recursion limit; that must hold up when the walk traces every level.
+    shallow = jaxinterp._jax_compat.SHALLOW_NESTING
+    f = jnp.sin
+    for level in range(shallow):
+        if level % 3 == 0:
+            f = jax.jit(lambda x, f=f: f(x) * 1.5)
+        elif level % 3 == 1:
+            f = lambda x, f=f: lax.cond(x.sum() > 0, f, jnp.cos, x)  # noqa: E731
+        else:
+            f = lambda x, f=f: lax.scan(lambda c, v: (f(c), v), x, None, 2)[0]  # noqa: E731
+    x = jnp.linspace(0.1, 0.5, 3)
+    assert jaxinterp.stage(f, x).nesting == shallow
+    # Fresh transformations, so that every level is traced anew.
+    with _recursion_limit(1000):
+        sys.setrecursionlimit(1000)
+        assert_tree_equal(evaluate(f)(x), f(x))
+        assert_tree_equal(jax.jit(evaluate(f))(x), jax.jit(f)(x))
+        grad = jax.grad(lambda x: evaluate(f)(x).sum())(x)
+        assert sys.getrecursionlimit() == 1000
+    tree_allclose(grad, jax.grad(lambda x: f(x).sum())(x))
+
+
 # ---------------------------------------------------------------------------
 # Values that come from the enclosing scope.
 

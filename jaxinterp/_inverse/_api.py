@@ -280,7 +280,7 @@ def _compile(
         spec_of(a) for a, m in zip(staged.in_avals, mask, strict=True) if not m
     ]
     in_specs = [*(_spec(y) for y in y_leaves), *known_specs]
-    with compat.recursion_limit(12_000), want_ildj(mode != "x"):
+    with compat.recursion_limit(compat.DEEP_RECURSION_LIMIT), want_ildj(mode != "x"):
         closed = jax.make_jaxpr(inverse_flat)(*in_specs)
     compiled = _Compiled(
         closed=compat.dce_closed_jaxpr(closed),
