@@ -615,7 +615,7 @@ class _EagerPlan:
             self._single(interp, eqn) if ok else None
             for eqn, ok in zip(eqns, compiled, strict=True)
         ]
-        self._absorb_movers(jaxpr, compiled, steps)
+        self._absorb_movers(jaxpr, steps)
         reads = [
             () if step is _ABSORBED else (eqn.invars if step is None else step.inputs)
             for eqn, step in zip(eqns, steps, strict=True)
@@ -668,7 +668,7 @@ class _EagerPlan:
         return _Step(fn, tuple(_operand(v) for v in eqn.invars))
 
     @staticmethod
-    def _absorb_movers(jaxpr: Any, compiled: list[bool], steps: list[Any]) -> None:
+    def _absorb_movers(jaxpr: Any, steps: list[Any]) -> None:
         """Compile movers into the elementwise equation that alone consumes them."""
         uses: dict[Any, int] = {}
         for eqn in jaxpr.eqns:
