@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import iter_eqns
 from jax import lax
 
 from jaxinterp import NotInvertibleError, ildj, inverse, inverse_and_ildj
@@ -369,12 +370,8 @@ def test_missing_rule_names_primitive_and_line():
 
 
 def _primitive_names(jaxpr):
-    names = []
-    for eqn in jaxpr.eqns:
-        names.append(eqn.primitive.name)
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-            names.extend(_primitive_names(sub))
-    return names
+    """Every equation's primitive name, sub-Jaxprs included (with repeats)."""
+    return [eqn.primitive.name for eqn in iter_eqns(jaxpr)]
 
 
 def test_unneeded_computations_are_not_emitted():

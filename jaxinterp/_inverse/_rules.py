@@ -65,11 +65,11 @@ _reduce_sum = getattr(lax, "reduce_sum", None)
 
 def total(t: Any) -> Any:
     """Sum all elements of `t` to a scalar (cheap to trace; scalars pass through)."""
-    if isinstance(t, (int, float)) or jnp.ndim(t) == 0:
+    if isinstance(t, (int, float)) or np.ndim(t) == 0:
         return t
     if _reduce_sum is None:  # JAX releases without `lax.reduce_sum`
         return jnp.sum(t)
-    return _reduce_sum(t, tuple(range(jnp.ndim(t))))
+    return _reduce_sum(t, tuple(range(np.ndim(t))))
 
 
 def _sum_log_abs(d: Any) -> Any:
@@ -168,13 +168,13 @@ def register_binary(
             solve, known, log_abs = solve_rhs, a, log_abs_drhs
         else:
             return None
-        if jnp.shape(known) != jnp.shape(y) and jnp.ndim(known) != 0:
+        if np.shape(known) != np.shape(y) and np.ndim(known) != 0:
             return None
         aval = operand_aval(0 if a is None else 1)
-        if aval is not None and tuple(aval.shape) != tuple(jnp.shape(y)):
+        if aval is not None and tuple(aval.shape) != tuple(np.shape(y)):
             return None  # a broadcast unknown cannot be recovered
         solved = solve(y, known)
-        if jnp.shape(solved) != jnp.shape(y):
+        if np.shape(solved) != np.shape(y):
             return None
         if not _WANT_ILDJ.get():
             ildj: Any = 0.0
@@ -191,9 +191,9 @@ def register_binary(
 def _broadcast_total(d: Any, like: Any) -> Any:
     """Sum of `d` broadcast to `like`'s shape (a scalar `d` counts once per element)."""
     if isinstance(d, (int, float)):
-        return d * math.prod(jnp.shape(like)) if d else 0.0
-    if jnp.ndim(d) == 0 and jnp.ndim(like) != 0:
-        return d * math.prod(jnp.shape(like))
+        return d * math.prod(np.shape(like)) if d else 0.0
+    if np.ndim(d) == 0 and np.ndim(like) != 0:
+        return d * math.prod(np.shape(like))
     return total(d)
 
 
