@@ -153,6 +153,13 @@ class Interpreter:
       `checkpoint`, `custom_jvp_call`, `custom_vjp_call`): interpret the body
       in place, dropping the construct (and any custom derivative rule).
 
+    Eager walks (concrete arrays, no JAX trace) of a class that keeps the
+    default `process_eqn` and `default_rule` take a fast path: equations
+    without a rule run as cached compiled calls, with the same results (see
+    "The eager fast path" in the concepts guide). Overriding `process_eqn`
+    keeps every equation going through it, at the walker's usual per-equation
+    cost.
+
     Args:
         higher_order: the policy for every higher-order primitive.
         policies: per-primitive overrides, keyed by `Primitive` or its name.
