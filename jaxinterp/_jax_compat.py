@@ -347,6 +347,27 @@ def same_eqn_context(a: Any, b: Any) -> bool:
     return a is b or (a is not None and a == b)
 
 
+_BatchTracer = _private_attr("jax._src.interpreters.batching", "BatchTracer")
+
+
+def vmap_levels(value: Any) -> list[tuple[int, int]] | None:
+    """The `jax.vmap` levels `value` is batched in, innermost first.
+
+    Each level is `(id of its trace, batch axis)`: the value's shape as a
+    staged Jaxpr sees it is the per-example shape with each level's axis
+    inserted in turn. `[]` for an unbatched value; `None` when a level's
+    batch axis is not a plain axis. `BatchTracer` has no public equivalent.
+    """
+    levels: list[tuple[int, int]] = []
+    while _BatchTracer is not None and isinstance(value, _BatchTracer):
+        dim = value.batch_dim
+        if type(dim) is not int:
+            return None
+        levels.append((id(getattr(value, "_trace", None)), dim))
+        value = value.val
+    return levels
+
+
 def eqn_contexts(eqn: Any) -> tuple[Any, Any]:
     """The two context managers `jax.core.eval_jaxpr` enters around each bind.
 

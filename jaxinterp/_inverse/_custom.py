@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax.flatten_util import ravel_pytree
 
+from .. import _jax_compat as compat
 from .._custom_types import PyTree
 from .._errors import StagingError
 
@@ -31,7 +32,10 @@ class custom_inverse:  # noqa: N801 - named like jax.custom_jvp, a decorator
     same gradients; it is staged as a `jit` named after it, so the marker
     survives `jax.jit`, `jax.vmap`, `lax.scan` and nesting inside other
     functions. When `inverse` meets it, it calls your inverse instead of
-    inverting the body.
+    inverting the body. Write the inverse for the shapes you call `fn` with:
+    under `inverse(jax.vmap(fn))` it is vmapped over the same batch axes
+    (recorded when the batched `fn` was traced) and its ildj summed over the
+    batch.
 
     Args:
         fn: the function.
@@ -64,7 +68,9 @@ class custom_inverse:  # noqa: N801 - named like jax.custom_jvp, a decorator
         with _lock:
             self.marker = f"{base}__custom_inverse_{next(_counter)}"
             _registry[self.marker] = self
-        self._trees: dict[Any, tuple[Any, Any]] = {}
+        # Per input leaf types: (input pytree, output pytree, output leaf types,
+        # the `vmap` layouts it was called under: see `_vmap_layout`).
+        self._trees: dict[Any, tuple[Any, Any, Any, set[Any]]] = {}
 
         def body(*args: Any) -> Any:
             return fn(*args)
@@ -108,55 +114,167 @@ class custom_inverse:  # noqa: N801 - named like jax.custom_jvp, a decorator
         leaves, in_tree = jtu.tree_flatten(args)
         key = tuple((jnp.shape(x), jnp.result_type(x)) for x in leaves)
         out = self._jitted(*args)
-        if key not in self._trees:
-            self._trees[key] = (in_tree, jtu.tree_structure(out))
+        out_leaves, out_tree = jtu.tree_flatten(out)
+        layout = _vmap_layout(leaves, out_leaves)
+        known = self._trees.get(key)
+        if known is None:
+            out_types = tuple((jnp.shape(y), jnp.result_type(y)) for y in out_leaves)
+            known = self._trees.setdefault(key, (in_tree, out_tree, out_types, set()))
+        if layout is not None:
+            known[3].add(layout)
         return out
 
     # ------------------------------------------------------------------
 
     def solve(self, outvals: Sequence[Any], invals: Sequence[Any], body: Any) -> Any:
-        """The inverse rule for the marker `jit`; `None` if it does not apply."""
-        if self.inverse_fn is None:
+        """The inverse rule for the marker `jit`; `None` if it does not apply.
+
+        The marker `jit` has the shapes `fn` was called with or, under
+        `jax.vmap` (nested or not), those shapes with batch axes inserted where
+        `vmap` put them, as recorded when `fn` was called. The inverse is then
+        vmapped the same way and the ildj summed over the batch (the Jacobian
+        is block diagonal). If no recorded call explains the shapes, the rule
+        does not apply and the body is inverted as usual.
+        """
+        if self.inverse_fn is None or any(o is None for o in outvals):
             return None
-        key = tuple((v.aval.shape, v.aval.dtype) for v in body.jaxpr.invars)
-        trees = self._trees.get(key)
-        if trees is None or any(o is None for o in outvals):
+        ins = [(v.aval.shape, v.aval.dtype) for v in body.jaxpr.invars]
+        outs = [(v.aval.shape, v.aval.dtype) for v in body.jaxpr.outvars]
+        match = self._match(ins, outs)
+        if match is None:
             return None
-        in_tree, out_tree = trees
+        (in_tree, out_tree), (in_dims, out_dims) = match
         arg_trees = in_tree.children()
         n_args = len(arg_trees)
         bounds = list(itertools.accumulate(t.num_leaves for t in arg_trees))
         starts = [0, *bounds[:-1]]
-        args_leaves = [list(invals[s:e]) for s, e in zip(starts, bounds, strict=True)]
         unknown = [i in self.argnums for i in range(n_args)]
-        for leaves, u in zip(args_leaves, unknown, strict=True):
-            if any((x is None) != u for x in leaves):
+        for i, (s, e) in enumerate(zip(starts, bounds, strict=True)):
+            if any((x is None) != unknown[i] for x in invals[s:e]):
                 return None
-        known_args = [
-            jtu.tree_unflatten(t, leaves)
-            for t, leaves, u in zip(arg_trees, args_leaves, unknown, strict=True)
-            if not u
+        known_pos = [
+            k
+            for i, (s, e) in enumerate(zip(starts, bounds, strict=True))
+            if not unknown[i]
+            for k in range(s, e)
         ]
-        y = jtu.tree_unflatten(out_tree, list(outvals))
+        unknown_pos = [k for k in range(len(invals)) if k not in set(known_pos)]
+
+        def invert(y_leaves: Sequence[Any], known_leaves: Sequence[Any]) -> Any:
+            """Per example: the unknown leaves and the ildj."""
+            leaves: list[Any] = [None] * len(invals)
+            for k, val in zip(known_pos, known_leaves, strict=True):
+                leaves[k] = val
+            known_args = [
+                jtu.tree_unflatten(t, leaves[s:e])
+                for t, s, e, u in zip(arg_trees, starts, bounds, unknown, strict=True)
+                if not u
+            ]
+            y = jtu.tree_unflatten(out_tree, list(y_leaves))
+            xs, ildj = self._invert(y, known_args)
+            return jtu.tree_leaves(xs), ildj
+
+        y_leaves = list(outvals)
+        known_leaves = [invals[k] for k in known_pos]
+        n_levels = max(map(len, [*in_dims, *out_dims]), default=0)
+        if n_levels == 0:
+            x_leaves, ildj = invert(y_leaves, known_leaves)
+        else:
+            if any(len(in_dims[k]) != n_levels for k in unknown_pos):
+                return None  # an unbatched unknown cannot come out of the batch
+            batched = invert
+            for level in range(n_levels):  # innermost `vmap` first
+                batched = jax.vmap(
+                    batched,
+                    in_axes=(
+                        [d[level] if d else None for d in out_dims],
+                        [in_dims[k][level] if in_dims[k] else None for k in known_pos],
+                    ),
+                    out_axes=([in_dims[k][level] for k in unknown_pos], 0),
+                )
+            x_leaves, ildjs = batched(y_leaves, known_leaves)
+            ildj = jnp.sum(ildjs)
+        solved = list(invals)
+        for k, val in zip(unknown_pos, x_leaves, strict=True):
+            solved[k] = val
+        return solved, ildj
+
+    def _match(self, ins: list[Any], outs: list[Any]) -> Any:
+        """The pytrees `fn` was called with and the `vmap` layout that give
+        these leaf types, or `None` if no recorded call explains them."""
+        for key, (in_tree, out_tree, out_types, layouts) in list(self._trees.items()):
+            if len(key) != len(ins) or len(out_types) != len(outs):
+                continue
+            for in_dims, out_dims in list(layouts):
+                sizes: dict[int, int] = {}
+                if _explains(ins, key, in_dims, sizes) and _explains(
+                    outs, out_types, out_dims, sizes
+                ):
+                    return (in_tree, out_tree), (in_dims, out_dims)
+        return None
+
+    def _invert(self, y: Any, known_args: list[Any]) -> tuple[tuple[Any, ...], Any]:
+        """The unknown arguments from `y`, and the ildj of the inverse at `y`."""
         inverse_fn = self.inverse_fn
+        assert inverse_fn is not None
         x = inverse_fn(y, *known_args)
         xs = (x,) if len(self.argnums) == 1 else tuple(x)
         if self.ildj_fn is not None:
-            ildj = self.ildj_fn(y, *known_args)
-        else:
-            flat_y, unravel = ravel_pytree(y)
+            return xs, self.ildj_fn(y, *known_args)
+        flat_y, unravel = ravel_pytree(y)
 
-            def flat_inverse(t: Any) -> Any:
-                return ravel_pytree(inverse_fn(unravel(t), *known_args))[0]
+        def flat_inverse(t: Any) -> Any:
+            return ravel_pytree(inverse_fn(unravel(t), *known_args))[0]
 
-            jac = jax.jacfwd(flat_inverse)(flat_y)
-            ildj = jnp.linalg.slogdet(jac)[1]
-        solved = list(invals)
-        x_it = iter(xs)
-        for i, (s, e) in enumerate(zip(starts, bounds, strict=True)):
-            if unknown[i]:
-                solved[s:e] = jtu.tree_leaves(next(x_it))
-        return solved, ildj
+        jac = jax.jacfwd(flat_inverse)(flat_y)
+        return xs, jnp.linalg.slogdet(jac)[1]
+
+
+def _vmap_layout(in_leaves: Sequence[Any], out_leaves: Sequence[Any]) -> Any:
+    """Where `jax.vmap` put batch axes on a call's leaves, or `None` if unsure.
+
+    Per leaf, the batch axis of each `vmap` level, innermost first, or `()`
+    for a leaf no level batches. Only layouts where each leaf is batched by
+    every level or by none are kept (levels then line up across leaves).
+    """
+    levels = [compat.vmap_levels(x) for x in [*in_leaves, *out_leaves]]
+    if any(lv is None for lv in levels):
+        return None
+    traces = max((tuple(t for t, _ in lv) for lv in levels if lv), key=len, default=())
+    dims = []
+    for lv in levels:
+        assert lv is not None
+        if lv and tuple(t for t, _ in lv) != traces:
+            return None
+        dims.append(tuple(d for _, d in lv))
+    n_in = len(in_leaves)
+    return tuple(dims[:n_in]), tuple(dims[n_in:])
+
+
+def _explains(
+    types: Sequence[Any],
+    example: Sequence[Any],
+    dims: Sequence[tuple[int, ...]],
+    sizes: dict[int, int],
+) -> bool:
+    """Whether inserting each leaf's batch axes (`dims`, innermost level first)
+    into the example's shapes gives `types`, with one size per level."""
+    for (shape, dtype), (ex_shape, ex_dtype), leaf_dims in zip(
+        types, example, dims, strict=True
+    ):
+        if dtype != ex_dtype or len(shape) != len(ex_shape) + len(leaf_dims):
+            return False
+        axes: list[Any] = [("example", d) for d in ex_shape]
+        for level, axis in enumerate(leaf_dims):
+            if not 0 <= axis <= len(axes):
+                return False
+            axes.insert(axis, ("batch", level))
+        for (kind, value), size in zip(axes, shape, strict=True):
+            if kind == "example" and value != size:
+                return False
+            if kind == "batch" and sizes.setdefault(value, size) != size:
+                return False
+    return True
 
 
 def custom_inverse_rule(name: str) -> Callable[..., Any] | None:
