@@ -289,6 +289,7 @@ class Interpreter:
             env[v] = val
         process = self.process_eqn
         contexts = compat.eqn_contexts
+        # `_process_in_context`, inlined: this loop runs every traced walk.
         for eqn, dead in zip(jaxpr.eqns, release_plan(jaxpr), strict=True):
             invals = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
             user_ctx, eqn_ctx = contexts(eqn)
@@ -360,13 +361,13 @@ class Interpreter:
                     outvals = step.fn(*[env[v] for v in step.inputs])
                 except Exception:  # redone below, to report it with its context
                     outvals = None
-                    for member in step.absorbed:
-                        self._eval_eqn_in(env, member)
             if outvals is None:
-                invals = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
-                outvals = self._process_in_context(eqn, invals)
-            for k, v in writes:
-                env[v] = outvals[k]
+                for member in () if step is None else step.absorbed:
+                    self._eval_eqn_in(env, member)
+                self._eval_eqn_in(env, eqn)
+            else:
+                for k, v in writes:
+                    env[v] = outvals[k]
             for v in dead:
                 del env[v]
         return [v.val if type(v) is _Literal else env[v] for v in jaxpr.outvars]
@@ -515,15 +516,22 @@ def _check_policy(policy: str) -> None:
 _higher_order_handlers: dict[Any, Callable[..., list[Any]]] = {}
 
 
-def register_higher_order(prim: Any) -> Callable[[Callable[..., Any]], Any]:
-    """Register the walker's built-in handling of a higher-order primitive."""
+def _registering(
+    table: dict[Any, Callable[..., Any]], prim: Any
+) -> Callable[[Callable[..., Any]], Any]:
+    """A decorator entering a function in `table` under `prim` (if it exists)."""
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         if prim is not None:
-            _higher_order_handlers[prim] = fn
+            table[prim] = fn
         return fn
 
     return decorate
+
+
+def register_higher_order(prim: Any) -> Callable[[Callable[..., Any]], Any]:
+    """Register the walker's built-in handling of a higher-order primitive."""
+    return _registering(_higher_order_handlers, prim)
 
 
 # Compiled callables for higher-order primitives on the eager fast path, filled
@@ -534,13 +542,7 @@ _eager_callables: dict[Any, Callable[[Any, Any], Any]] = {}
 
 def register_eager_callable(prim: Any) -> Callable[[Callable[..., Any]], Any]:
     """Register how the eager fast path runs higher-order primitive `prim`."""
-
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        if prim is not None:
-            _eager_callables[prim] = fn
-        return fn
-
-    return decorate
+    return _registering(_eager_callables, prim)
 
 
 class _Put:

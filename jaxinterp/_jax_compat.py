@@ -276,9 +276,8 @@ def eager_primitive(
     """
     if not _dispatches_by_compiling(prim) or not is_eager():
         return None
-    for x in invals:
-        if not is_concrete(x):
-            return None
+    if not all_concrete(invals):
+        return None
     fn = eager_callable(prim, params)
     return None if fn is None else fn(*invals)
 

@@ -37,7 +37,7 @@ def _plan(interp, fn, *args):
 
 def _kinds(plan):
     """Per walked equation: 'absorbing' (it computes movers too), 'compiled' or
-    'general' (through `process_eqn`); plus how many equations were absorbed."""
+    'general' (through `process_eqn`), one per equation the walk runs."""
     kinds = []
     for _, step, _, _ in plan.program:
         if step is None:

@@ -158,7 +158,8 @@ class custom_inverse:  # noqa: N801 - named like jax.custom_jvp, a decorator
             if not unknown[i]
             for k in range(s, e)
         ]
-        unknown_pos = [k for k in range(len(invals)) if k not in set(known_pos)]
+        known_set = set(known_pos)
+        unknown_pos = [k for k in range(len(invals)) if k not in known_set]
 
         def invert(y_leaves: Sequence[Any], known_leaves: Sequence[Any]) -> Any:
             """Per example: the unknown leaves and the ildj."""
