@@ -79,26 +79,28 @@ class Harvest(jaxinterp.Interpreter):
                 raise ValueError(f"`{name}` was sown twice.")
             self.reaped[name] = self.planted.get(name, invals[0])
             return [self.reaped[name]]
-        if eqn.primitive.name == "scan" and sown_names(eqn.params["jaxpr"]):
+        if eqn.primitive.name == "scan" and sown_names(
+            jaxinterp.scan_params(eqn).jaxpr
+        ):
             return self.harvest_scan(eqn, invals)
         return super().process_eqn(eqn, invals)
 
     def harvest_scan(self, eqn, invals):
-        p = eqn.params
-        n_consts, n_carry = p["num_consts"], p["num_carry"]
+        p = jaxinterp.scan_params(eqn)  # the same on every JAX release
+        n_consts, n_carry = p.num_consts, p.num_carry
         consts, init = invals[:n_consts], invals[n_consts : n_consts + n_carry]
-        names = sown_names(p["jaxpr"])
+        names = sown_names(p.jaxpr)
         planted = {n: v for n, v in self.planted.items() if n in names}  # per step
 
         def body(carry, xs_and_planted):
             xs, planted_step = xs_and_planted
             inner = Harvest(planted_step)
-            outs = inner.eval_closed(p["jaxpr"], *consts, *carry, *xs)
+            outs = inner.eval_closed(p.jaxpr, *consts, *carry, *xs)
             return outs[:n_carry], (outs[n_carry:], inner.reaped)
 
         carry, (ys, reaped) = lax.scan(
             body, init, (invals[n_consts + n_carry :], planted),
-            length=p["length"], reverse=p["reverse"],
+            length=p.length, reverse=p.reverse,
         )  # fmt: skip
         for name, values in reaped.items():  # stacked: one entry per step
             if name in self.reaped:

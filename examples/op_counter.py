@@ -76,9 +76,10 @@ class OpCounter(jaxinterp.Interpreter):
         self.eqns[name] += 1
         subs = list(sub_jaxprs(eqn.params))
         if name == "scan":  # the body runs `length` times
-            self.absorb(self.walk(eqn.params["jaxpr"]), eqn.params["length"])
+            scan = jaxinterp.scan_params(eqn)
+            self.absorb(self.walk(scan.jaxpr), scan.length)
         elif name == "cond":  # only one branch runs: count the costliest
-            branches = [self.walk(b) for b in eqn.params["branches"]]
+            branches = [self.walk(b) for b in jaxinterp.cond_branches(eqn)]
             self.absorb(max(branches, key=lambda c: c.total()))
         elif subs:  # jit, custom_jvp_call, while (one iteration), ...
             for sub in subs:

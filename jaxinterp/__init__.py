@@ -33,6 +33,14 @@ from ._inverse._rules import (
     register_binary as register_binary,
     register_elementwise as register_elementwise,
 )
+from ._jax_compat import (
+    SUPPORTED_JAX as SUPPORTED_JAX,
+    UnsupportedJaxWarning as UnsupportedJaxWarning,
+    cond_branches as cond_branches,
+    jit_params as jit_params,
+    scan_params as scan_params,
+    while_params as while_params,
+)
 from ._registry import RuleRegistry as RuleRegistry
 from ._trace import Staged as Staged, stage as stage
 

@@ -287,7 +287,8 @@ class OpCounter(Interpreter):
         counts = self.counts
         counts.eqns[prim.name] += 1
         if prim is compat.scan_p:
-            counts.add(self.count_closed(eqn.params["jaxpr"]), eqn.params["length"])
+            scan = compat.scan_params(eqn.params)
+            counts.add(self.count_closed(scan.jaxpr), scan.length)
         elif prim is compat.cond_p:
             branches = [
                 self.count_closed(br) for br in compat.cond_branches(eqn.params)

@@ -122,11 +122,11 @@ def _checkpoint(
 ) -> list[Any]:
     p = compat.remat_params(eqn.params)
     if policy == "inline":
-        return interp.eval_jaxpr(p.jaxpr, (), *invals)
+        return interp.eval_closed(p.jaxpr, *invals)
 
     def build() -> Callable[..., Any]:
         def body(*args: Any) -> list[Any]:
-            return interp.eval_jaxpr(p.jaxpr, (), *args)
+            return interp.eval_closed(p.jaxpr, *args)
 
         return jax.checkpoint(body, prevent_cse=p.prevent_cse, policy=p.policy)
 
@@ -143,8 +143,13 @@ def _retrace(
     info, where JAX reads the `name` of a custom-derivative call and
     `inverse` looks up named inverses.
     """
-    avals = tuple(compat.aval_of(x) for x in invals)
-    specs = [spec_of(a) for a in avals]
+    return _retrace_avals(interp, closed, tuple(map(compat.aval_of, invals)), name)
+
+
+def _retrace_avals(
+    interp: Interpreter, closed: Any, avals: tuple[Any, ...], name: str = ""
+) -> Any:
+    """`_retrace` for given input avals."""
 
     def build() -> Any:
         walk = _closed_fn(interp, closed)
@@ -153,7 +158,7 @@ def _retrace(
             return walk(*args)
 
         named.__name__ = named.__qualname__ = name or "walk"
-        return jax.make_jaxpr(named)(*specs)
+        return jax.make_jaxpr(named)(*[spec_of(a) for a in avals])
 
     key = ("retrace", id(closed), avals)
     new = interp.cached(key, closed, build)
@@ -199,16 +204,19 @@ def _closed_call(
     )
 
 
-@register_higher_order(compat.core_call_p)
 def _core_call(
     interp: Interpreter, eqn: Any, invals: list[Any], policy: str
 ) -> list[Any]:
     """`core_call` carries an open Jaxpr; it is rebuilt as a `closed_call`."""
-    body = compat.make_closed_jaxpr(compat.call_jaxpr(eqn.params), ())
+    body = compat.call_jaxpr(eqn.params)
     if policy == "inline":
         return interp.eval_closed(body, *invals)
     new = _retrace(interp, body, invals)
     return compat.bind_eqn(compat.closed_call_p, invals, {"call_jaxpr": new})
+
+
+if compat.core_call_p is not None:  # a separate primitive before JAX 0.12
+    register_higher_order(compat.core_call_p)(_core_call)
 
 
 @register_higher_order(compat.shard_map_p)
@@ -218,6 +226,36 @@ def _shard_map(
     p = compat.shard_map_params(eqn.params)
 
     def body(*args: Any) -> tuple[Any, ...]:
-        return tuple(interp.eval_jaxpr(p.jaxpr, (), *args))
+        return tuple(interp.eval_closed(p.jaxpr, *args))
 
     return list(compat.shard_map(body, p)(*invals))
+
+
+@register_higher_order(compat.linear_solve_p)
+def _linear_solve(
+    interp: Interpreter, eqn: Any, invals: list[Any], policy: str
+) -> list[Any]:
+    """`custom_linear_solve` (`jnp.linalg.solve`, `lax.custom_linear_solve`).
+
+    Its value is its `solve` Jaxpr applied to the right-hand sides; the other
+    Jaxprs define its derivatives and transpose. `recursive` walks every one
+    of them and re-binds the primitive; `inline` walks `solve` in place,
+    dropping the custom derivative.
+    """
+    p = compat.linear_solve_params(eqn.params)
+    starts = [sum(p.const_lengths[:i]) for i in range(len(p.roles))]
+    rhs = invals[sum(p.const_lengths) :]
+    if policy == "inline":
+        k = p.roles.index("solve")
+        consts = invals[starts[k] : starts[k] + p.const_lengths[k]]
+        return interp.eval_closed(p.jaxprs[k], *consts, *rhs)
+    new = []
+    for start, n, closed in zip(starts, p.const_lengths, p.jaxprs, strict=True):
+        if closed is None:
+            new.append(None)
+            continue
+        in_avals = [v.aval for v in compat.open_jaxpr(closed).invars]
+        consts_avals = tuple(compat.aval_of(c) for c in invals[start : start + n])
+        new.append(_retrace_avals(interp, closed, consts_avals + tuple(in_avals[n:])))
+    params = compat.replace_linear_solve_jaxprs(eqn.params, new)
+    return compat.bind_eqn(eqn.primitive, invals, params)

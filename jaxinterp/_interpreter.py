@@ -15,10 +15,12 @@ from . import _jax_compat as compat, _registry
 from ._custom_types import PyTree
 from ._errors import (
     JaxinterpError,
+    MissingRuleError,
     RuleError,
     describe_value,
     describe_values,
     eqn_context,
+    source_line,
 )
 from ._registry import RuleRegistry
 from ._trace import Staged, check_callable, stage_flat
@@ -254,7 +256,24 @@ class Interpreter:
             policy = self._policies.get(eqn.primitive.name, self.higher_order)
             if policy != "opaque":
                 return handler(self, eqn, invals, policy)
+        elif compat.is_unhandled_higher_order(eqn):
+            self._check_unhandled(eqn)
         return self.default_rule(eqn, invals)
+
+    def _check_unhandled(self, eqn: Any) -> None:
+        """Refuse to re-bind a higher-order primitive no handler enters, unless
+        its policy is `opaque`: this interpreter would silently not see its body."""
+        name = eqn.primitive.name
+        if self._policies.get(name, self.higher_order) == "opaque":
+            return
+        raise MissingRuleError(
+            f"`{self.name}` cannot reach inside higher-order primitive `{name}`, "
+            f"used at {source_line(eqn)}: jaxinterp has no handler for it "
+            f"(JAX {compat.JAX_VERSION_STR}).\n\n"
+            "To re-bind it unchanged (the interpreter then does not see its "
+            f"body), pass `policies={{{name!r}: 'opaque'}}` to the interpreter; "
+            "or give the interpreter a rule for it in `rules`."
+        )
 
     def default_rule(self, eqn: Any, invals: list[Any]) -> list[Any]:
         """Re-bind `eqn`'s primitive on `invals` (what `jax.core.eval_jaxpr` does).

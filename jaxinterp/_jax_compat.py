@@ -1,13 +1,28 @@
 """Everything that depends on JAX internals or on the JAX version, in one place.
 
-jaxinterp supports the JAX releases declared in `pyproject.toml` (0.7 to 0.10).
-Higher-order primitives' params move between releases (`pjit` became `jit`,
-`scan` grew and lost `linear` and `_split_transpose`, `shard_map` renamed
-`check_rep` to `check_vma`), and some primitives are not exported by
-`jax.extend` in every release. Each reader below returns a small named tuple so
-the rest of the package never indexes `eqn.params` of a higher-order primitive
-directly. When JAX 0.11 changes the `scan` and `jit` params again, or 0.12 merges
-`ClosedJaxpr` into `Jaxpr`, this is the only module to update.
+jaxinterp supports the JAX releases declared in `pyproject.toml` (0.7 to 0.12,
+`SUPPORTED_JAX` below). What moves between them, and where it is read:
+
+* primitive identity and names: `pjit` became `jit` (0.7); `call_p` and
+  `closed_call_p` are one primitive named `eval_jaxpr` from 0.12
+  (`core_call_p` is `None` there);
+* higher-order params: `scan` replaced `num_consts`/`num_carry` by the
+  flat-tree descriptors `ft_in`/`ft_out` in 0.11 (`scan_params`);
+  `shard_map` renamed `check_rep` to `check_vma` and `manual_axes` to
+  `newly_manual_axes` (`shard_map_params`); `jit` gained `ctx_mesh` and
+  layouts (`jit_params`);
+* `Jaxpr` and `ClosedJaxpr` are one class from 0.11 (`open_jaxpr`,
+  `jaxpr_consts`, `make_closed_jaxpr`, `as_closed`);
+* `DropVar` and `jaxprs_in_params` join `jax.extend.core` in 0.8;
+* `Primitive.get_bind_params` returns `(subfuns, params)` up to 0.7
+  (`bind_eqn`).
+
+Each reader returns a small named tuple, so the rest of the package never
+indexes `eqn.params` of a higher-order primitive (a test greps for it).
+`HIGHER_ORDER_PARAMS` lists, per higher-order primitive, every param the
+readers either read or knowingly pass over; `tests/test_jax_versions.py`
+walks the installed JAX's constructs and fails, naming the primitive and the
+param, when a release adds or renames one.
 """
 
 from __future__ import annotations
@@ -24,9 +39,60 @@ import jax.extend.core.primitives as jex_prims
 import numpy as np
 from jax.extend import source_info_util
 
+JAX_VERSION_STR: str = jax.__version__
 JAX_VERSION: tuple[int, ...] = tuple(
     int(part) for part in jax.__version__.split(".")[:3] if part.isdigit()
 )
+
+# The supported range, `[low, high)`, as in `pyproject.toml` (a test keeps the
+# two equal). The upper bound is one minor release past the newest tested.
+SUPPORTED_JAX: tuple[tuple[int, ...], tuple[int, ...]] = ((0, 7, 0), (0, 13, 0))
+
+
+def _dotted(version: Sequence[int]) -> str:
+    return ".".join(map(str, version))
+
+
+def unsupported_jax_message(version: Sequence[int] = JAX_VERSION) -> str | None:
+    """The warning for a JAX release outside `SUPPORTED_JAX`, or `None`."""
+    low, high = SUPPORTED_JAX
+    if low <= tuple(version) < high:
+        return None
+    return (
+        f"jaxinterp supports JAX >= {_dotted(low)}, < {_dotted(high)}; "
+        f"JAX {_dotted(version)} is installed. Higher-order primitives change "
+        "between JAX releases, so walks may fail or rebuild constructs "
+        "differently. Install a supported JAX, or check for a newer jaxinterp."
+    )
+
+
+class UnsupportedJaxWarning(UserWarning):
+    """Warned once on import when the installed JAX is outside the supported range.
+
+    The range is `jaxinterp.SUPPORTED_JAX`, as declared in `pyproject.toml`.
+    Silence it with `warnings.filterwarnings("ignore",
+    category=jaxinterp.UnsupportedJaxWarning)` before importing jaxinterp.
+    """
+
+
+_warned_version = False
+
+
+def warn_if_unsupported(version: Sequence[int] = JAX_VERSION) -> bool:
+    """Warn once per process when `version` is outside `SUPPORTED_JAX`.
+
+    Returns whether a warning was issued by this call.
+    """
+    global _warned_version
+    message = unsupported_jax_message(version)
+    if message is None or _warned_version:
+        return False
+    _warned_version = True
+    import warnings
+
+    warnings.warn(message, UnsupportedJaxWarning, stacklevel=3)
+    return True
+
 
 ClosedJaxpr = jex_core.ClosedJaxpr
 Jaxpr = jex_core.Jaxpr
@@ -73,7 +139,10 @@ def _private_primitive(module_name: str, attr: str) -> Any:
 
 jit_p = _first_attr((jex_prims, "jit_p"), (jex_prims, "pjit_p"))
 closed_call_p = jex_prims.closed_call_p
-core_call_p = jex_prims.call_p
+# JAX 0.12 merges `call_p` and `closed_call_p` into one primitive, `eval_jaxpr`
+# (jax-ml/jax#39593); before, `call_p` (`core_call`) carries an open Jaxpr.
+# `None` when there is no separate `core_call` primitive.
+core_call_p = jex_prims.call_p if jex_prims.call_p is not closed_call_p else None
 cond_p = jex_prims.cond_p
 scan_p = jex_prims.scan_p
 while_p = jex_prims.while_p
@@ -103,6 +172,17 @@ def jaxpr_consts(jaxpr: Any) -> Sequence[Any]:
 def make_closed_jaxpr(jaxpr: Any, consts: Sequence[Any]) -> Any:
     """Build a `ClosedJaxpr` from an open jaxpr and its consts."""
     return ClosedJaxpr(jaxpr, list(consts))
+
+
+def as_closed(jaxpr: Any) -> Any:
+    """`jaxpr` as a `ClosedJaxpr`: a closed one as it is, an open one with no consts.
+
+    From JAX 0.11 every `Jaxpr` is closed (it carries its own `consts`), so
+    wrapping it again would drop them.
+    """
+    if isinstance(jaxpr, ClosedJaxpr):
+        return jaxpr
+    return ClosedJaxpr(jaxpr, [])
 
 
 # --------------------------------------------------------------------------
@@ -388,6 +468,112 @@ def eqn_contexts(eqn: Any) -> tuple[Any, Any]:
 # Higher-order primitive params.
 
 
+class ParamCoverage(NamedTuple):
+    """What jaxinterp does with each param of one higher-order primitive.
+
+    `read`: params a reader below reads (in some supported release).
+    `passed_over`: params it knowingly leaves alone, with the reason in the
+    comment beside the entry. A param in neither set is new to jaxinterp.
+    """
+
+    read: frozenset[str]
+    passed_over: frozenset[str]
+
+
+def _coverage(read: str, passed_over: str = "") -> ParamCoverage:
+    return ParamCoverage(frozenset(read.split()), frozenset(passed_over.split()))
+
+
+# Keyed by primitive name, over every supported release.
+HIGHER_ORDER_PARAMS: dict[str, ParamCoverage] = {
+    # `ctx_mesh` is the mesh in context, which the rebuilt `jax.jit` traces
+    # under as well; layouts are not rebuilt (jaxinterp's sharding work).
+    "jit": _coverage(
+        "jaxpr name inline keep_unused donated_invars in_shardings out_shardings "
+        "compiler_options_kvs",
+        "ctx_mesh in_layouts out_layouts",
+    ),
+    "cond": _coverage("branches"),
+    # `lax.scan` derives `linear` and `_split_transpose` (gone in 0.10) and
+    # the `ft_in`/`ft_out` forwarding descriptors (0.11) itself.
+    "scan": _coverage(
+        "jaxpr length reverse unroll num_consts num_carry ft_in",
+        "ft_out linear _split_transpose",
+    ),
+    "while": _coverage("cond_jaxpr cond_nconsts body_jaxpr body_nconsts"),
+    # `differentiated` is set by JAX's own autodiff, never by a user.
+    "checkpoint": _coverage("jaxpr prevent_cse policy", "differentiated"),
+    # Custom-derivative calls are re-bound with only the body swapped: their
+    # rules (`jvp_jaxpr_fun`, `fwd_jaxpr_thunk`, `bwd`...) are kept as they are.
+    "custom_jvp_call": _coverage(
+        "call_jaxpr num_consts", "jvp_jaxpr_fun symbolic_zeros"
+    ),
+    "custom_vjp_call": _coverage(
+        "call_jaxpr num_consts", "fwd_jaxpr_thunk bwd out_trees symbolic_zeros"
+    ),
+    "closed_call": _coverage("call_jaxpr"),
+    "core_call": _coverage("call_jaxpr"),
+    "eval_jaxpr": _coverage("call_jaxpr"),  # JAX >= 0.12: `call_p` and `closed_call_p`
+    "custom_linear_solve": _coverage("const_lengths jaxprs"),
+    "shard_map": _coverage(
+        "jaxpr mesh in_specs out_specs check_vma check_rep newly_manual_axes "
+        "manual_axes auto"
+    ),
+}
+# `checkpoint` is named `remat2` (its historical name) in every supported release.
+HIGHER_ORDER_PARAMS["remat2"] = HIGHER_ORDER_PARAMS["checkpoint"]
+
+# Primitives whose params hold a Jaxpr that is not a body to walk: it describes
+# the scalar combiner of a reduction or scatter, which runs inside the
+# primitive. Walkers re-bind these like first-order primitives.
+FIRST_ORDER_WITH_JAXPRS: frozenset[str] = frozenset(
+    """scatter scatter-add scatter_add scatter-sub scatter_sub scatter-mul
+    scatter_mul scatter-min scatter_min scatter-max scatter_max reduce
+    reduce_window select_and_scatter""".split()
+)
+
+# Higher-order primitives walkers re-bind as they are under every policy, with
+# the reason. `xla_pmap` is what `jax.pmap` stages before JAX 0.10 (later
+# releases stage `jit` around `shard_map`).
+REBOUND_HIGHER_ORDER: dict[str, str] = {
+    "xla_pmap": "`jax.pmap` before JAX 0.10 is re-bound as it is",
+}
+
+
+_hop_memo: dict[Any, bool] = {}
+
+
+def is_unhandled_higher_order(eqn: Any) -> bool:
+    """Whether `eqn`'s primitive carries sub-Jaxprs no walker knows how to enter.
+
+    False for primitives listed in `FIRST_ORDER_WITH_JAXPRS` and
+    `REBOUND_HIGHER_ORDER`. Decided once per primitive, from the first
+    equation seen.
+    """
+    prim = eqn.primitive
+    known = _hop_memo.get(prim)
+    if known is None:
+        name = prim.name
+        known = (
+            name not in FIRST_ORDER_WITH_JAXPRS
+            and name not in REBOUND_HIGHER_ORDER
+            and any(True for _ in jaxprs_in_params(eqn.params))
+        )
+        _hop_memo[prim] = known
+    return known
+
+
+def params_of(eqn_or_params: Any) -> dict[str, Any]:
+    """The params of an equation, or `eqn_or_params` itself if it is a dict."""
+    params = getattr(eqn_or_params, "params", eqn_or_params)
+    if not isinstance(params, dict):
+        raise TypeError(
+            "expected a `JaxprEqn` or its `params` dict, got "
+            f"{type(eqn_or_params).__name__}"
+        )
+    return params
+
+
 class JitParams(NamedTuple):
     jaxpr: Any  # ClosedJaxpr
     name: str
@@ -401,7 +587,18 @@ class JitParams(NamedTuple):
     compiler_options: tuple[tuple[str, Any], ...]
 
 
-def jit_params(params: dict[str, Any]) -> JitParams:
+def jit_params(params: Any) -> JitParams:
+    """Return the params of a `jit` equation, the same in every supported JAX.
+
+    Args:
+        params: a `jit` equation, or its `params` dict.
+
+    Returns:
+        A named tuple: `jaxpr` (the body, a `ClosedJaxpr`), `name`, `inline`,
+        `keep_unused`, `donated` (one flag per input), `in_shardings`,
+        `out_shardings` and `compiler_options`.
+    """
+    params = params_of(params)
     jaxpr = params["jaxpr"]
     n_in = len(open_jaxpr(jaxpr).invars)
     return JitParams(
@@ -432,9 +629,14 @@ def jit_options(p: JitParams) -> dict[str, Any]:
     return options
 
 
-def cond_branches(params: dict[str, Any]) -> tuple[Any, ...]:
-    """The branch `ClosedJaxpr`s of a `cond`, index 0 first."""
-    return tuple(params["branches"])
+def cond_branches(params: Any) -> tuple[Any, ...]:
+    """Return the branches of a `cond` equation as `ClosedJaxpr`s, index 0 first.
+
+    Args:
+        params: a `cond` equation, or its `params` dict. Its first operand is
+            the branch index; the others are every branch's operands.
+    """
+    return tuple(params_of(params)["branches"])
 
 
 class ScanParams(NamedTuple):
@@ -446,11 +648,43 @@ class ScanParams(NamedTuple):
     unroll: int | bool
 
 
-def scan_params(params: dict[str, Any]) -> ScanParams:
+def scan_params(params: Any) -> ScanParams:
+    """Return the params of a `scan` equation, the same in every supported JAX.
+
+    JAX 0.11 replaced `num_consts` and `num_carry` by flat-tree descriptors;
+    this reads either.
+
+    Args:
+        params: a `scan` equation, or its `params` dict.
+
+    Returns:
+        A named tuple: `jaxpr` (the body, a `ClosedJaxpr` taking
+        `(*consts, *carry, *xs)` and returning `(*carry, *ys)`),
+        `num_consts`, `num_carry`, `length`, `reverse` and `unroll`. The
+        equation's operands are `(*consts, *carry, *xs)` and its results
+        `(*carry, *ys)`.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> f = lambda x: jax.lax.scan(lambda c, a: (c + a, c * a), 0.0, x)
+        >>> (eqn,) = jax.make_jaxpr(f)(jnp.ones(3)).jaxpr.eqns
+        >>> p = scan_params(eqn)
+        >>> p.num_consts, p.num_carry, p.length
+        (0, 1, 3)
+    """
+    params = params_of(params)
+    ft_in = params.get("ft_in")
+    if ft_in is not None:
+        # JAX >= 0.11: flat-tree descriptors (consts, carry, xs) replace the
+        # counts. Each part's `len` is its number of flat operands.
+        consts, carry, _ = ft_in.unpack()
+        num_consts, num_carry = len(consts), len(carry)
+    else:
+        num_consts, num_carry = params["num_consts"], params["num_carry"]
     return ScanParams(
         jaxpr=params["jaxpr"],
-        num_consts=params["num_consts"],
-        num_carry=params["num_carry"],
+        num_consts=num_consts,
+        num_carry=num_carry,
         length=params["length"],
         reverse=bool(params["reverse"]),
         unroll=params.get("unroll", 1),
@@ -464,7 +698,18 @@ class WhileParams(NamedTuple):
     body_nconsts: int
 
 
-def while_params(params: dict[str, Any]) -> WhileParams:
+def while_params(params: Any) -> WhileParams:
+    """Return the params of a `while` equation, the same in every supported JAX.
+
+    Args:
+        params: a `while` equation, or its `params` dict.
+
+    Returns:
+        A named tuple: `cond_jaxpr`, `cond_nconsts`, `body_jaxpr`,
+        `body_nconsts`. The equation's operands are
+        `(*cond_consts, *body_consts, *carry)`.
+    """
+    params = params_of(params)
     return WhileParams(
         cond_jaxpr=params["cond_jaxpr"],
         cond_nconsts=params["cond_nconsts"],
@@ -474,38 +719,44 @@ def while_params(params: dict[str, Any]) -> WhileParams:
 
 
 class RematParams(NamedTuple):
-    jaxpr: Any  # open Jaxpr without constvars
+    jaxpr: Any  # ClosedJaxpr (no consts before JAX 0.11)
     prevent_cse: bool
     policy: Any
 
 
-def remat_params(params: dict[str, Any]) -> RematParams:
+def remat_params(params: Any) -> RematParams:
+    """The params of a `checkpoint` equation (or its params dict)."""
+    params = params_of(params)
     return RematParams(
-        jaxpr=params["jaxpr"],
+        jaxpr=as_closed(params["jaxpr"]),
         prevent_cse=bool(params.get("prevent_cse", True)),
         policy=params.get("policy"),
     )
 
 
-def call_jaxpr(params: dict[str, Any]) -> Any:
-    """The body of `closed_call`, `core_call`, `custom_jvp_call`, `custom_vjp_call`."""
-    return params["call_jaxpr"]
+def call_jaxpr(params: Any) -> Any:
+    """The body of `closed_call`, `core_call`, `custom_jvp_call`, `custom_vjp_call`.
+
+    A `ClosedJaxpr`: `core_call`'s open Jaxpr (before JAX 0.12) is closed
+    with no consts.
+    """
+    return as_closed(params_of(params)["call_jaxpr"])
 
 
-def call_name(params: dict[str, Any]) -> str:
+def call_name(params: Any) -> str:
     """The Python name of the function a call-like primitive wraps, or `""`.
 
     Read from the body's `debug_info.func_src_info` ("name at file:line"),
     present from JAX 0.4.36 on.
     """
-    body = params.get("call_jaxpr")
+    body = params_of(params).get("call_jaxpr")
     info = getattr(open_jaxpr(body), "debug_info", None) if body is not None else None
     src = getattr(info, "func_src_info", None) or getattr(info, "func_name", None)
     return src.split(" ", 1)[0] if isinstance(src, str) else ""
 
 
-def custom_call_num_consts(params: dict[str, Any]) -> int:
-    return int(params.get("num_consts", 0))
+def custom_call_num_consts(params: Any) -> int:
+    return int(params_of(params).get("num_consts", 0))
 
 
 def replace_call_jaxpr(params: dict[str, Any], new_jaxpr: Any) -> dict[str, Any]:
@@ -513,8 +764,41 @@ def replace_call_jaxpr(params: dict[str, Any], new_jaxpr: Any) -> dict[str, Any]
     return {**params, "call_jaxpr": new_jaxpr}
 
 
+linear_solve_p = _first_attr(
+    (jex_prims, "linear_solve_p"), (jex_prims, "custom_linear_solve_p")
+) or _private_primitive("jax._src.lax.control_flow.solves", "linear_solve_p")
+
+
+class LinearSolveParams(NamedTuple):
+    # Per role (`matvec`, `vecmat`, `solve`, `transpose_solve`): how many of
+    # the leading operands are that role's consts, and its `ClosedJaxpr` (or
+    # `None`). The right-hand sides follow the consts.
+    roles: tuple[str, ...]
+    const_lengths: tuple[int, ...]
+    jaxprs: tuple[Any, ...]
+
+
+def linear_solve_params(params: Any) -> LinearSolveParams:
+    """The params of a `custom_linear_solve` equation (or its params dict)."""
+    params = params_of(params)
+    lengths, jaxprs = params["const_lengths"], params["jaxprs"]
+    return LinearSolveParams(
+        roles=tuple(lengths._fields),
+        const_lengths=tuple(lengths),
+        jaxprs=tuple(jaxprs),
+    )
+
+
+def replace_linear_solve_jaxprs(
+    params: dict[str, Any], new_jaxprs: Sequence[Any]
+) -> dict[str, Any]:
+    """Return `params` with the per-role Jaxprs replaced (same roles, same order)."""
+    jaxprs = params["jaxprs"]
+    return {**params, "jaxprs": type(jaxprs)(*new_jaxprs)}
+
+
 class ShardMapParams(NamedTuple):
-    jaxpr: Any  # open Jaxpr
+    jaxpr: Any  # ClosedJaxpr (no consts before JAX 0.11)
     mesh: Any
     in_specs: tuple[Any, ...]
     out_specs: tuple[Any, ...]
@@ -522,15 +806,18 @@ class ShardMapParams(NamedTuple):
     axis_names: frozenset[Any]
 
 
-def shard_map_params(params: dict[str, Any]) -> ShardMapParams:
+def shard_map_params(params: Any) -> ShardMapParams:
+    """The params of a `shard_map` equation (or its params dict)."""
+    params = params_of(params)
     mesh = params["mesh"]
     check = params.get("check_vma", params.get("check_rep", True))
-    axis_names = params.get("newly_manual_axes")
+    # `manual_axes` (0.7 to 0.10) is renamed `newly_manual_axes` in 0.11.
+    axis_names = params.get("newly_manual_axes", params.get("manual_axes"))
     if axis_names is None:
         auto = params.get("auto", frozenset())
         axis_names = frozenset(mesh.axis_names) - frozenset(auto)
     return ShardMapParams(
-        jaxpr=params["jaxpr"],
+        jaxpr=as_closed(params["jaxpr"]),
         mesh=mesh,
         in_specs=tuple(params["in_specs"]),
         out_specs=tuple(params["out_specs"]),
@@ -657,3 +944,7 @@ class _RecursionLimit:
             if _limit_users == 0 and _limit_saved is not None:
                 sys.setrecursionlimit(_limit_saved)
                 _limit_saved = None
+
+
+# Importing jaxinterp with a JAX outside the supported range warns, once.
+warn_if_unsupported()

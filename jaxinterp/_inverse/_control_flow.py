@@ -75,19 +75,15 @@ inverse_rules.register(
     compat.closed_call_p,
     _inline_body_rule(compat.call_jaxpr, "`closed_call`"),
 )
-inverse_rules.register(
-    compat.core_call_p,
-    _inline_body_rule(
-        lambda p: compat.make_closed_jaxpr(compat.call_jaxpr(p), ()), "`core_call`"
-    ),
-)
+if compat.core_call_p is not None:  # a separate primitive before JAX 0.12
+    inverse_rules.register(
+        compat.core_call_p,
+        _inline_body_rule(compat.call_jaxpr, "`core_call`"),
+    )
 if compat.remat_p is not None:
     inverse_rules.register(
         compat.remat_p,
-        _inline_body_rule(
-            lambda p: compat.make_closed_jaxpr(compat.remat_params(p).jaxpr, ()),
-            "`checkpoint`",
-        ),
+        _inline_body_rule(lambda p: compat.remat_params(p).jaxpr, "`checkpoint`"),
     )
 
 
