@@ -9,25 +9,40 @@ import nox
 nox.options.sessions = ["lint", "typecheck", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 
-# The oldest JAX release jaxinterp claims to support (see pyproject.toml).
+# The JAX releases the suite is run on (see pyproject.toml for the range):
+# the oldest supported, the newest on Python 3.11, and the newest (which needs
+# Python >= 3.12). `.ci/run` runs the same three.
 OLDEST_JAX = "0.7.0"
+JAX_MATRIX = [("3.11", OLDEST_JAX), ("3.11", "0.10.2"), ("3.12", "0.12.0.1")]
 PYTHONS = ["3.11", "3.12", "3.13"]
+# Sessions that run code on both ends of the range: the oldest Python's newest
+# JAX and the newest JAX.
+ENDS = ["3.11", "3.12"]
 
 
 @nox.session(python=PYTHONS)
 @nox.parametrize("x64", [False, True], ids=["x32", "x64"])
 def tests(session: nox.Session, x64: bool) -> None:
-    """Run the test suite on the newest supported JAX (optionally with x64)."""
+    """Run the test suite on the newest JAX this Python gets (optionally with x64)."""
     session.install("-e", ".[test]")
     env = {"JAX_ENABLE_X64": "1"} if x64 else {}
     session.run("pytest", *session.posargs, env=env)
 
 
+@nox.session
+@nox.parametrize(
+    "python, jax_version", JAX_MATRIX, ids=[f"jax{v}" for _, v in JAX_MATRIX]
+)
+def tests_jax(session: nox.Session, jax_version: str) -> None:
+    """Run the test suite on one pinned JAX release (`nox -s tests_jax`: all)."""
+    session.install("-e", ".[test]", f"jax=={jax_version}", f"jaxlib=={jax_version}")
+    session.run("pytest", *session.posargs)
+
+
 @nox.session(python="3.11")
 def tests_oldest_jax(session: nox.Session) -> None:
     """Run the test suite on the oldest supported JAX."""
-    session.install("-e", ".[test]")
-    session.install(f"jax=={OLDEST_JAX}", f"jaxlib=={OLDEST_JAX}")
+    session.install("-e", ".[test]", f"jax=={OLDEST_JAX}", f"jaxlib=={OLDEST_JAX}")
     session.run("pytest", *session.posargs)
 
 
@@ -59,14 +74,14 @@ def typecheck(session: nox.Session) -> None:
     session.run("mypy", "jaxinterp")
 
 
-@nox.session(python="3.11")
+@nox.session(python=ENDS)
 def docs(session: nox.Session) -> None:
     """Build the documentation site in strict mode."""
     session.install("-e", ".[dev]")
     session.run("mkdocs", "build", "--strict")
 
 
-@nox.session(python="3.11")
+@nox.session(python=ENDS)
 def examples(session: nox.Session) -> None:
     """Run every gallery script."""
     session.install("-e", ".[dev]")
@@ -75,7 +90,7 @@ def examples(session: nox.Session) -> None:
             session.run("python", os.path.join("examples", name))
 
 
-@nox.session(python="3.11")
+@nox.session(python=ENDS)
 def bench(session: nox.Session) -> None:
     """Run the benchmarks; each prints ratios against a reference."""
     session.install("-e", ".")

@@ -380,7 +380,7 @@ def test_an_unknown_higher_order_primitive_can_be_re_bound_opaquely():
 def test_first_order_primitives_with_a_combiner_jaxpr_are_re_bound():
     def fn(x):
         scattered = x.at[jnp.array([1, 3])].add(1.0)
-        product = lax.reduce(x, 1.0, lambda a, b: a * b + 0.0, (0,))
+        product = lax.reduce(x, jnp.float32(1), lambda a, b: a * b + 0.5, (0,))
         return scattered, product
 
     assert_tree_equal(jaxinterp.evaluate(fn)(X), fn(X))
