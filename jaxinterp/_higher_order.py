@@ -249,7 +249,7 @@ def _linear_solve(
         k = p.roles.index("solve")
         consts = invals[starts[k] : starts[k] + p.const_lengths[k]]
         return interp.eval_closed(p.jaxprs[k], *consts, *rhs)
-    new = []
+    new: list[Any] = []
     for start, n, closed in zip(starts, p.const_lengths, p.jaxprs, strict=True):
         if closed is None:
             new.append(None)

@@ -99,6 +99,10 @@ Jaxpr = jex_core.Jaxpr
 Literal = jex_core.Literal
 Var = jex_core.Var
 Primitive = jex_core.Primitive
+# `jax.core` keeps `ShapedArray` and `Tracer` public in every supported release
+# (0.11 removed other deprecated `jax.core` names); read them here only.
+ShapedArray = jax.core.ShapedArray
+Tracer = jax.core.Tracer
 
 
 def _private_attr(module_name: str, attr: str) -> Any:
@@ -208,7 +212,7 @@ def aval_of(value: Any) -> Any:
 
 def is_tracer(value: Any) -> bool:
     """Whether `value` is a JAX tracer (a value of some ongoing trace)."""
-    return isinstance(value, jax.core.Tracer)
+    return isinstance(value, Tracer)
 
 
 def bind_eqn(prim: Any, invals: Sequence[Any], params: dict[str, Any]) -> list[Any]:

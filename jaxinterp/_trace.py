@@ -311,7 +311,7 @@ def stage_flat(
 
 def _leaf_aval(leaf: Any) -> Any:
     if isinstance(leaf, jax.ShapeDtypeStruct):
-        return jax.core.ShapedArray(
+        return compat.ShapedArray(
             leaf.shape, leaf.dtype, weak_type=getattr(leaf, "weak_type", False)
         )
     try:

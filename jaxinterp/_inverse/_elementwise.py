@@ -13,11 +13,11 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
 from ._rules import (
     ildj_wanted,
@@ -35,10 +35,7 @@ def _is_float(value: Any) -> bool:
     return bool(jnp.issubdtype(jnp.result_type(value), jnp.inexact))
 
 
-def _is_tracer(value: Any) -> bool:
-    """Whether `value` is traced; concrete values allow static checks (with
-    NumPy on the known value, never on what is computed)."""
-    return isinstance(value, jax.core.Tracer)
+_is_tracer = compat.is_tracer  # concrete values allow static NumPy checks
 
 
 def _log_abs(v: Any) -> Any:

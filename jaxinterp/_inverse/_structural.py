@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
 from ._rules import Piece, PieceResult, inverse_rules, operand_aval
 
@@ -30,10 +31,9 @@ def _static_ints(values: Sequence[Any]) -> tuple[int, ...] | None:
         return None
 
 
-def _is_tracer(value: Any) -> bool:
-    """Whether `value` is traced; concrete values (checked with NumPy, not
-    computed on) allow static checks such as "is this a permutation"."""
-    return isinstance(value, jax.core.Tracer)
+# Concrete values (checked with NumPy, not computed on) allow static checks
+# such as "is this a permutation".
+_is_tracer = compat.is_tracer
 
 
 # ---------------------------------------------------------------------------
