@@ -128,11 +128,22 @@ inverse_rules.register(
 _jit_cache: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
 
 
-def _jitted_inverse(closed: Any, mask: tuple[bool, ...], name: str) -> Any:
+def _jitted_inverse(
+    closed: Any, mask: tuple[bool, ...], name: str, baked: dict[int, Any]
+) -> Any:
+    """The inverse of a `jit` body as a `jax.jit` of (outvals, traced knowns).
+
+    `mask` marks the unknown operands. `baked` holds known operands that are
+    concrete (constants of the program): they are closed over rather than
+    passed in, so rules inside see them as concrete and can check them (a
+    `gather`'s indices, a `select_n`'s mask) instead of assuming. Such an
+    inverse is specific to those values and is not cached; it is traced once
+    per signature anyway, since `inverse` caches its whole Jaxpr.
+    """
     # JAX caches the trace per function: one function per (mask, ildj wanted).
     wanted = ildj_wanted()
     per_body = _jit_cache.setdefault(closed, {})
-    fn = per_body.get((mask, wanted))
+    fn = None if baked else per_body.get((mask, wanted))
     if fn is not None:
         return fn
     body_ref = weakref.ref(closed)
@@ -141,7 +152,10 @@ def _jitted_inverse(closed: Any, mask: tuple[bool, ...], name: str) -> Any:
         body = body_ref()
         assert body is not None, "the jit body outlived its inverse"
         it = iter(known)
-        invals = [None if unknown else next(it) for unknown in mask]
+        invals = [
+            None if unknown else baked[i] if i in baked else next(it)
+            for i, unknown in enumerate(mask)
+        ]
         with want_ildj(wanted):
             solved, ildj = _invert_closed(body, invals, outvals)
         dtype = _ildj_dtype(outvals)
@@ -151,7 +165,8 @@ def _jitted_inverse(closed: Any, mask: tuple[bool, ...], name: str) -> Any:
 
     inverse_body.__name__ = inverse_body.__qualname__ = f"inverse_{name}"
     fn = jax.jit(inverse_body)
-    per_body[(mask, wanted)] = fn
+    if not baked:
+        per_body[(mask, wanted)] = fn
     return fn
 
 
@@ -168,8 +183,11 @@ def _jit_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
     if any(o is None for o in outvals):
         return None
     mask = tuple(v is None for v in invals)
-    fn = _jitted_inverse(p.jaxpr, mask, p.name)
-    known = [v for v in invals if v is not None]
+    baked = {
+        i: v for i, v in enumerate(invals) if v is not None and not compat.is_tracer(v)
+    }
+    fn = _jitted_inverse(p.jaxpr, mask, p.name, baked)
+    known = [v for i, v in enumerate(invals) if v is not None and i not in baked]
     try:
         xs, ildj = fn(list(outvals), known)
     except NotInvertibleError as err:

@@ -331,12 +331,17 @@ def _select_n_inverse(outvals: Sequence[Any], which: Any, *cases: Any) -> Any:
     (k,) = unknown
     (y,) = outvals
     if not _is_tracer(which):
-        if np.all(np.asarray(which).astype(np.int32) == k):
+        selected = np.broadcast_to(np.asarray(which).astype(np.int32) == k, np.shape(y))
+        if np.all(selected):
             solved = y
         else:
+            dropped = np.argwhere(~selected)
+            shown = ", ".join(str(tuple(map(int, e))) for e in dropped[:6])
+            more = f" and {len(dropped) - 6} more" if len(dropped) > 6 else ""
             raise NotInvertibleError(
                 f"`select_n` discards case {k} where the predicate selects another "
-                "case, so that case cannot be recovered."
+                f"case (elements {shown}{more} of {np.shape(y)}), so those "
+                "elements cannot be recovered."
             )
     elif jnp.issubdtype(jnp.result_type(y), jnp.inexact):
         solved = jnp.where(lax.convert_element_type(which, jnp.int32) == k, y, jnp.nan)

@@ -443,6 +443,13 @@ def _gather_inverse(
             return PieceResult(_gather_pieces(moved, idx, axis))
     inv_perm = jnp.argsort(jnp.asarray(indices)[:, 0])
     solved = jnp.take(moved, inv_perm, axis=axis, mode="clip")
+    if _is_tracer(indices) and jnp.issubdtype(solved.dtype, jnp.inexact):
+        # Runtime indices cannot be checked now: if they are not a
+        # permutation of the axis, the answer is NaN (documented), never a
+        # plausible wrong value.
+        idx = jnp.asarray(indices)[:, 0]
+        valid = jnp.all(jnp.sort(idx) == jnp.arange(size, dtype=idx.dtype))
+        solved = jnp.where(valid, solved, jnp.nan)
     return [solved, indices], 0.0
 
 

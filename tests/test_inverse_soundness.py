@@ -1,0 +1,100 @@
+"""`inverse` refuses, or returns a documented NaN, where it used to answer wrongly.
+
+Each test carries the minimal program of one wrong-answer class reported in
+issue 11. The root cause of the first two: a `jit` body (`jnp.take`,
+`jnp.where` are jitted functions) received the program's constants as traced
+arguments, so the `gather` and `select_n` rules could not check them and
+assumed the best. Constants now reach the rules as concrete values.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import tree_allclose
+
+import jaxinterp
+from jaxinterp import NotInvertibleError
+
+X0 = jnp.array([0.5, -1.0])
+X1 = jnp.array([1.0, 2.0, 3.0])
+
+
+@pytest.mark.parametrize(
+    "indices, reason",
+    [
+        # Repeated: x1[0] is never read.
+        ([2, 1, 2], "`gather` indices are not a permutation of the axis"),
+        # Missing: the rows read are pieces of x1 that do not cover it.
+        ([2, 0], "the outputs do not determine these inputs"),
+    ],
+    ids=["repeated", "missing"],
+)
+def test_take_with_repeated_or_missing_constant_indices_is_refused(indices, reason):
+    def f(x0, x1):
+        return x0, jnp.take(x1, jnp.array(indices), axis=0)
+
+    y = f(X0, X1)
+    line = f.__code__.co_firstlineno + 1
+    with pytest.raises(NotInvertibleError) as info:
+        jaxinterp.inverse_and_ildj(f, argnums=(0, 1), example_args=(X0, X1))(y)
+    message = str(info.value)
+    assert "cannot recover input 1 (float32[3])" in message
+    assert f"test_inverse_soundness.py:{line}" in message
+    assert reason in " ".join(message.split())
+
+
+def test_take_with_a_constant_permutation_is_still_inverted():
+    def f(x0, x1):
+        return x0, jnp.take(x1, jnp.array([2, 0, 1]), axis=0)
+
+    (x0, x1), ildj = jaxinterp.inverse_and_ildj(
+        f, argnums=(0, 1), example_args=(X0, X1)
+    )(f(X0, X1))
+    tree_allclose((x0, x1), (X0, X1))
+    tree_allclose(ildj, jnp.zeros(()))
+
+
+def test_take_with_runtime_indices_that_are_not_a_permutation_gives_nan():
+    f = lambda x, idx: jnp.take(x, idx, axis=0)  # noqa: E731
+    inv = jaxinterp.inverse(f, argnums=0)
+    perm = jnp.array([2, 0, 1])
+    tree_allclose(inv(f(X1, perm), perm), X1)
+    tree_allclose(jax.jit(inv)(f(X1, perm), perm), X1)
+    repeated = jnp.array([2, 1, 2])
+    assert np.all(np.isnan(inv(f(X1, repeated), repeated)))
+    assert np.all(np.isnan(jax.jit(inv)(f(X1, repeated), repeated)))
+
+
+def test_where_with_a_constant_mask_that_drops_elements_is_refused():
+    mask = jnp.array([True, False, True])
+
+    def f(x):
+        return jnp.where(mask, x, 3.61)
+
+    line = f.__code__.co_firstlineno + 1
+    with pytest.raises(NotInvertibleError) as info:
+        jaxinterp.inverse_and_ildj(f)(f(X1))
+    message = str(info.value)
+    assert f"test_inverse_soundness.py:{line}" in message
+    assert re.search(r"discards case 1 .*\(elements \(1,\) of \(3,\)\)", message)
+
+
+def test_where_with_a_constant_mask_that_keeps_everything_is_inverted():
+    def f(x):
+        return jnp.where(jnp.ones(3, bool), jnp.exp(x), 3.61)
+
+    x, ildj = jaxinterp.inverse_and_ildj(f)(f(X1))
+    tree_allclose(x, X1, rtol=1e-6)
+    tree_allclose(ildj, -jnp.sum(X1), rtol=1e-6)
+
+
+def test_where_with_a_runtime_mask_gives_nan_exactly_where_it_drops():
+    f = lambda x, keep: jnp.where(keep, x, 3.61)  # noqa: E731
+    keep = jnp.array([True, False, True])
+    got = jaxinterp.inverse(f, argnums=0)(f(X1, keep), keep)
+    assert np.isnan(got[1]) and np.allclose(got[jnp.array([0, 2])], X1[::2])
