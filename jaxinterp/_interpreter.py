@@ -262,9 +262,16 @@ class Interpreter:
 
     def _check_unhandled(self, eqn: Any) -> None:
         """Refuse to re-bind a higher-order primitive no handler enters, unless
-        its policy is `opaque`: this interpreter would silently not see its body."""
+        its policy is `opaque`: this interpreter would silently not see its body.
+
+        An interpreter that changes nothing (default `process_eqn`, no rules,
+        such as `evaluate`'s) re-binds it: walking the body would give the
+        same values, so re-binding is exact.
+        """
         name = eqn.primitive.name
         if self._policies.get(name, self.higher_order) == "opaque":
+            return
+        if self._default_eqns and (self.rules is None or not len(self.rules)):
             return
         raise MissingRuleError(
             f"`{self.name}` cannot reach inside higher-order primitive `{name}`, "
