@@ -97,3 +97,27 @@ def bench(session: nox.Session) -> None:
     for name in sorted(os.listdir("benchmarks")):
         if name.startswith("bench_") and name.endswith(".py"):
             session.run("python", os.path.join("benchmarks", name), *session.posargs)
+
+
+ECOSYSTEM = [("3.11", "0.10.2"), ("3.12", "0.12.0.1")]
+
+
+@nox.session
+@nox.parametrize(
+    "python, jax_version", ECOSYSTEM, ids=[f"jax{v}" for _, v in ECOSYSTEM]
+)
+def ecosystem(session: nox.Session, jax_version: str) -> None:
+    """Check flax, equinox, optax, diffrax and numpyro programs (see ecosystem/).
+
+    Writes `.nox/ecosystem-jax<version>.json`; compare two releases with
+    `python ecosystem/check.py --compare A.json B.json`.
+    """
+    minor = ".".join(jax_version.split(".")[:2])
+    requirements = f"ecosystem/requirements-jax{jax_version}.txt"
+    if not os.path.exists(requirements):
+        requirements = f"ecosystem/requirements-jax{minor}.txt"
+    session.install(f"jax=={jax_version}", f"jaxlib=={jax_version}")
+    session.install("-r", requirements)
+    session.install("--no-deps", "-e", ".")
+    out = os.path.join(".nox", f"ecosystem-jax{jax_version}.json")
+    session.run("python", "ecosystem/check.py", "--out", out, *session.posargs)
