@@ -544,6 +544,12 @@ REBOUND_HIGHER_ORDER: dict[str, str] = {
 }
 
 
+# Higher-order primitives whose bodies are not visible as Jaxpr params: JAX's
+# "hijax" user-defined primitives (`jax_custom_jvp3`, `jax_custom_vjp3`,
+# `jax_remat3`, `jax_scan3`, future defaults from JAX 0.11) keep theirs inside
+# a primitive object. No handler enters them yet.
+OPAQUE_BODY_PRIMITIVES: frozenset[str] = frozenset({"call_hi_primitive"})
+
 _hop_memo: dict[Any, bool] = {}
 
 
@@ -558,7 +564,7 @@ def is_unhandled_higher_order(eqn: Any) -> bool:
     known = _hop_memo.get(prim)
     if known is None:
         name = prim.name
-        known = (
+        known = name in OPAQUE_BODY_PRIMITIVES or (
             name not in FIRST_ORDER_WITH_JAXPRS
             and name not in REBOUND_HIGHER_ORDER
             and any(True for _ in jaxprs_in_params(eqn.params))

@@ -435,3 +435,29 @@ def test_public_readers_accept_an_equation_or_its_params():
 def test_public_readers_refuse_other_objects():
     with pytest.raises(TypeError, match="expected a `JaxprEqn` or its `params` dict"):
         jaxinterp.scan_params([1, 2])
+
+
+# ---------------------------------------------------------------------------
+# JAX's future-default "hijax" constructs (JAX >= 0.11, opt-in flags).
+
+
+@pytest.fixture
+def custom_jvp3():
+    if not hasattr(jax.config, "jax_custom_jvp3"):
+        pytest.skip(f"JAX {jax.__version__} has no `jax_custom_jvp3` flag")
+    before = jax.config.jax_custom_jvp3
+    jax.config.update("jax_custom_jvp3", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_custom_jvp3", before)
+
+
+def test_hijax_calls_are_refused_by_customising_interpreters(custom_jvp3):
+    fn = lambda x: jax.nn.relu(x) * 2.0  # noqa: E731
+    names = [e.primitive.name for e in jax.make_jaxpr(fn)(X).jaxpr.eqns]
+    assert "call_hi_primitive" in names
+    # Its body is not a Jaxpr param: a subclass would silently not see it.
+    with pytest.raises(jaxinterp.MissingRuleError, match="`call_hi_primitive`"):
+        _Counting().transform(fn)(X)
+    assert_tree_equal(jaxinterp.evaluate(fn)(X), fn(X))
