@@ -210,13 +210,21 @@ def _cond_inverse(outvals: Sequence[Any], index: Any, *ops: Any, **params: Any) 
         return None
     branches = compat.cond_branches(params)
     mask = [v is None for v in ops]
-    known = [v for v in ops if v is not None]
+    # Concrete known operands (constants of the program) are closed over, so
+    # the branches' rules see them as concrete and can check them (as `jit`).
+    baked = {
+        i: v for i, v in enumerate(ops) if v is not None and not compat.is_tracer(v)
+    }
+    known = [v for i, v in enumerate(ops) if v is not None and i not in baked]
     dtype = _ildj_dtype(outvals)
 
     def branch_inverse(closed: Any) -> Callable[..., Any]:
         def inv(outs: list[Any], known_ops: list[Any]) -> tuple[list[Any], Any]:
             it = iter(known_ops)
-            invals = [None if m else next(it) for m in mask]
+            invals = [
+                None if m else baked[i] if i in baked else next(it)
+                for i, m in enumerate(mask)
+            ]
             solved, ildj = _invert_closed(closed, invals, outs)
             xs = [s for s, m in zip(solved, mask, strict=True) if m]
             return xs, jnp.asarray(ildj).astype(dtype)

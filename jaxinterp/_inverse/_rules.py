@@ -29,6 +29,7 @@ import numpy as np
 from jax import lax
 
 from .._custom_types import InverseRule
+from .._errors import NotInvertibleError
 from .._registry import RuleRegistry
 
 inverse_rules: RuleRegistry[InverseRule] = RuleRegistry(
@@ -223,10 +224,22 @@ register_binary(
     log_abs_dlhs=lambda y, b, a: 0.0,
     log_abs_drhs=lambda y, a, b: 0.0,
 )
+
+
+def _divide_back(y: Any, known: Any) -> Any:
+    """`y / known`, the inverse of `x * known`, for inexact dtypes only."""
+    if not jnp.issubdtype(jnp.result_type(y), jnp.inexact):
+        raise NotInvertibleError(
+            f"`mul` of {jnp.result_type(y)} values is not inverted: integer "
+            "products wrap around and are not divisible back in general."
+        )
+    return lax.div(y, known)
+
+
 register_binary(
     lax.mul_p,
-    lambda y, b: lax.div(y, b),
-    lambda y, a: lax.div(y, a),
+    _divide_back,
+    _divide_back,
     log_abs_dlhs=lambda y, b, a: -lax.log(lax.abs(b)),
     log_abs_drhs=lambda y, a, b: -lax.log(lax.abs(a)),
 )

@@ -428,6 +428,12 @@ def _gather_inverse(
                 "`gather` with traced indices is only inverted when they permute "
                 "the whole axis."
             )
+        if not jnp.issubdtype(jnp.result_type(y), jnp.inexact):
+            raise NotInvertibleError(
+                "`gather` of integers with traced indices is not inverted: whether "
+                "they permute the axis is only known at run time, and integers "
+                "cannot hold the NaN that marks a failed check."
+            )
     else:
         idx = np.asarray(indices)[:, 0].astype(np.int64)
         if (
