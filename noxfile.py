@@ -121,3 +121,11 @@ def ecosystem(session: nox.Session, jax_version: str) -> None:
     session.install("--no-deps", "-e", ".")
     out = os.path.join(".nox", f"ecosystem-jax{jax_version}.json")
     session.run("python", "ecosystem/check.py", "--out", out, *session.posargs)
+
+
+@nox.session(python="3.11")
+def fuzz(session: nox.Session) -> None:
+    """Long differential fuzzing of `inverse` (`-- --programs N --seed S`)."""
+    session.install("-e", ".[test]")
+    args = session.posargs or ["--programs", "10000", "--seed", "0"]
+    session.run("python", "tests/fuzz_inverse_main.py", *args)
