@@ -453,8 +453,10 @@ def _gather_inverse(
         # Runtime indices cannot be checked now: if they are not a
         # permutation of the axis, the answer is NaN (documented), never a
         # plausible wrong value.
-        idx = jnp.asarray(indices)[:, 0]
-        valid = jnp.all(jnp.sort(idx) == jnp.arange(size, dtype=idx.dtype))
+        runtime_idx = jnp.asarray(indices)[:, 0]
+        valid = jnp.all(
+            jnp.sort(runtime_idx) == jnp.arange(size, dtype=runtime_idx.dtype)
+        )
         solved = jnp.where(valid, solved, jnp.nan)
     return [solved, indices], 0.0
 
