@@ -125,6 +125,34 @@ inverse_rules.register(
 # ---------------------------------------------------------------------------
 # jit: the inverse is a jit, traced once per (body, known mask).
 
+
+def _split_known(invals: Sequence[Any]) -> tuple[dict[int, Any], list[Any]]:
+    """Split the known operands of a construct into concrete and traced ones.
+
+    Concrete ones (constants of the program) are closed over by the inverse
+    body rather than passed in, so the rules inside see them as concrete and
+    can check them (a `gather`'s indices, a `select_n`'s mask) instead of
+    assuming. Returns `({index: concrete value}, [traced known values])`.
+    """
+    baked = {
+        i: v for i, v in enumerate(invals) if v is not None and not compat.is_tracer(v)
+    }
+    traced = [v for i, v in enumerate(invals) if v is not None and i not in baked]
+    return baked, traced
+
+
+def _merge_known(
+    mask: Sequence[bool], baked: dict[int, Any], traced: Sequence[Any]
+) -> list[Any]:
+    """The operands again: `None` where `mask` marks an unknown, else the known
+    value, concrete from `baked` or in turn from `traced`."""
+    it = iter(traced)
+    return [
+        None if unknown else baked[i] if i in baked else next(it)
+        for i, unknown in enumerate(mask)
+    ]
+
+
 _jit_cache: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
 
 
@@ -133,12 +161,10 @@ def _jitted_inverse(
 ) -> Any:
     """The inverse of a `jit` body as a `jax.jit` of (outvals, traced knowns).
 
-    `mask` marks the unknown operands. `baked` holds known operands that are
-    concrete (constants of the program): they are closed over rather than
-    passed in, so rules inside see them as concrete and can check them (a
-    `gather`'s indices, a `select_n`'s mask) instead of assuming. Such an
-    inverse is specific to those values and is not cached; it is traced once
-    per signature anyway, since `inverse` caches its whole Jaxpr.
+    `mask` marks the unknown operands; `baked` holds the concrete known ones
+    (see `_split_known`). Such an inverse is specific to those values and is
+    not cached; it is traced once per signature anyway, since `inverse`
+    caches its whole Jaxpr.
     """
     # JAX caches the trace per function: one function per (mask, ildj wanted).
     wanted = ildj_wanted()
@@ -151,11 +177,7 @@ def _jitted_inverse(
     def inverse_body(outvals: list[Any], known: list[Any]) -> tuple[list[Any], Any]:
         body = body_ref()
         assert body is not None, "the jit body outlived its inverse"
-        it = iter(known)
-        invals = [
-            None if unknown else baked[i] if i in baked else next(it)
-            for i, unknown in enumerate(mask)
-        ]
+        invals = _merge_known(mask, baked, known)
         with want_ildj(wanted):
             solved, ildj = _invert_closed(body, invals, outvals)
         dtype = _ildj_dtype(outvals)
@@ -183,11 +205,8 @@ def _jit_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
     if any(o is None for o in outvals):
         return None
     mask = tuple(v is None for v in invals)
-    baked = {
-        i: v for i, v in enumerate(invals) if v is not None and not compat.is_tracer(v)
-    }
+    baked, known = _split_known(invals)
     fn = _jitted_inverse(p.jaxpr, mask, p.name, baked)
-    known = [v for i, v in enumerate(invals) if v is not None and i not in baked]
     try:
         xs, ildj = fn(list(outvals), known)
     except NotInvertibleError as err:
@@ -210,21 +229,12 @@ def _cond_inverse(outvals: Sequence[Any], index: Any, *ops: Any, **params: Any) 
         return None
     branches = compat.cond_branches(params)
     mask = [v is None for v in ops]
-    # Concrete known operands (constants of the program) are closed over, so
-    # the branches' rules see them as concrete and can check them (as `jit`).
-    baked = {
-        i: v for i, v in enumerate(ops) if v is not None and not compat.is_tracer(v)
-    }
-    known = [v for i, v in enumerate(ops) if v is not None and i not in baked]
+    baked, known = _split_known(ops)
     dtype = _ildj_dtype(outvals)
 
     def branch_inverse(closed: Any) -> Callable[..., Any]:
         def inv(outs: list[Any], known_ops: list[Any]) -> tuple[list[Any], Any]:
-            it = iter(known_ops)
-            invals = [
-                None if m else baked[i] if i in baked else next(it)
-                for i, m in enumerate(mask)
-            ]
+            invals = _merge_known(mask, baked, known_ops)
             solved, ildj = _invert_closed(closed, invals, outs)
             xs = [s for s, m in zip(solved, mask, strict=True) if m]
             return xs, jnp.asarray(ildj).astype(dtype)
