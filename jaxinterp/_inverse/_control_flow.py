@@ -18,6 +18,7 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
+from . import _branches as br
 from ._engine import InverseWalker
 from ._rules import ildj_wanted, inverse_rules, want_ildj
 
@@ -40,13 +41,35 @@ def _ildj_dtype(values: Sequence[Any]) -> Any:
 
 
 def _invert_closed(
-    closed: Any, invals: Sequence[Any], outvals: Sequence[Any]
-) -> tuple[list[Any], Any]:
-    """Solve `closed` for its unknown inputs; return (all invals, ildj)."""
+    closed: Any,
+    invals: Sequence[Any],
+    outvals: Sequence[Any],
+    out_branches: Sequence[br.Interval | None] | None = None,
+) -> tuple[list[Any], Any, list[br.Interval | None]]:
+    """Solve `closed` for its unknown inputs.
+
+    Returns (all invals, ildj, the principal-branch interval of each inval or
+    `None`); `out_branches` gives those of the outvals (see `_branches.py`).
+    """
     sol = _walker.solve(
-        compat.open_jaxpr(closed), compat.jaxpr_consts(closed), invals, outvals
+        compat.open_jaxpr(closed),
+        compat.jaxpr_consts(closed),
+        invals,
+        outvals,
+        out_branches=out_branches,
     )
-    return sol.invals, sol.ildj
+    return sol.invals, sol.ildj, sol.branches
+
+
+def _loop_branches(what: str, carry: Sequence[br.Interval | None]) -> None:
+    """Refuse a principal-branch choice for a loop carry: the next step back
+    would solve from it without knowing it may lie outside its image."""
+    if any(b is not None for b in carry):
+        raise NotInvertibleError(
+            f"inside the body of a {what}, a map that is not injective (its "
+            "principal branch) determines a loop carry; later steps could not "
+            "check the chosen branch against the rest of the loop"
+        )
 
 
 def _with_context(what: str, err: NotInvertibleError) -> NotInvertibleError:
@@ -63,10 +86,12 @@ def _inline_body_rule(get_body: Callable[[dict[str, Any]], Any], what: str) -> A
         if any(o is None for o in outvals):
             return None
         try:
-            solved, ildj = _invert_closed(get_body(params), invals, outvals)
+            solved, ildj, branches = _invert_closed(
+                get_body(params), invals, outvals, br.result_branches(len(outvals))
+            )
         except NotInvertibleError as err:
             raise _with_context(what, err) from None
-        return solved, ildj
+        return solved, ildj, branches
 
     return rule
 
@@ -108,7 +133,8 @@ _NAMED_CUSTOM_JVP: dict[str, Callable[..., Any]] = {"logaddexp": _logaddexp_inve
 
 def _custom_jvp_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
     named = _NAMED_CUSTOM_JVP.get(compat.call_name(params))
-    if named is not None and len(invals) == 2:
+    tainted = any(b is not None for b in br.result_branches(len(outvals)))
+    if named is not None and len(invals) == 2 and not tainted:
         return named(outvals, *invals)
     return _inline_body_rule(compat.call_jaxpr, "a `custom_jvp` function")(
         outvals, *invals, **params
@@ -157,39 +183,49 @@ _jit_cache: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDict
 
 
 def _jitted_inverse(
-    closed: Any, mask: tuple[bool, ...], name: str, baked: dict[int, Any]
-) -> Any:
-    """The inverse of a `jit` body as a `jax.jit` of (outvals, traced knowns).
+    closed: Any,
+    mask: tuple[bool, ...],
+    name: str,
+    baked: dict[int, Any],
+    out_branches: tuple[br.Interval | None, ...],
+) -> tuple[Any, list[br.Interval | None]]:
+    """The inverse of a `jit` body as a `jax.jit` of (outvals, traced knowns),
+    and the list its first trace fills with the solved operands' branch
+    intervals (see `_branches.py`).
 
     `mask` marks the unknown operands; `baked` holds the concrete known ones
     (see `_split_known`). Such an inverse is specific to those values and is
     not cached; it is traced once per signature anyway, since `inverse`
     caches its whole Jaxpr.
     """
-    # JAX caches the trace per function: one function per (mask, ildj wanted).
+    # JAX caches the trace per function: one function per (mask, ildj wanted,
+    # branch intervals of the results). Tracing fills `branches_in`.
     wanted = ildj_wanted()
     per_body = _jit_cache.setdefault(closed, {})
-    fn = None if baked else per_body.get((mask, wanted))
-    if fn is not None:
-        return fn
+    key = (mask, wanted, out_branches)
+    got = None if baked else per_body.get(key)
+    if got is not None:
+        return got
     body_ref = weakref.ref(closed)
+    branches_in: list[br.Interval | None] = []
 
     def inverse_body(outvals: list[Any], known: list[Any]) -> tuple[list[Any], Any]:
         body = body_ref()
         assert body is not None, "the jit body outlived its inverse"
         invals = _merge_known(mask, baked, known)
         with want_ildj(wanted):
-            solved, ildj = _invert_closed(body, invals, outvals)
+            solved, ildj, branches = _invert_closed(body, invals, outvals, out_branches)
+        branches_in[:] = branches
         dtype = _ildj_dtype(outvals)
         return [s for s, unknown in zip(solved, mask, strict=True) if unknown], (
             jnp.asarray(ildj).astype(dtype)
         )
 
     inverse_body.__name__ = inverse_body.__qualname__ = f"inverse_{name}"
-    fn = jax.jit(inverse_body)
+    got = (jax.jit(inverse_body), branches_in)
     if not baked:
-        per_body[(mask, wanted)] = fn
-    return fn
+        per_body[key] = got
+    return got
 
 
 @inverse_rules.register(compat.jit_p)
@@ -199,6 +235,12 @@ def _jit_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
 
     custom = custom_inverse_rule(p.name)
     if custom is not None:
+        if any(b is not None for b in br.result_branches(len(outvals))):
+            raise NotInvertibleError(
+                f"the `custom_inverse` of `{p.name}` would be applied to a value "
+                "chosen on the principal branch of a map that is not injective, "
+                "which it may not accept"
+            )
         res = custom(outvals, invals, p)
         if res is not None:
             return res
@@ -206,13 +248,15 @@ def _jit_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
         return None
     mask = tuple(v is None for v in invals)
     baked, known = _split_known(invals)
-    fn = _jitted_inverse(p.jaxpr, mask, p.name, baked)
+    out_branches = tuple(br.result_branches(len(outvals)))
+    fn, branches = _jitted_inverse(p.jaxpr, mask, p.name, baked, out_branches)
     try:
         xs, ildj = fn(list(outvals), known)
     except NotInvertibleError as err:
         raise _with_context(f"`jit` of `{p.name}`", err) from None
     it = iter(xs)
-    return [next(it) if v is None else v for v in invals], ildj
+    solved = [next(it) if v is None else v for v in invals]
+    return solved, ildj, list(branches) or None
 
 
 # ---------------------------------------------------------------------------
@@ -231,11 +275,16 @@ def _cond_inverse(outvals: Sequence[Any], index: Any, *ops: Any, **params: Any) 
     mask = [v is None for v in ops]
     baked, known = _split_known(ops)
     dtype = _ildj_dtype(outvals)
+    out_branches = br.result_branches(len(outvals))
+    # Per operand, the union over the branches of the solved value's interval.
+    op_branches: list[br.Interval | None] = [None] * len(ops)
 
     def branch_inverse(closed: Any) -> Callable[..., Any]:
         def inv(outs: list[Any], known_ops: list[Any]) -> tuple[list[Any], Any]:
             invals = _merge_known(mask, baked, known_ops)
-            solved, ildj = _invert_closed(closed, invals, outs)
+            solved, ildj, got = _invert_closed(closed, invals, outs, out_branches)
+            for k, b in enumerate(got):
+                op_branches[k] = br.union(op_branches[k], b)
             xs = [s for s, m in zip(solved, mask, strict=True) if m]
             return xs, jnp.asarray(ildj).astype(dtype)
 
@@ -248,7 +297,11 @@ def _cond_inverse(outvals: Sequence[Any], index: Any, *ops: Any, **params: Any) 
     except NotInvertibleError as err:
         raise _with_context("a branch of a `cond`", err) from None
     it = iter(xs)
-    return [index, *[next(it) if v is None else v for v in ops]], ildj
+    return (
+        [index, *[next(it) if v is None else v for v in ops]],
+        ildj,
+        [None, *op_branches],
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -331,6 +384,8 @@ def _scan_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
         kc_seq = []
 
     # 2. The inverse: run the other way, solving each step.
+    step_branches: list[br.Interval | None] = []
+
     def inverse_step(
         carry_next: list[Any], step: tuple[list[Any], list[Any], list[Any]]
     ) -> tuple[list[Any], tuple[list[Any], Any]]:
@@ -339,6 +394,7 @@ def _scan_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
         nxt = iter(carry_next)
         outs_t = [None if k else next(nxt) for k in c_known] + list(y_t)
         sol = _walker.solve(body, body_consts, invals_t, outs_t)
+        step_branches[:] = sol.branches
         carry_in = sol.invals[n_consts : n_consts + n_carry]
         carry = [c for c, k in zip(carry_in, c_known, strict=True) if not k]
         x_t = [
@@ -357,6 +413,7 @@ def _scan_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
             length=p.length,
             reverse=not p.reverse,
         )
+        _loop_branches("`scan`", step_branches[n_consts : n_consts + n_carry])
     except NotInvertibleError as err:
         raise _with_context("the body of a `scan`", err) from None
     # carry0 holds every carry outside the known part, including unknown-part
@@ -367,7 +424,13 @@ def _scan_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
         solved = v if k else next(c_it)
         solved_init.append(v if v is not None else solved)
     solved_xs = [v if v is not None else next(x_it) for v in xs]
-    return [*consts, *solved_init, *solved_xs], jnp.sum(ildjs)
+    # A branch chosen for an `xs` element: its interval is not tracked
+    # through the loop, so the whole real line.
+    xs_branches = [
+        br.REALS if b is not None else None for b in step_branches[n_consts + n_carry :]
+    ]
+    branches = [None] * (n_consts + n_carry) + xs_branches if xs_branches else None
+    return [*consts, *solved_init, *solved_xs], jnp.sum(ildjs), branches
 
 
 @inverse_rules.register(compat.while_p)
@@ -427,15 +490,19 @@ def _while_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
     kc_it = iter(kc_final)
     last = [next(kc_it) if k else o for o, k in zip(outvals, c_known, strict=True)]
 
+    undo_branches: list[br.Interval | None] = []
+
     def undo(_: Any, state: tuple[list[Any], Any]) -> tuple[list[Any], Any]:
         carry, total = state
         sol = _walker.solve(
             body, body_jconsts, [*body_consts, *([None] * n_carry)], carry
         )
+        undo_branches[:] = sol.branches[nb:]
         return list(sol.invals[nb:]), total + jnp.asarray(sol.ildj).astype(dtype)
 
     try:
         first, ildj = lax.fori_loop(0, steps, undo, (last, jnp.zeros((), dtype)))
+        _loop_branches("`while` loop", undo_branches)
     except NotInvertibleError as err:
         raise _with_context("the body of a `while` loop", err) from None
     return [*cond_consts, *body_consts, *first], ildj

@@ -32,6 +32,7 @@ from .._errors import (
 )
 from .._interpreter import BackwardWalker, Env
 from .._registry import RuleRegistry
+from . import _branches as br
 from ._rules import inverse_rules, operand_avals
 
 _Literal = compat.Literal
@@ -55,6 +56,9 @@ class Solution:
         status: per top-level equation, one of `forward`, `inverted`,
             `blocking` or `unused`.
         reasons: per blocking equation index, why it could not be inverted.
+        branches: per invar, the interval its value is known to lie in when
+            it depends on a principal-branch choice (see `_branches.py`),
+            else `None`.
     """
 
     invals: list[Any]
@@ -62,6 +66,7 @@ class Solution:
     ildj: Any
     status: list[str]
     reasons: dict[int, str]
+    branches: list[br.Interval | None] = dataclasses.field(default_factory=list)
 
 
 class InverseWalker(BackwardWalker):
@@ -95,6 +100,7 @@ class InverseWalker(BackwardWalker):
         outvals: Sequence[Any],
         *,
         strict: bool = True,
+        out_branches: Sequence[br.Interval | None] | None = None,
     ) -> Solution:
         """Find the unknown inputs of `jaxpr` (and any outputs not given).
 
@@ -104,6 +110,9 @@ class InverseWalker(BackwardWalker):
             invals: one entry per invar: a value, or `None` if unknown.
             outvals: one entry per outvar: a value, or `None` if not given.
             strict: raise `NotInvertibleError` if an unknown input remains.
+            out_branches: per outvar, the interval a given output lies in
+                when it comes from a principal-branch choice outside this
+                Jaxpr (an enclosing equation's), else `None`.
 
         Returns:
             A `Solution`.
@@ -114,9 +123,16 @@ class InverseWalker(BackwardWalker):
         for v, val in zip(jaxpr.invars, invals, strict=True):
             if val is not None:
                 env[v] = val
-        for v, val in zip(jaxpr.outvars, outvals, strict=True):
+        # Values that depend on a principal-branch choice: the interval each
+        # lies in, and the equation that chose (for messages).
+        taint: dict[Any, br.Interval] = {}
+        chooser: dict[Any, Any] = {}
+        for k, (v, val) in enumerate(zip(jaxpr.outvars, outvals, strict=True)):
             if val is not None and type(v) is not _Literal and v not in env:
                 env[v] = val
+                if out_branches is not None and out_branches[k] is not None:
+                    taint[v] = out_branches[k]
+                    chooser[v] = None
 
         eqns = jaxpr.eqns
         n = len(eqns)
@@ -170,12 +186,17 @@ class InverseWalker(BackwardWalker):
         status = [UNUSED] * n
         reasons: dict[int, str] = {}
         pieces: dict[Any, list[Any]] = {}
+        piece_branch: dict[Any, br.Interval] = {}
         ildj_terms: list[Any] = []
         # A stack, last equation on top: inversion mostly runs backwards, so
         # each equation of a chain is usually looked at once.
         stack = list(range(n))
         queued = bytearray(b"\x01") * n
         done = bytearray(n)
+        # Equations whose rule would choose a principal branch wait here until
+        # no exact step can make progress (see `_branches.py`).
+        deferred: list[int] = []
+        allowed = -1
 
         def learned(v: Any) -> None:
             p = producer.get(v)
@@ -187,7 +208,17 @@ class InverseWalker(BackwardWalker):
                     queued[c] = 1
                     stack.append(c)
 
-        while stack:
+        def mark(v: Any, interval: br.Interval | None, origin: Any) -> None:
+            if interval is not None:
+                taint[v] = interval
+                chooser[v] = origin
+
+        while stack or deferred:
+            if not stack:
+                allowed = deferred.pop()
+                if done[allowed]:
+                    continue
+                stack.append(allowed)
             i = stack.pop()
             queued[i] = 0
             if done[i]:
@@ -201,6 +232,11 @@ class InverseWalker(BackwardWalker):
             if all_in:
                 done[i] = 1
                 reasons.pop(i, None)
+                tainted = [
+                    v for v in eqn.invars if type(v) is not _Literal and v in taint
+                ]
+                if tainted and any(v in env for v in eqn.outvars):
+                    raise _branch_clash(eqn, chooser[tainted[0]], tainted[0])
                 if not all(v in env for v in eqn.outvars):
                     ins = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
                     outs = self._forward(eqn, ins)
@@ -208,6 +244,8 @@ class InverseWalker(BackwardWalker):
                     for v, val in zip(eqn.outvars, outs, strict=True):
                         if v not in env:
                             env[v] = val
+                            if tainted:
+                                mark(v, br.REALS, chooser[tainted[0]])
                             learned(v)
                 release(i)
                 continue
@@ -227,13 +265,30 @@ class InverseWalker(BackwardWalker):
                 continue
             ins = [v.val if type(v) is _Literal else env.get(v) for v in eqn.invars]
             outs = [env.get(v) for v in eqn.outvars]
+            branch = br.principal_range(eqn, ins)
+            if branch is not None and i != allowed:
+                deferred.append(i)
+                continue
+            result_branches = [taint.get(v) for v in eqn.outvars]
+            in_branches = [taint.get(v) for v in eqn.invars if type(v) is not _Literal]
+            if any(b is not None for b in result_branches):
+                _check_image(eqn, ins, result_branches, chooser)
             try:
                 user_ctx, eqn_ctx = compat.eqn_contexts(eqn)
-                with user_ctx, eqn_ctx, operand_avals(eqn):
+                with (
+                    user_ctx,
+                    eqn_ctx,
+                    operand_avals(eqn),
+                    br.given_result_branches(result_branches),
+                ):
                     res = rule(outs, *ins, **eqn.params)
                     if res is not None and not hasattr(res, "pieces"):
                         if res[1] is None:
-                            res = (res[0], _generic_ildj(rule, eqn, outs, ins))
+                            res = (
+                                res[0],
+                                _generic_ildj(rule, eqn, outs, ins),
+                                *res[2:],
+                            )
             except NotInvertibleError as err:
                 reasons[i] = _reason(err)
                 continue
@@ -253,32 +308,78 @@ class InverseWalker(BackwardWalker):
                     f"({_known_summary(eqn, ins)})"
                 )
                 continue
+            # What the solved operands inherit: the chosen branch, or the
+            # taint of the values the rule used.
+            origin = eqn
+            if branch is None:
+                used = [
+                    (v, b)
+                    for v, b in zip(eqn.outvars, result_branches, strict=True)
+                    if b is not None
+                ]
+                used += [
+                    (v, taint[v])
+                    for v in eqn.invars
+                    if type(v) is not _Literal and v in taint and v in env
+                ]
+                if used:
+                    origin = chooser[used[0][0]]
+                    if eqn.primitive.name in br.VALUE_PRESERVING and not any(
+                        b is not None for b in in_branches
+                    ):
+                        for _, b in used:
+                            branch = br.union(branch, b)
+                    else:
+                        branch = br.REALS
             pieces_of = getattr(res, "pieces", None)
             if pieces_of is not None:
-                self._add_pieces(eqn, pieces_of, pieces, env, learned)
+                self._add_pieces(
+                    eqn,
+                    pieces_of,
+                    pieces,
+                    env,
+                    learned,
+                    branch,
+                    origin,
+                    piece_branch,
+                    taint,
+                    chooser,
+                )
                 done[i] = 1
                 status[i] = INVERTED
                 reasons.pop(i, None)
                 release(i)
                 continue
-            solved, ildj = res
+            solved, ildj = res[0], res[1]
+            reported = res[2] if len(res) > 2 else None
             ildj_terms.append(ildj)
-            for v, val in zip(eqn.invars, solved, strict=True):
+            for k, (v, val) in enumerate(zip(eqn.invars, solved, strict=True)):
                 if val is not None and type(v) is not _Literal and v not in env:
+                    got = branch
+                    if reported is not None and reported[k] is not None:
+                        got = br.union(got, reported[k])
+                        if branch is None:
+                            origin = eqn
+                    if v in pieces and (got is not None or v in piece_branch):
+                        raise _branch_clash(eqn, origin, v)
+                    pieces.pop(v, None)
                     env[v] = val
+                    mark(v, got, origin)
                     learned(v)
             done[i] = 1
             status[i] = INVERTED
             reasons.pop(i, None)
             release(i)
-
         for i in reasons:
             status[i] = BLOCKING
         in_out = [
             env.get(v) if type(v) is not _Literal else v.val for v in jaxpr.invars
         ]
         out_out = [v.val if type(v) is _Literal else env.get(v) for v in jaxpr.outvars]
-        solution = Solution(in_out, out_out, _sum_terms(ildj_terms), status, reasons)
+        branches = [None if type(v) is _Literal else taint.get(v) for v in jaxpr.invars]
+        solution = Solution(
+            in_out, out_out, _sum_terms(ildj_terms), status, reasons, branches
+        )
         if strict:
             missing = [
                 k
@@ -314,25 +415,105 @@ class InverseWalker(BackwardWalker):
         pieces: dict[Any, list[Any]],
         env: Env,
         learned: Any,
+        branch: br.Interval | None,
+        origin: Any,
+        piece_branch: dict[Any, br.Interval],
+        taint: dict[Any, br.Interval],
+        chooser: dict[Any, Any],
     ) -> None:
         from ._rules import assemble
 
         for piece in new_pieces:
             v = eqn.invars[piece.operand]
-            if type(v) is _Literal or v in env:
+            if type(v) is _Literal:
+                continue
+            if v in env:
+                # A second constraint on a known value: harmless for exact
+                # solutions, a possible contradiction for a chosen branch.
+                if branch is not None or v in taint:
+                    raise _branch_clash(eqn, origin if branch else chooser[v], v)
                 continue
             have = pieces.setdefault(v, [])
             have.append(piece)
+            if branch is not None:
+                piece_branch[v] = br.union(piece_branch.get(v), branch)
+                chooser.setdefault(v, origin)
             value = assemble(v.aval.shape, v.aval.dtype, have)
             if value is not None:
                 env[v] = value
                 del pieces[v]
+                got = piece_branch.pop(v, None)
+                if got is not None:
+                    taint[v] = got
                 learned(v)
 
 
 def _reason(err: Exception) -> str:
     text = (getattr(err, "detail", None) or str(err)).strip().rstrip(".")
     return text or type(err).__name__
+
+
+def _branch_clash(eqn: Any, origin: Any, v: Any) -> NotInvertibleError:
+    """The error for a principal-branch choice meeting a second constraint."""
+    if origin is None:
+        chose = "an enclosing equation chose a principal branch for it"
+    elif origin.primitive.name in br.BRANCH_AWARE:
+        chose = (
+            f"a map inside `{origin.primitive.name}` at {source_line(origin)} is "
+            "not injective and its rule picks one preimage (its principal branch)"
+        )
+    else:
+        chose = (
+            f"`{origin.primitive.name}` at {source_line(origin)} is not injective "
+            "and its rule picks one preimage (its principal branch)"
+        )
+    return NotInvertibleError(
+        f"`inverse` cannot recover a value of type {v.aval.str_short()} "
+        f"consistently: {chose}, but the outputs also constrain that value "
+        f"through `{eqn.primitive.name}` at {source_line(eqn)}, which the chosen "
+        "branch may contradict. Drop the redundant output, or give the function "
+        "a `@jaxinterp.custom_inverse`."
+    )
+
+
+def _check_image(
+    eqn: Any,
+    ins: Sequence[Any],
+    result_branches: Sequence[br.Interval | None],
+    chooser: dict[Any, Any],
+) -> None:
+    """Refuse to solve `eqn` backwards from a chosen branch it may not produce."""
+    if eqn.primitive.name in br.BRANCH_AWARE:
+        return  # the rule passes the intervals on to the body it inverts
+    img = br.image(eqn, ins)
+    for v, b in zip(eqn.outvars, result_branches, strict=True):
+        if b is None or (img is not None and br.contains(img, b)):
+            continue
+        origin = chooser.get(v)
+        if origin is None:
+            chose = "an enclosing equation's principal branch"
+        elif origin.primitive.name in br.BRANCH_AWARE:
+            chose = (
+                f"a principal branch chosen inside `{origin.primitive.name}` at "
+                f"{source_line(origin)}"
+            )
+        else:
+            chose = (
+                f"the principal branch of `{origin.primitive.name}` at "
+                f"{source_line(origin)}"
+            )
+        can = (
+            f"whose results lie in {br.describe(img)}"
+            if img is not None
+            else "whose image jaxinterp does not know"
+        )
+        raise NotInvertibleError(
+            f"`inverse` cannot solve `{eqn.primitive.name}` at {source_line(eqn)} "
+            f"backwards: its result {v.aval.str_short()} comes from {chose}, "
+            f"which lies in {br.describe(b)}, and `{eqn.primitive.name}` "
+            f"({can}) may not produce such a value, so the chosen branch may "
+            "have no preimage. Give the function a `@jaxinterp.custom_inverse`."
+        )
 
 
 def _known_summary(eqn: Any, ins: list[Any]) -> str:

@@ -1,0 +1,281 @@
+"""Principal branches: which inverse rules choose one preimage among several,
+and which values a later backward step can accept from such a choice.
+
+A rule for a map that is not injective (`cosh`, `square`, even `integer_pow`,
+`sin`, ...) returns one preimage, its *principal branch* (`acosh(y) >= 0`).
+That is a valid answer only while nothing else constrains the value, so the
+engine (see `_engine.py`):
+
+- prefers exact solutions: an equation whose rule would choose a branch waits
+  until no exact step can make progress;
+- marks every value that depends on a branch choice as *tainted*, with the
+  interval the value is known to lie in (`PRINCIPAL` below gives it right after
+  the choice; value-moving steps keep it; any other step widens it to the whole
+  real line);
+- refuses when a tainted value meets a second constraint (an output it did
+  not need, computed forwards again), because the chosen branch may contradict
+  it, and when a tainted value is solved backwards through a map whose image
+  (`IMAGE` below) may not contain it: the branch could lie outside what the
+  earlier part of the program can produce (`cosh(1 - x**2)`: `acosh` gives a
+  non-negative `1 - x**2`, which `square`'s inverse cannot always undo).
+
+Intervals are `(lo, hi)` pairs; containment ignores whether an end is open:
+a principal branch reaches the end of its interval only where both branches
+meet (`acosh(1) = 0 = -0`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _jax_compat as compat
+
+Interval = tuple[float, float]
+
+INF = math.inf
+REALS: Interval = (-INF, INF)
+NONNEG: Interval = (0.0, INF)
+_HALF_PI = math.pi / 2
+
+
+def contains(outer: Interval, inner: Interval) -> bool:
+    """Whether `inner` lies in `outer` (ends compared as closed)."""
+    return outer[0] <= inner[0] and inner[1] <= outer[1]
+
+
+def union(a: Interval | None, b: Interval | None) -> Interval | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return (min(a[0], b[0]), max(a[1], b[1]))
+
+
+def _concrete(value: Any) -> np.ndarray | None:
+    if value is None or compat.is_tracer(value):
+        return None
+    return np.asarray(value)
+
+
+def _odd_integers(b: np.ndarray) -> bool:
+    b = b.astype(np.float64)
+    return bool(np.all((np.round(b) == b) & (np.abs(np.remainder(b, 2)) == 1)))
+
+
+def _even_integers_anywhere(b: np.ndarray) -> bool:
+    b = b.astype(np.float64)
+    return bool(np.any((np.round(b) == b) & (np.remainder(b, 2) == 0)))
+
+
+def _pow_principal(params: dict[str, Any], ins: Sequence[Any]) -> Interval | None:
+    base, exponent = ins
+    if base is not None:
+        return None  # solving for the exponent: `log(y) / log(a)` is exact
+    b = _concrete(exponent)
+    if b is None:
+        return REALS  # a runtime exponent may be an even integer
+    if _odd_integers(b):
+        return None
+    if _even_integers_anywhere(b):
+        return NONNEG
+    return None  # a non-integer power is defined for `a >= 0` only: injective
+
+
+def _integer_pow_principal(
+    params: dict[str, Any], ins: Sequence[Any]
+) -> Interval | None:
+    return NONNEG if int(params["y"]) % 2 == 0 else None
+
+
+def _const(interval: Interval) -> Callable[[dict[str, Any], Sequence[Any]], Interval]:
+    return lambda params, ins: interval
+
+
+# primitive name -> (params, operands with None where unknown) -> the interval
+# the rule's solution lies in, or None when the rule is exact there.
+PRINCIPAL: dict[str, Callable[[dict[str, Any], Sequence[Any]], Interval | None]] = {
+    "cosh": _const(NONNEG),
+    "square": _const(NONNEG),
+    "sin": _const((-_HALF_PI, _HALF_PI)),
+    "cos": _const((0.0, math.pi)),
+    "tan": _const((-_HALF_PI, _HALF_PI)),
+    "integer_pow": _integer_pow_principal,
+    "pow": _pow_principal,
+}
+
+
+def principal_range(eqn: Any, ins: Sequence[Any]) -> Interval | None:
+    """The interval of the branch `eqn`'s rule chooses, or `None` if exact.
+
+    Only floating results have branches (integer rules refuse instead).
+    """
+    fn = PRINCIPAL.get(eqn.primitive.name)
+    if fn is None:
+        return None
+    if not all(jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in eqn.outvars):
+        return None
+    return fn(eqn.params, ins)
+
+
+# Images of elementwise maps (the values the result can take, whatever the
+# unknown operand): a backward step accepts a tainted result only inside it.
+_UNARY_IMAGE: dict[str, Interval] = {
+    "exp": (0.0, INF),
+    "exp2": (0.0, INF),
+    "log": REALS,
+    "log1p": REALS,
+    "expm1": (-1.0, INF),
+    "tanh": (-1.0, 1.0),
+    "atanh": REALS,
+    "sinh": REALS,
+    "asinh": REALS,
+    "cosh": (1.0, INF),
+    "acosh": NONNEG,
+    "sin": (-1.0, 1.0),
+    "cos": (-1.0, 1.0),
+    "tan": REALS,
+    "asin": (-_HALF_PI, _HALF_PI),
+    "acos": (0.0, math.pi),
+    "atan": (-_HALF_PI, _HALF_PI),
+    "logistic": (0.0, 1.0),
+    "sqrt": NONNEG,
+    "rsqrt": (0.0, INF),
+    "cbrt": REALS,
+    "square": NONNEG,
+    "erf": (-1.0, 1.0),
+    "erfc": (0.0, 2.0),
+    "erf_inv": REALS,
+    "neg": REALS,
+    "add": REALS,
+    "sub": REALS,
+    "mul": REALS,
+    "div": REALS,
+    "atan2": (-math.pi, math.pi),
+    "add_any": REALS,
+    "cumsum": REALS,
+    "dot_general": REALS,
+    "triangular_solve": REALS,
+}
+
+
+def _integer_pow_image(params: dict[str, Any], ins: Sequence[Any]) -> Interval:
+    return REALS if int(params["y"]) % 2 else NONNEG
+
+
+def _pow_image(params: dict[str, Any], ins: Sequence[Any]) -> Interval | None:
+    base, exponent = ins
+    if base is not None:
+        a = _concrete(base)  # y = a**b for b: positive for a > 0
+        return (0.0, INF) if a is not None and bool(np.all(a > 0)) else None
+    b = _concrete(exponent)
+    if b is not None and _odd_integers(b):
+        return REALS
+    return NONNEG if b is not None else None
+
+
+_IMAGE_FNS: dict[str, Callable[[dict[str, Any], Sequence[Any]], Interval | None]] = {
+    "integer_pow": _integer_pow_image,
+    "pow": _pow_image,
+}
+
+# Steps that only move, copy or select values: a tainted value keeps its
+# interval through them.
+VALUE_PRESERVING = frozenset(
+    {
+        "reshape",
+        "transpose",
+        "broadcast_in_dim",
+        "squeeze",
+        "expand_dims",
+        "rev",
+        "slice",
+        "concatenate",
+        "copy",
+        "copy_p",
+        "convert_element_type",
+        "reduce_precision",
+        "stop_gradient",
+        "optimization_barrier",
+        "device_put",
+        "select_n",
+        "dynamic_slice",
+        "dynamic_update_slice",
+        "gather",
+        "scatter",
+        "pad",
+        "split",
+    }
+)
+
+
+def image(eqn: Any, ins: Sequence[Any]) -> Interval | None:
+    """The image of `eqn`'s map onto its results, or `None` if not known."""
+    name = eqn.primitive.name
+    if name in VALUE_PRESERVING:
+        return REALS
+    fn = _IMAGE_FNS.get(name)
+    if fn is not None:
+        return fn(eqn.params, ins)
+    return _UNARY_IMAGE.get(name)
+
+
+def describe(interval: Interval) -> str:
+    def end(v: float) -> str:
+        if v == INF:
+            return "inf"
+        if v == -INF:
+            return "-inf"
+        return f"{v:.4g}"
+
+    return f"[{end(interval[0])}, {end(interval[1])}]"
+
+
+# Rules of call-like primitives invert their body with the same engine and
+# hand it the intervals of their tainted results; each returns, as a third
+# element, the intervals of its solved operands.
+BRANCH_AWARE = frozenset(
+    {
+        "jit",
+        "pjit",
+        "closed_call",
+        "core_call",
+        "call",
+        "eval_jaxpr",
+        "checkpoint",
+        "remat",
+        "custom_jvp_call",
+        "custom_vjp_call",
+        "custom_vjp_call_jaxpr",
+        "cond",
+    }
+)
+
+# Internal to the engine and the call-like rules above (to become an explicit
+# rule argument with the next inverse-rule signature).
+_RESULT_BRANCHES: ContextVar[Sequence[Interval | None] | None] = ContextVar(
+    "jaxinterp_inverse_result_branches", default=None
+)
+
+
+@contextmanager
+def given_result_branches(branches: Sequence[Interval | None]) -> Iterator[None]:
+    token = _RESULT_BRANCHES.set(branches)
+    try:
+        yield
+    finally:
+        _RESULT_BRANCHES.reset(token)
+
+
+def result_branches(n: int) -> list[Interval | None]:
+    """The intervals of the equation's `n` results (`None`: exact values)."""
+    got = _RESULT_BRANCHES.get()
+    if got is None or len(got) != n:
+        return [None] * n
+    return list(got)
