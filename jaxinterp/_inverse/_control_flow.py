@@ -426,10 +426,11 @@ def _scan_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
     solved_xs = [v if v is not None else next(x_it) for v in xs]
     # A branch chosen for an `xs` element: its interval is not tracked
     # through the loop, so the whole real line.
-    xs_branches = [
-        br.REALS if b is not None else None for b in step_branches[n_consts + n_carry :]
-    ]
-    branches = [None] * (n_consts + n_carry) + xs_branches if xs_branches else None
+    branches: list[br.Interval | None] | None = None
+    if any(b is not None for b in step_branches[n_consts + n_carry :]):
+        branches = [None] * (n_consts + n_carry) + [
+            None if b is None else br.REALS for b in step_branches[n_consts + n_carry :]
+        ]
     return [*consts, *solved_init, *solved_xs], jnp.sum(ildjs), branches
 
 

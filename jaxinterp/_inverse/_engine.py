@@ -130,8 +130,9 @@ class InverseWalker(BackwardWalker):
         for k, (v, val) in enumerate(zip(jaxpr.outvars, outvals, strict=True)):
             if val is not None and type(v) is not _Literal and v not in env:
                 env[v] = val
-                if out_branches is not None and out_branches[k] is not None:
-                    taint[v] = out_branches[k]
+                given = None if out_branches is None else out_branches[k]
+                if given is not None:
+                    taint[v] = given
                     chooser[v] = None
 
         eqns = jaxpr.eqns
@@ -436,7 +437,7 @@ class InverseWalker(BackwardWalker):
             have = pieces.setdefault(v, [])
             have.append(piece)
             if branch is not None:
-                piece_branch[v] = br.union(piece_branch.get(v), branch)
+                piece_branch[v] = br.union(piece_branch.get(v), branch) or branch
                 chooser.setdefault(v, origin)
             value = assemble(v.aval.shape, v.aval.dtype, have)
             if value is not None:
