@@ -428,7 +428,8 @@ def _scan_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
     # through the loop, so the whole real line.
     branches: list[br.Interval | None] | None = None
     if any(b is not None for b in step_branches[n_consts + n_carry :]):
-        branches = [None] * (n_consts + n_carry) + [
+        branches = [None] * (n_consts + n_carry)
+        branches += [
             None if b is None else br.REALS for b in step_branches[n_consts + n_carry :]
         ]
     return [*consts, *solved_init, *solved_xs], jnp.sum(ildjs), branches
