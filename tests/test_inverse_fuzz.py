@@ -4,17 +4,15 @@ correctly or refused, never answered wrongly, and never crash.
 The generator and classifier live in `inverse_fuzz.py`; a long run is
 `python tests/fuzz_inverse_main.py --programs 10000 --seed 0`. The random
 programs here (one Hypothesis-drawn seed each, for variety; a failure is
-shrunk by `inverse_fuzz.shrink`) avoid the ops whose known bugs have a strict `xfail`
-regression test below (each with a minimal program): when a bug is fixed,
-its test passes (XPASS fails the suite), so flip it to a plain test and drop
-its ops from `KNOWN_BUGGY_OPS`.
+shrunk by `inverse_fuzz.shrink`) may use every op. Should a bug be found that
+cannot be fixed at once, give it a strict `xfail` regression test below with
+its minimal program and list its ops in `KNOWN_BUGGY_OPS` until it is fixed.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import pytest
 from hypothesis import given, settings
 from inverse_fuzz import (
     check_inverse,
@@ -29,20 +27,8 @@ from jax import lax
 
 import jaxinterp
 
-# Ops that trigger the open bugs below (see `inverse_fuzz.op_names()`).
-KNOWN_BUGGY_OPS = (
-    "where_known_pred",  # test_where_with_a_known_runtime_predicate_...
-    # Fixed (their regression tests below now pass), still excluded from the
-    # bounded random sample until a full `nox -s fuzz` run clears them: with
-    # them back in, the derandomised sample draws a different program that
-    # finds `x0 = v1 / (v1 / x0)` at v1 = 0 returning NaN (not yet triaged).
-    "where_const_partial",
-    "where_const_full",
-    "select_n3",
-    "take_repeat_missing",
-    "take_known_indices",
-    "int_mul",
-)
+# Ops that trigger open bugs (see `inverse_fuzz.op_names()`): none today.
+KNOWN_BUGGY_OPS: tuple[str, ...] = ()
 
 # Primitives with an inverse rule that the generator does not stage: public
 # JAX code does not emit them as such on every supported release.
@@ -159,14 +145,12 @@ def _ok(f, args, argnums, **kw):
     assert outcome.kind in ("correct", "refused"), str(outcome)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="select_n with a runtime-known predicate returns NaN for the discarded "
-    "elements (ildj 0, no error) instead of refusing; documented since 762bf39 "
-    "(test_inverse_soundness), but issue 11 reports this program as a bug",
-)
-def test_where_with_a_known_runtime_predicate_refuses_dropped_elements():
-    _ok(lambda x, p: jnp.where(p > 0.5, x, jnp.exp(p)), (X, P), (0,))
+def test_where_with_a_known_runtime_predicate_is_nan_and_strict_raises():
+    # NaN exactly where the runtime predicate drops x; strict mode raises.
+    outcome = check_inverse(
+        lambda x, p: jnp.where(p > 0.5, x, jnp.exp(p)), (X, P), (0,)
+    )
+    assert (outcome.kind, outcome.check) == ("refused", "strict"), str(outcome)
 
 
 def test_where_inside_cond_refuses_dropped_elements():

@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import tree_allclose
+from hypothesis import given, settings, strategies as st
+from jax.experimental import checkify
 
 import jaxinterp
 from jaxinterp import NotInvertibleError
@@ -98,3 +100,69 @@ def test_where_with_a_runtime_mask_gives_nan_exactly_where_it_drops():
     keep = jnp.array([True, False, True])
     got = jaxinterp.inverse(f, argnums=0)(f(X1, keep), keep)
     assert np.isnan(got[1]) and np.allclose(got[jnp.array([0, 2])], X1[::2])
+
+
+# ---------------------------------------------------------------------------
+# `strict=True`: undetermined elements raise instead of coming back as NaN.
+
+
+def _where_runtime(x, keep):
+    return jnp.where(keep, x, 3.61)
+
+
+@settings(max_examples=20, deadline=None)
+@given(keep=st.lists(st.booleans(), min_size=3, max_size=3))
+def test_strict_raises_exactly_when_elements_are_undetermined(keep):
+    keep = jnp.array(keep)
+    y = _where_runtime(X1, keep)
+    loose = jaxinterp.inverse(_where_runtime, argnums=0)(y, keep)
+    strict = jaxinterp.inverse(_where_runtime, argnums=0, strict=True)
+    dropped = int(np.sum(~np.asarray(keep)))
+    if dropped:
+        with pytest.raises(NotInvertibleError) as info:
+            strict(y, keep)
+        assert f"do not determine {dropped} element(s) of operand" in str(info.value)
+        assert "`inverse` (strict):" in str(info.value)
+        assert "test_inverse_soundness.py" in str(info.value)  # the user's line
+        assert int(np.sum(np.isnan(np.asarray(loose)))) == dropped
+    else:
+        tree_allclose(strict(y, keep), X1)
+        tree_allclose(loose, X1)
+
+
+def test_strict_under_jit_is_a_checkify_check():
+    keep = jnp.array([True, False, True])
+    strict = jax.jit(jaxinterp.inverse_and_ildj(_where_runtime, argnums=0, strict=True))
+    err, (x, _) = checkify.checkify(strict)(_where_runtime(X1, keep), keep)
+    assert "do not determine 1 element(s)" in err.get()
+    assert np.isnan(x[1])
+    err, (x, _) = checkify.checkify(strict)(X1, jnp.ones(3, bool))
+    assert err.get() is None
+    tree_allclose(x, X1)
+    # Without checkify, JAX itself says the check needs functionalizing.
+    with pytest.raises(ValueError, match="checkify"):
+        strict(X1, keep)
+
+
+def test_strict_covers_zero_factors_and_runtime_gather_indices():
+    scale = jnp.array([2.0, 0.0, 1.0])
+    y = X1 * scale
+    with pytest.raises(NotInvertibleError, match="do not determine 1 element"):
+        jaxinterp.inverse(lambda x, c: x * c, argnums=0, strict=True)(y, scale)
+    idx = jnp.array([0, 0, 2])
+    take = lambda x, i: jnp.take(x, i, axis=0)  # noqa: E731
+    with pytest.raises(NotInvertibleError, match="do not determine 3 element"):
+        jaxinterp.inverse(take, argnums=0, strict=True)(take(X1, idx), idx)
+
+
+def test_strict_keeps_gradients_and_the_ildj():
+    keep = jnp.ones(3, bool)
+
+    def loss(y, strict):
+        x, ildj = jaxinterp.inverse_and_ildj(_where_runtime, argnums=0, strict=strict)(
+            y, keep
+        )
+        return jnp.sum(x**2) + ildj
+
+    tree_allclose(jax.grad(loss)(X1, True), jax.grad(loss)(X1, False))
+    tree_allclose(jax.grad(loss)(X1, True), 2 * X1)

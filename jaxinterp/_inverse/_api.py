@@ -15,6 +15,7 @@ from jax.extend import core as jex_core
 
 from .. import _jax_compat as compat
 from .._custom_types import PyTree
+from .._errors import NotInvertibleError
 from .._trace import (
     _LRU,
     Staged,
@@ -48,9 +49,11 @@ def _describe(tree: Any, leaves: Sequence[Any]) -> str:
 class _Compiled:
     """The cached inverse of one staged signature, for one mode."""
 
-    closed: Any  # ClosedJaxpr: (*y, *known) -> (*x, ildj) | (*x) | (ildj,)
+    closed: Any  # ClosedJaxpr: (*y, *known) -> ((*x, ildj) | (*x) | (ildj,), *counts)
     x_trees: tuple[Any, ...]
     n_x: int
+    # `strict` mode: one message per NaN count appended to the outputs.
+    nan_messages: tuple[str, ...] = ()
 
     def runner(self) -> tuple[Any, Callable[..., list[Any]]]:
         return self.closed, _jitted(self.closed)
@@ -95,6 +98,7 @@ class _InverseFunction:
         argnums: int | Sequence[int] | None,
         example_args: Sequence[Any] | None,
         mode: str,
+        strict: bool = False,
     ) -> None:
         transform = {"x": "inverse", "both": "inverse_and_ildj", "ildj": "ildj"}[mode]
         check_callable(fn, transform)
@@ -112,6 +116,7 @@ class _InverseFunction:
             )
         self.example_args = None if example_args is None else tuple(example_args)
         self.mode = mode
+        self.strict = bool(strict)
         name = getattr(fn, "__name__", "fn")
         self.__name__ = f"{transform}_{name}"
         self.__qualname__ = self.__name__
@@ -187,6 +192,10 @@ class _InverseFunction:
             outs = jex_core.jaxpr_as_fun(closed)(*args)
         else:
             outs = jitted(*args)
+        if compiled.nan_messages:
+            n_checks = len(compiled.nan_messages)
+            _raise_undetermined(outs[-n_checks:], compiled.nan_messages, self.transform)
+            outs = outs[:-n_checks]
         if self.mode == "ildj":
             return outs[0]
         xs_flat = outs[: compiled.n_x]
@@ -214,7 +223,7 @@ class _InverseFunction:
         mask: list[bool] = []
         for i, arg in enumerate(full):
             mask.extend([i in unknown] * len(jtu.tree_leaves(arg)))
-        return _compile(staged, tuple(mask), specs, y_leaves, self.mode)
+        return _compile(staged, tuple(mask), specs, y_leaves, self.mode, self.strict)
 
     def _check_output(self, staged: Staged, y_tree: Any, y_leaves: list[Any]) -> None:
         same = (
@@ -251,13 +260,16 @@ def _compile(
     specs: tuple[Any, ...],
     y_leaves: list[Any],
     mode: str,
+    strict: bool = False,
 ) -> _Compiled:
     """Trace the engine into the inverse Jaxpr for `mode` (cached per signature).
 
     `mode` is `"x"` (the unknown inputs), `"ildj"` or `"both"`. Without an
     ildj the rules are told not to compute one; dead code is removed either way.
+    With `strict`, the Jaxpr also returns, per backward step that may give
+    NaN, how many elements it did.
     """
-    key = (mask, tuple(_spec(y) for y in y_leaves), mode)
+    key = (mask, tuple(_spec(y) for y in y_leaves), mode, strict)
     with _compiled_lock:
         per_staged = _compiled_cache.setdefault(staged, {})
         hit = per_staged.get(key)
@@ -266,15 +278,20 @@ def _compile(
     walker = InverseWalker()
     jaxpr, consts = staged.jaxpr, staged.consts
     n_y = len(y_leaves)
+    messages: list[str] = []
 
     def inverse_flat(*args: Any) -> list[Any]:
         ys, known = args[:n_y], iter(args[n_y:])
         invals = [None if m else next(known) for m in mask]
-        sol = walker.solve(jaxpr, consts, invals, list(ys))
+        sol = walker.solve(jaxpr, consts, invals, list(ys), nan_checks=strict)
         xs = [v for v, m in zip(sol.invals, mask, strict=True) if m]
+        messages[:] = [message for _, message in sol.nan_checks]
+        counts = [count for count, _ in sol.nan_checks]
         if mode == "x":
-            return xs
-        return [sol.ildj] if mode == "ildj" else [*xs, sol.ildj]
+            return [*xs, *counts]
+        if mode == "ildj":
+            return [sol.ildj, *counts]
+        return [*xs, sol.ildj, *counts]
 
     known_specs = [
         spec_of(a) for a, m in zip(staged.in_avals, mask, strict=True) if not m
@@ -286,10 +303,27 @@ def _compile(
         closed=compat.dce_closed_jaxpr(closed),
         x_trees=tuple(jtu.tree_structure(s) for s in specs),
         n_x=sum(mask),
+        nan_messages=tuple(messages),
     )
     with _compiled_lock:
         per_staged[key] = compiled
     return compiled
+
+
+def _raise_undetermined(
+    counts: Sequence[Any], messages: Sequence[str], transform: str
+) -> None:
+    """`strict` mode: raise if a step returned NaN for elements the outputs do
+    not determine; under a trace, a `checkify` check (run the function under
+    `jax.experimental.checkify.checkify` to get it)."""
+    from jax.experimental import checkify
+
+    for count, message in zip(counts, messages, strict=True):
+        text = f"`{transform}` (strict): {message}."
+        if compat.is_tracer(count):
+            checkify.check(count == 0, text, count=count)
+        elif int(count):
+            raise NotInvertibleError(text.format(count=int(count)))
 
 
 def inverse(
@@ -297,6 +331,7 @@ def inverse(
     argnums: int | Sequence[int] | None = None,
     *,
     example_args: Sequence[Any] | None = None,
+    strict: bool = False,
 ) -> Callable[..., PyTree]:
     """Return a function that computes the inverse of `fn`.
 
@@ -318,13 +353,38 @@ def inverse(
         example_args: the unknown arguments as arrays or
             `jax.ShapeDtypeStruct`s (a tuple), needed when they do not mirror
             `y`'s structure, shapes and dtypes.
+        strict: raise instead of returning NaN where the outputs do not
+            determine an input element (see below).
 
     Returns:
         The inverse function `(y, *known_args) -> x`.
 
     Raises:
         NotInvertibleError: if an input cannot be recovered from the outputs
-            (raised when the inverse is first called for a signature).
+            (raised when the inverse is first called for a signature); with
+            `strict=True`, also when a call's values leave elements
+            undetermined.
+
+    Undetermined elements:
+        Whether the outputs determine every input element can depend on
+        values known only at run time: a `jnp.where` whose predicate comes
+        from a known argument drops the unknown elements it does not select;
+        a known factor, divisor or exponent may be zero; `gather` indices may
+        not permute the axis. When those values are constants of `fn`, the
+        inverse refuses up front, naming the elements. When they are traced,
+        exactly those elements come back as NaN (float dtypes; integer
+        inverses of this kind are refused). With `strict=True` the call raises
+        `NotInvertibleError` instead, naming the primitive and the line; under
+        `jax.jit` or `jax.vmap` that check is a `jax.experimental.checkify`
+        check, so run the jitted function under `checkify.checkify` and call
+        `err.throw()`.
+
+    Principal branches:
+        A map that is not injective (`x**2`, `cosh`, `sin`) is inverted on its
+        principal branch (`sqrt`, `acosh >= 0`, `asin`) when nothing else
+        determines its operand. Exact solutions are always preferred; a
+        chosen branch that another output also constrains, or that an earlier
+        map may not produce, is refused rather than answered.
         TypeError: if `y` does not match what `fn` returns.
 
     Example:
@@ -336,7 +396,7 @@ def inverse(
         >>> jaxinterp.inverse(affine, argnums=0)(y, 0.5, 1.0).round(4)
         Array([0., 1., 2.], dtype=float32)
     """
-    return _InverseFunction(fn, argnums, example_args, "x")
+    return _InverseFunction(fn, argnums, example_args, "x", strict)
 
 
 def inverse_and_ildj(
@@ -344,6 +404,7 @@ def inverse_and_ildj(
     argnums: int | Sequence[int] | None = None,
     *,
     example_args: Sequence[Any] | None = None,
+    strict: bool = False,
 ) -> Callable[..., tuple[PyTree, Any]]:
     """Return a function computing the inverse of `fn` and its log-det-Jacobian.
 
@@ -357,7 +418,7 @@ def inverse_and_ildj(
         >>> print(f"{ildj:.4f}")
         -2.0794
     """
-    return _InverseFunction(fn, argnums, example_args, "both")
+    return _InverseFunction(fn, argnums, example_args, "both", strict)
 
 
 def ildj(
@@ -365,6 +426,7 @@ def ildj(
     argnums: int | Sequence[int] | None = None,
     *,
     example_args: Sequence[Any] | None = None,
+    strict: bool = False,
 ) -> Callable[..., Any]:
     """Return a function computing only the inverse log-det-Jacobian of `fn`.
 
@@ -375,4 +437,4 @@ def ildj(
         >>> print(f"{jaxinterp.ildj(jnp.exp)(jnp.array([1.0, 2.0])):.4f}")
         -0.6931
     """
-    return _InverseFunction(fn, argnums, example_args, "ildj")
+    return _InverseFunction(fn, argnums, example_args, "ildj", strict)

@@ -20,11 +20,13 @@ from jax import lax
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
 from ._rules import (
+    describe_elements,
     ildj_wanted,
     inverse_rules,
     operand_aval,
     register_elementwise,
     total,
+    undetermined,
 )
 
 _LN2 = math.log(2.0)
@@ -241,7 +243,12 @@ def _register_binary(
             return None
         if jnp.ndim(known) != 0 and jnp.shape(known) != jnp.shape(y):
             return None
-        solved, log_abs = solve(y, jnp.asarray(known).astype(jnp.result_type(y)))
+        dtype = jnp.result_type(y)
+        if _is_tracer(known):
+            known = jnp.asarray(known).astype(dtype)
+        else:  # stays concrete, so the solve can check it (zeros)
+            known = np.asarray(known).astype(dtype)
+        solved, log_abs = solve(y, known)
         if jnp.shape(solved) != jnp.shape(y):
             return None
         if not ildj_wanted():
@@ -257,11 +264,23 @@ def _register_binary(
 
 
 def _div_lhs(y: Any, b: Any) -> tuple[Any, Any]:
-    return y * b, _log_abs(b)
+    solved = undetermined(
+        y * b,
+        b,
+        lambda k: k == 0,
+        "`div` by a known divisor with zeros loses the dividend there",
+    )
+    return solved, _log_abs(b)
 
 
 def _div_rhs(y: Any, a: Any) -> tuple[Any, Any]:
-    return a / y, _log_abs(a) - 2 * _log_abs(y)
+    solved = undetermined(
+        a / y,
+        a,
+        lambda k: k == 0,
+        "`div` of a known dividend with zeros loses the divisor there (0 / x = 0)",
+    )
+    return solved, _log_abs(a) - 2 * _log_abs(y)
 
 
 _register_binary(lax.div_p, _div_lhs, _div_rhs)
@@ -273,14 +292,26 @@ def _pow_lhs(y: Any, b: Any) -> tuple[Any, Any]:
     inv_b = lax.reciprocal(b)
     root = lax.pow(lax.abs(y), inv_b)
     odd = (lax.round(b) == b) & (lax.rem(lax.abs(b), jnp.ones_like(b) * 2) == 1)
-    solved = jnp.where(odd & (y < 0), -root, root)
+    solved = undetermined(
+        jnp.where(odd & (y < 0), -root, root),
+        b,
+        lambda k: k == 0,
+        "`pow` with a known exponent with zeros loses the base there (a**0 = 1)",
+    )
     return solved, -_log_abs(b) + (inv_b - 1) * _log_abs(y)
 
 
 def _pow_rhs(y: Any, a: Any) -> tuple[Any, Any]:
     """`y = a**b` for `b` with a known base `a > 0, a != 1`: `log(y) / log(a)`."""
     log_a = lax.log(a)
-    return lax.log(y) / log_a, -lax.log(y) - _log_abs(log_a)
+    solved = undetermined(
+        lax.log(y) / log_a,
+        a,
+        lambda k: (k <= 0) | (k == 1),
+        "`pow` of a known base that is not positive or is 1 does not determine "
+        "the exponent there",
+    )
+    return solved, -lax.log(y) - _log_abs(log_a)
 
 
 _register_binary(lax.pow_p, _pow_lhs, _pow_rhs)
@@ -335,12 +366,9 @@ def _select_n_inverse(outvals: Sequence[Any], which: Any, *cases: Any) -> Any:
         if np.all(selected):
             solved = y
         else:
-            dropped = np.argwhere(~selected)
-            shown = ", ".join(str(tuple(map(int, e))) for e in dropped[:6])
-            more = f" and {len(dropped) - 6} more" if len(dropped) > 6 else ""
             raise NotInvertibleError(
                 f"`select_n` discards case {k} where the predicate selects another "
-                f"case (elements {shown}{more} of {np.shape(y)}), so those "
+                f"case (elements {describe_elements(~selected)}), so those "
                 "elements cannot be recovered."
             )
     elif jnp.issubdtype(jnp.result_type(y), jnp.inexact):

@@ -59,6 +59,9 @@ class Solution:
         branches: per invar, the interval its value is known to lie in when
             it depends on a principal-branch choice (see `_branches.py`),
             else `None`.
+        nan_checks: with `nan_checks=True`, per backward step that may
+            return NaN, (how many elements it made NaN from NaN-free
+            results: an int32 scalar, message).
     """
 
     invals: list[Any]
@@ -67,6 +70,7 @@ class Solution:
     status: list[str]
     reasons: dict[int, str]
     branches: list[br.Interval | None] = dataclasses.field(default_factory=list)
+    nan_checks: list[tuple[Any, str]] = dataclasses.field(default_factory=list)
 
 
 class InverseWalker(BackwardWalker):
@@ -101,6 +105,7 @@ class InverseWalker(BackwardWalker):
         *,
         strict: bool = True,
         out_branches: Sequence[br.Interval | None] | None = None,
+        nan_checks: bool = False,
     ) -> Solution:
         """Find the unknown inputs of `jaxpr` (and any outputs not given).
 
@@ -113,6 +118,8 @@ class InverseWalker(BackwardWalker):
             out_branches: per outvar, the interval a given output lies in
                 when it comes from a principal-branch choice outside this
                 Jaxpr (an enclosing equation's), else `None`.
+            nan_checks: count, per backward step, the elements it returns
+                as NaN although its results are not (see `Solution`).
 
         Returns:
             A `Solution`.
@@ -189,6 +196,7 @@ class InverseWalker(BackwardWalker):
         pieces: dict[Any, list[Any]] = {}
         piece_branch: dict[Any, br.Interval] = {}
         ildj_terms: list[Any] = []
+        checks: list[tuple[Any, str]] = []
         # A stack, last equation on top: inversion mostly runs backwards, so
         # each equation of a chain is usually looked at once.
         stack = list(range(n))
@@ -272,8 +280,6 @@ class InverseWalker(BackwardWalker):
                 continue
             result_branches = [taint.get(v) for v in eqn.outvars]
             in_branches = [taint.get(v) for v in eqn.invars if type(v) is not _Literal]
-            if any(b is not None for b in result_branches):
-                _check_image(eqn, ins, result_branches, chooser)
             try:
                 user_ctx, eqn_ctx = compat.eqn_contexts(eqn)
                 with (
@@ -309,6 +315,9 @@ class InverseWalker(BackwardWalker):
                     f"({_known_summary(eqn, ins)})"
                 )
                 continue
+            if any(b is not None for b in result_branches):
+                # Checked once the rule accepts: a refusal of its own says more.
+                _check_image(eqn, ins, result_branches, chooser)
             # What the solved operands inherit: the chosen branch, or the
             # taint of the values the rule used.
             origin = eqn
@@ -354,6 +363,13 @@ class InverseWalker(BackwardWalker):
             solved, ildj = res[0], res[1]
             reported = res[2] if len(res) > 2 else None
             ildj_terms.append(ildj)
+            if nan_checks and _may_leave_undetermined(eqn):
+                new = [
+                    (k, val)
+                    for k, (v, val) in enumerate(zip(eqn.invars, solved, strict=True))
+                    if val is not None and type(v) is not _Literal and v not in env
+                ]
+                checks.extend(_nan_checks(eqn, outs, new))
             for k, (v, val) in enumerate(zip(eqn.invars, solved, strict=True)):
                 if val is not None and type(v) is not _Literal and v not in env:
                     got = branch
@@ -379,7 +395,7 @@ class InverseWalker(BackwardWalker):
         out_out = [v.val if type(v) is _Literal else env.get(v) for v in jaxpr.outvars]
         branches = [None if type(v) is _Literal else taint.get(v) for v in jaxpr.invars]
         solution = Solution(
-            in_out, out_out, _sum_terms(ildj_terms), status, reasons, branches
+            in_out, out_out, _sum_terms(ildj_terms), status, reasons, branches, checks
         )
         if strict:
             missing = [
@@ -447,6 +463,53 @@ class InverseWalker(BackwardWalker):
                 if got is not None:
                     taint[v] = got
                 learned(v)
+
+
+# Built-in rules that return NaN for elements the outputs leave undetermined
+# at run time (see `_rules.undetermined`), and the constructs that may hold
+# them. A `custom_inverse` (a `jit` with a marked name) is the user's own.
+_UNDETERMINED_NAN = frozenset(
+    {"select_n", "gather", "mul", "div", "pow", "scan", "while"} | br.BRANCH_AWARE
+)
+
+
+def _may_leave_undetermined(eqn: Any) -> bool:
+    if eqn.primitive.name not in _UNDETERMINED_NAN:
+        return False
+    if eqn.primitive is compat.jit_p:
+        return "__custom_inverse_" not in compat.jit_params(eqn.params).name
+    return True
+
+
+def _nan_checks(
+    eqn: Any, outs: Sequence[Any], solved: Sequence[tuple[int, Any]]
+) -> list[tuple[Any, str]]:
+    """For `strict` inversion: per solved floating operand, how many of its
+    elements the step made NaN (0 when a result is NaN already), and what to
+    say if that is not 0."""
+    given = [o for o in outs if o is not None and jnp.issubdtype(o.dtype, jnp.inexact)]
+    if given:
+        clean = ~jnp.any(jnp.stack([jnp.any(jnp.isnan(o)) for o in given]))
+    else:
+        clean = jnp.bool_(True)
+    found = []
+    for k, val in solved:
+        if not jnp.issubdtype(jnp.result_type(val), jnp.inexact):
+            continue
+        count = jnp.where(clean, jnp.sum(jnp.isnan(val), dtype=jnp.int32), 0)
+        aval = eqn.invars[k].aval.str_short()
+        what = f"`{eqn.primitive.name}`"
+        if eqn.primitive is compat.jit_p:
+            what = f"`jit` of `{compat.jit_params(eqn.params).name}`"
+        found.append(
+            (
+                count,
+                f"{what} at {source_line(eqn)}: the outputs do not "
+                f"determine {{count}} element(s) of operand {k} ({aval}), which "
+                "would come back as NaN",
+            )
+        )
+    return found
 
 
 def _reason(err: Exception) -> str:

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import _jax_compat as compat
 from .._custom_types import InverseRule
 from .._errors import NotInvertibleError
 from .._registry import RuleRegistry
@@ -226,14 +227,46 @@ register_binary(
 )
 
 
+def describe_elements(mask: np.ndarray, limit: int = 6) -> str:
+    """`"(0,), (2,) and 3 more of (8,)"`: the positions where `mask` holds."""
+    where = np.argwhere(mask)
+    shown = ", ".join(str(tuple(map(int, e))) for e in where[:limit])
+    more = f" and {len(where) - limit} more" if len(where) > limit else ""
+    return f"{shown}{more} of {np.shape(mask)}"
+
+
+def undetermined(solved: Any, known: Any, bad: Callable[[Any], Any], why: str) -> Any:
+    """`solved`, except where `bad(known)` marks elements that the known
+    operand `known` leaves undetermined.
+
+    A concrete `known` (a constant of the program) with any such element
+    raises `NotInvertibleError` naming them; a traced one (known only at run
+    time) makes those elements NaN, never a plausible wrong value.
+    """
+    if not compat.is_tracer(known):
+        flags = bad(np.asarray(known))
+        mask = np.broadcast_to(np.asarray(flags, dtype=bool), np.shape(solved))
+        if mask.any():
+            raise NotInvertibleError(f"{why} (elements {describe_elements(mask)}).")
+        return solved
+    nan = jnp.asarray(jnp.nan, jnp.result_type(solved))
+    return jnp.where(bad(known), nan, solved)
+
+
 def _divide_back(y: Any, known: Any) -> Any:
-    """`y / known`, the inverse of `x * known`, for inexact dtypes only."""
+    """`y / known`, the inverse of `x * known`, for inexact dtypes only; NaN
+    (or an error, for a constant factor) where the factor is zero."""
     if not jnp.issubdtype(jnp.result_type(y), jnp.inexact):
         raise NotInvertibleError(
             f"`mul` of {jnp.result_type(y)} values is not inverted: integer "
             "products wrap around and are not divisible back in general."
         )
-    return lax.div(y, known)
+    return undetermined(
+        lax.div(y, known),
+        known,
+        lambda k: k == 0,
+        "`mul` by a known factor with zeros loses the other factor there",
+    )
 
 
 register_binary(
