@@ -32,7 +32,7 @@ X1 = jnp.array([1.0, 2.0, 3.0])
         # Repeated: x1[0] is never read.
         ([2, 1, 2], "`gather` indices are not a permutation of the axis"),
         # Missing: the rows read are pieces of x1 that do not cover it.
-        ([2, 0], "the outputs do not determine these inputs"),
+        ([2, 0], "the outputs determine some elements but not (1,) of (3,)"),
     ],
     ids=["repeated", "missing"],
 )
@@ -166,3 +166,13 @@ def test_strict_keeps_gradients_and_the_ildj():
 
     tree_allclose(jax.grad(loss)(X1, True), jax.grad(loss)(X1, False))
     tree_allclose(jax.grad(loss)(X1, True), 2 * X1)
+
+
+def test_a_partly_recovered_input_names_the_missing_elements():
+    f = lambda x: jnp.exp(x[::2])  # noqa: E731
+    with pytest.raises(NotInvertibleError) as info:
+        jaxinterp.inverse(f, example_args=(jnp.ones(5),))(jnp.ones(3))
+    assert (
+        "input 0: the outputs determine some elements but not (1,), (3,) of (5,)"
+        in (str(info.value))
+    )

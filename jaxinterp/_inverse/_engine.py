@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from .. import _jax_compat as compat
@@ -33,7 +34,7 @@ from .._errors import (
 from .._interpreter import BackwardWalker, Env
 from .._registry import RuleRegistry
 from . import _branches as br
-from ._rules import inverse_rules, operand_avals
+from ._rules import describe_elements, inverse_rules, operand_avals
 
 _Literal = compat.Literal
 _DropVar = compat.DropVar
@@ -62,6 +63,8 @@ class Solution:
         nan_checks: with `nan_checks=True`, per backward step that may
             return NaN, (how many elements it made NaN from NaN-free
             results: an int32 scalar, message).
+        uncovered: (variable, boolean mask of the elements no piece
+            covers) for each value only partly recovered from pieces.
     """
 
     invals: list[Any]
@@ -71,6 +74,7 @@ class Solution:
     reasons: dict[int, str]
     branches: list[br.Interval | None] = dataclasses.field(default_factory=list)
     nan_checks: list[tuple[Any, str]] = dataclasses.field(default_factory=list)
+    uncovered: list[tuple[Any, Any]] = dataclasses.field(default_factory=list)
 
 
 class InverseWalker(BackwardWalker):
@@ -394,8 +398,16 @@ class InverseWalker(BackwardWalker):
         ]
         out_out = [v.val if type(v) is _Literal else env.get(v) for v in jaxpr.outvars]
         branches = [None if type(v) is _Literal else taint.get(v) for v in jaxpr.invars]
+        uncovered = [(v, _uncovered(v, have)) for v, have in pieces.items()]
         solution = Solution(
-            in_out, out_out, _sum_terms(ildj_terms), status, reasons, branches, checks
+            in_out,
+            out_out,
+            _sum_terms(ildj_terms),
+            status,
+            reasons,
+            branches,
+            checks,
+            uncovered,
         )
         if strict:
             missing = [
@@ -510,6 +522,20 @@ def _nan_checks(
             )
         )
     return found
+
+
+def _uncovered(v: Any, have: Sequence[Any]) -> np.ndarray:
+    """The elements of `v` that none of the pieces `have` covers."""
+    covered = np.zeros(v.aval.shape, dtype=bool)
+    for piece in have:
+        stride = piece.stride or (1,) * len(piece.start)
+        covered[
+            tuple(
+                slice(a, b, c)
+                for a, b, c in zip(piece.start, piece.limit, stride, strict=True)
+            )
+        ] = True
+    return ~covered
 
 
 def _reason(err: Exception) -> str:
@@ -639,6 +665,22 @@ def not_invertible_error(
             "No equation could be solved backwards for them: the outputs do not "
             "determine these inputs (is an input unused, or reduced away?)."
         )
+    partial = []
+    for v, mask in solution.uncovered:
+        if v in jaxpr.invars:
+            what = f"input {jaxpr.invars.index(v)}"
+        else:
+            what = f"an intermediate value {v.aval.str_short()}"
+        partial.append(
+            f"  {what}: the outputs determine some elements but not "
+            f"{describe_elements(mask)}."
+        )
+    if partial and not lines:
+        detail = "The outputs determine only some of its elements:\n" + "\n".join(
+            partial
+        )
+    elif partial:
+        detail += "\n\nPartly recovered:\n" + "\n".join(partial)
     err = NotInvertibleError(
         f"`inverse` cannot recover {names} from the outputs. {detail}\n"
         "Register a rule with `@jaxinterp.inverse_rules.register(...)`, or give "
