@@ -29,6 +29,10 @@ from ._inverse._api import (
 from ._inverse._custom import custom_inverse as custom_inverse
 from ._inverse._explain import explain_inverse as explain_inverse
 from ._inverse._rules import (
+    InverseContext as InverseContext,
+    InverseRuleRegistry as InverseRuleRegistry,
+    Piece as Piece,
+    PieceResult as PieceResult,
     inverse_rules as inverse_rules,
     register_binary as register_binary,
     register_elementwise as register_elementwise,

@@ -24,6 +24,9 @@ class InverseRule(Protocol):
     """An inverse rule for one primitive.
 
     Args:
+        ctx: a `jaxinterp.InverseContext`: the operands' and results' avals
+            (`ctx.operand_aval(k)`), and whether the ildj is wanted
+            (`ctx.want_ildj`; when false, return `0.0` for it).
         outvals: the values of the equation's outputs (all known).
         *invals: the operands, with `None` standing for each unknown one.
         **params: the equation params.
@@ -33,9 +36,10 @@ class InverseRule(Protocol):
         known, or a pair `(solved, ildj)`: `solved` lists one value per operand
         (known operands may be returned as they were), and `ildj` is the
         scalar `log|det|` of the Jacobian of the map from the outputs to the
-        unknown operands (`0.0` for volume-preserving maps).
+        unknown operands (`0.0` for volume-preserving maps; `None` to let the
+        engine compute it with `jax.jacfwd`), or a `PieceResult`.
     """
 
     def __call__(
-        self, outvals: Sequence[Any], *invals: Any, **params: Any
-    ) -> tuple[Sequence[Any], Any] | None: ...
+        self, ctx: Any, outvals: Sequence[Any], *invals: Any, **params: Any
+    ) -> Any: ...

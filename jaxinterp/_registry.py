@@ -114,11 +114,15 @@ class RuleRegistry(Generic[R]):
                         f"`{self.name}` already has a rule for primitive "
                         f"`{prim.name}`. Pass `override=True` to replace it."
                     )
-                self._rules[prim] = fn
+                self._rules[prim] = self._adapt(fn)
                 _bump()
             return fn
 
         return decorate if rule is None else decorate(rule)
+
+    def _adapt(self, fn: R) -> R:
+        """The rule to store for `fn` (subclasses adapt older rule forms)."""
+        return fn
 
     def unregister(self, prim: jex_core.Primitive) -> None:
         """Remove this registry's own rule for `prim` (the parent is untouched).

@@ -33,13 +33,14 @@ import jaxinterp
 from jaxinterp import NotInvertibleError
 from jaxinterp._inverse import _elementwise, _linalg, _structural  # noqa: F401
 from jaxinterp._inverse._rules import (
+    InverseContext,
     Piece,
     PieceResult,
     assemble,
     inverse_rules,
-    operand_aval,
-    operand_avals,
 )
+
+BARE = InverseContext()  # no avals: what a rule called by hand knows
 
 X64 = bool(jax.config.jax_enable_x64)
 HAS_INVERSE = hasattr(jaxinterp, "inverse_and_ildj")
@@ -389,8 +390,10 @@ def trace_records(fn: Callable[..., Any], x: Any) -> list[Record]:
 def call_rule(rec: Record, outvals: list[Any] | None = None) -> Any:
     rule = inverse_rules.lookup(rec.eqn)
     ins = [None if u else v for v, u in zip(rec.invals, rec.unknown, strict=True)]
-    with operand_avals(rec.eqn):
-        return rule(rec.outvals if outvals is None else outvals, *ins, **rec.eqn.params)
+    ctx = InverseContext.of(rec.eqn)
+    return rule(
+        ctx, rec.outvals if outvals is None else outvals, *ins, **rec.eqn.params
+    )
 
 
 def tolerance(*dtypes: Any) -> dict[str, float]:
@@ -520,7 +523,7 @@ def test_not_invertible_rules_raise_naming_the_primitive(prim):
     rule = inverse_rules.get(prim)
     assert rule is not None
     with pytest.raises(NotInvertibleError, match=re.escape(f"`{prim.name}`")):
-        rule([jnp.ones(3)], None, jnp.ones(3))
+        rule(BARE, [jnp.ones(3)], None, jnp.ones(3))
 
 
 # ---------------------------------------------------------------------------
@@ -700,15 +703,15 @@ def test_rules_return_none_when_they_cannot_solve_yet():
     assert call_rule(rec) is None  # both operands unknown
     rec = _record(lambda x: x.reshape(-1), x, lax.reshape_p)
     rule = inverse_rules.lookup(rec.eqn)
-    assert rule(rec.outvals, None, **rec.eqn.params) is None  # no aval outside
+    assert rule(BARE, rec.outvals, None, **rec.eqn.params) is None  # no aval
     rec = _record(lambda x: lax.div(x[0, 0], jnp.full(3, 2.0, x.dtype)), x, lax.div_p)
     assert call_rule(rec) is None  # a broadcast scalar cannot be recovered
 
 
 def test_rules_fall_back_without_avals():
-    """Called directly (outside `operand_avals`), rules use params and values."""
+    """Given no avals, rules use params and values."""
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
-    assert operand_aval(0) is None
+    assert BARE.operand_aval(0) is None
     for fn, prim in [
         (lambda x: jnp.concatenate([C23, x]), lax.concatenate_p),
         (lambda x: jnp.expand_dims(x, 1), lax.broadcast_in_dim_p),
@@ -717,7 +720,8 @@ def test_rules_fall_back_without_avals():
     ]:
         rec = _record(fn, x, prim)
         ins = [None if u else v for v, u in zip(rec.invals, rec.unknown, strict=True)]
-        solved, _ = inverse_rules.lookup(rec.eqn)(rec.outvals, *ins, **rec.eqn.params)
+        rule = inverse_rules.lookup(rec.eqn)
+        solved, _ = rule(BARE, rec.outvals, *ins, **rec.eqn.params)
         k = rec.unknown.index(True)
         np.testing.assert_array_equal(solved[k], rec.invals[k])
 
@@ -753,7 +757,7 @@ def test_select_n_with_a_traced_predicate_marks_discarded_elements_nan():
         lambda x: lax.select_n(pred, jnp.zeros(3, x.dtype), x), x, lax.select_n_p
     )
     rule = inverse_rules.lookup(rec.eqn)
-    solved = jax.jit(lambda y, p: rule([y], p, rec.invals[1], None)[0][2])(
+    solved = jax.jit(lambda y, p: rule(BARE, [y], p, rec.invals[1], None)[0][2])(
         rec.outvals[0], pred
     )
     np.testing.assert_array_equal(solved, [1.0, np.nan, 3.0])
@@ -825,7 +829,7 @@ def test_float64_rules_in_subprocess():
 
 @functools.cache
 def _engine_passes_avals() -> bool:
-    """Probe: a conversion needs the operand's dtype, from `operand_aval`."""
+    """Probe: a conversion needs the operand's dtype, from `ctx.operand_aval`."""
     probe = jaxinterp.inverse(
         lambda x: x.astype(jnp.float16),
         example_args=(jax.ShapeDtypeStruct((3,), jnp.float32),),
@@ -853,7 +857,7 @@ NEEDS_AVALS = {"flatten", "reshape_dims", "concat_two", "roll", "to_f16",
 @pytest.mark.parametrize("prim, fn, domain", CASES, ids=case_id)
 def test_inverse_end_to_end(prim, fn, domain):
     if fn.__name__ in NEEDS_AVALS and not _engine_passes_avals():
-        pytest.skip("the engine does not call rules inside `operand_avals(eqn)` yet")
+        pytest.skip("the engine does not pass avals to rules yet")
     if fn.__name__ in NEEDS_CONCRETE_INDICES and not _engine_folds_constants():
         pytest.skip(
             "the engine traces the index arithmetic, so gather indices are not "
@@ -895,3 +899,51 @@ def test_pieces_and_solves_compose_with_jit_vmap_grad():
     inv = jaxinterp.inverse(flow, example_args=(xs[0],))
     np.testing.assert_allclose(jax.jit(jax.vmap(inv))(ys), xs, rtol=1e-4, atol=1e-4)
     jax.test_util.check_grads(inv, (ys[0],), order=1, modes=["rev"], atol=1e-2)
+
+
+# ---------------------------------------------------------------------------
+# The rule signature: `rule(ctx, outvals, *invals, **params)`.
+
+
+def test_rules_get_the_avals_and_the_ildj_flag_explicitly():
+    seen = []
+    rules = jaxinterp.InverseRuleRegistry("probe", parent=inverse_rules)
+
+    @rules.register(lax.exp_p, override=True)
+    def exp_inverse(ctx, outvals, x, **params):
+        seen.append((ctx.in_avals, ctx.out_avals, ctx.want_ildj))
+        (y,) = outvals
+        return [jnp.log(y)], (-jnp.sum(jnp.log(y)) if ctx.want_ildj else 0.0)
+
+    walker = jaxinterp._inverse._engine.InverseWalker(rules)
+    closed = jax.make_jaxpr(jnp.exp)(jnp.ones((2, 3)))
+    y = jnp.exp(jnp.ones((2, 3)))
+    for wanted in (True, False):
+        sol = walker.solve(closed.jaxpr, closed.consts, [None], [y], want_ildj=wanted)
+        np.testing.assert_allclose(sol.invals[0], np.ones((2, 3)), rtol=1e-6)
+        np.testing.assert_allclose(sol.ildj, -6.0 if wanted else 0.0, rtol=1e-6)
+    assert [(tuple(a.shape for a in i), tuple(o.shape for o in out), w)
+            for i, out, w in seen] == [(((2, 3),), ((2, 3),), True),
+                                       (((2, 3),), ((2, 3),), False)]  # fmt: skip
+
+
+def test_a_rule_of_the_old_signature_is_adapted_with_a_deprecation_warning():
+    from jaxinterp._inverse._rules import ildj_wanted, operand_aval
+
+    rules = jaxinterp.InverseRuleRegistry("old", parent=inverse_rules)
+    seen = []
+
+    def old_exp_inverse(outvals, x, **params):
+        seen.append((operand_aval(0).shape, ildj_wanted()))
+        return [jnp.log(outvals[0])], 0.0
+
+    with pytest.warns(DeprecationWarning, match="has the old signature"):
+        rules.register(lax.exp_p, old_exp_inverse, override=True)
+    walker = jaxinterp._inverse._engine.InverseWalker(rules)
+    closed = jax.make_jaxpr(jnp.exp)(jnp.ones(3))
+    sol = walker.solve(
+        closed.jaxpr, closed.consts, [None], [jnp.ones(3)], want_ildj=False
+    )
+    np.testing.assert_allclose(sol.invals[0], np.zeros(3), atol=1e-7)
+    assert seen == [((3,), False)]
+    assert operand_aval(0) is None  # only inside the adapted call

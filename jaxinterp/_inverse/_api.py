@@ -25,7 +25,6 @@ from .._trace import (
     stage_flat,
 )
 from ._engine import InverseWalker
-from ._rules import want_ildj
 
 # Signatures remembered by each inverse function for its fast path.
 _SIGNATURES_PER_FUNCTION = 64
@@ -283,7 +282,9 @@ def _compile(
     def inverse_flat(*args: Any) -> list[Any]:
         ys, known = args[:n_y], iter(args[n_y:])
         invals = [None if m else next(known) for m in mask]
-        sol = walker.solve(jaxpr, consts, invals, list(ys), nan_checks=strict)
+        sol = walker.solve(
+            jaxpr, consts, invals, list(ys), nan_checks=strict, want_ildj=mode != "x"
+        )
         xs = [v for v, m in zip(sol.invals, mask, strict=True) if m]
         messages[:] = [message for _, message in sol.nan_checks]
         counts = [count for count, _ in sol.nan_checks]
@@ -297,7 +298,7 @@ def _compile(
         spec_of(a) for a, m in zip(staged.in_avals, mask, strict=True) if not m
     ]
     in_specs = [*(_spec(y) for y in y_leaves), *known_specs]
-    with compat.recursion_limit(compat.DEEP_RECURSION_LIMIT), want_ildj(mode != "x"):
+    with compat.recursion_limit(compat.DEEP_RECURSION_LIMIT):
         closed = jax.make_jaxpr(inverse_flat)(*in_specs)
     compiled = _Compiled(
         closed=compat.dce_closed_jaxpr(closed),

@@ -27,9 +27,7 @@ meet (`acosh(1) = 0 = -0`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -238,8 +236,8 @@ def describe(interval: Interval) -> str:
 
 
 # Rules of call-like primitives invert their body with the same engine and
-# hand it the intervals of their tainted results; each returns, as a third
-# element, the intervals of its solved operands.
+# hand it the intervals of their tainted results (`ctx.result_branches`);
+# each returns, as a third element, the intervals of its solved operands.
 BRANCH_AWARE = frozenset(
     {
         "jit",
@@ -256,26 +254,3 @@ BRANCH_AWARE = frozenset(
         "cond",
     }
 )
-
-# Internal to the engine and the call-like rules above (to become an explicit
-# rule argument with the next inverse-rule signature).
-_RESULT_BRANCHES: ContextVar[Sequence[Interval | None] | None] = ContextVar(
-    "jaxinterp_inverse_result_branches", default=None
-)
-
-
-@contextmanager
-def given_result_branches(branches: Sequence[Interval | None]) -> Iterator[None]:
-    token = _RESULT_BRANCHES.set(branches)
-    try:
-        yield
-    finally:
-        _RESULT_BRANCHES.reset(token)
-
-
-def result_branches(n: int) -> list[Interval | None]:
-    """The intervals of the equation's `n` results (`None`: exact values)."""
-    got = _RESULT_BRANCHES.get()
-    if got is None or len(got) != n:
-        return [None] * n
-    return list(got)

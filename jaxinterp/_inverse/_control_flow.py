@@ -20,7 +20,7 @@ from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
 from . import _branches as br
 from ._engine import InverseWalker
-from ._rules import ildj_wanted, inverse_rules, want_ildj
+from ._rules import InverseContext, inverse_rules
 
 _walker = InverseWalker()
 _Literal = compat.Literal
@@ -45,6 +45,8 @@ def _invert_closed(
     invals: Sequence[Any],
     outvals: Sequence[Any],
     out_branches: Sequence[br.Interval | None] | None = None,
+    *,
+    want_ildj: bool = True,
 ) -> tuple[list[Any], Any, list[br.Interval | None]]:
     """Solve `closed` for its unknown inputs.
 
@@ -56,7 +58,8 @@ def _invert_closed(
         compat.jaxpr_consts(closed),
         invals,
         outvals,
-        out_branches=out_branches,
+        out_branches=out_branches or None,
+        want_ildj=want_ildj,
     )
     return sol.invals, sol.ildj, sol.branches
 
@@ -82,12 +85,18 @@ def _with_context(what: str, err: NotInvertibleError) -> NotInvertibleError:
 
 
 def _inline_body_rule(get_body: Callable[[dict[str, Any]], Any], what: str) -> Any:
-    def rule(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
+    def rule(
+        ctx: InverseContext, outvals: Sequence[Any], *invals: Any, **params: Any
+    ) -> Any:
         if any(o is None for o in outvals):
             return None
         try:
             solved, ildj, branches = _invert_closed(
-                get_body(params), invals, outvals, br.result_branches(len(outvals))
+                get_body(params),
+                invals,
+                outvals,
+                ctx.result_branches,
+                want_ildj=ctx.want_ildj,
             )
         except NotInvertibleError as err:
             raise _with_context(what, err) from None
@@ -112,7 +121,9 @@ if compat.remat_p is not None:
     )
 
 
-def _logaddexp_inverse(outvals: Sequence[Any], a: Any, b: Any) -> Any:
+def _logaddexp_inverse(
+    ctx: InverseContext, outvals: Sequence[Any], a: Any, b: Any
+) -> Any:
     """`y = logaddexp(a, b)` with one side known: `a = y + log1p(-exp(b - y))`."""
     (y,) = outvals
     if (a is None) == (b is None):
@@ -131,13 +142,15 @@ def _logaddexp_inverse(outvals: Sequence[Any], a: Any, b: Any) -> Any:
 _NAMED_CUSTOM_JVP: dict[str, Callable[..., Any]] = {"logaddexp": _logaddexp_inverse}
 
 
-def _custom_jvp_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
+def _custom_jvp_inverse(
+    ctx: InverseContext, outvals: Sequence[Any], *invals: Any, **params: Any
+) -> Any:
     named = _NAMED_CUSTOM_JVP.get(compat.call_name(params))
-    tainted = any(b is not None for b in br.result_branches(len(outvals)))
+    tainted = any(b is not None for b in ctx.result_branches)
     if named is not None and len(invals) == 2 and not tainted:
-        return named(outvals, *invals)
+        return named(ctx, outvals, *invals)
     return _inline_body_rule(compat.call_jaxpr, "a `custom_jvp` function")(
-        outvals, *invals, **params
+        ctx, outvals, *invals, **params
     )
 
 
@@ -188,6 +201,7 @@ def _jitted_inverse(
     name: str,
     baked: dict[int, Any],
     out_branches: tuple[br.Interval | None, ...],
+    wanted: bool,
 ) -> tuple[Any, list[br.Interval | None]]:
     """The inverse of a `jit` body as a `jax.jit` of (outvals, traced knowns),
     and the list its first trace fills with the solved operands' branch
@@ -200,7 +214,6 @@ def _jitted_inverse(
     """
     # JAX caches the trace per function: one function per (mask, ildj wanted,
     # branch intervals of the results). Tracing fills `branches_in`.
-    wanted = ildj_wanted()
     per_body = _jit_cache.setdefault(closed, {})
     key = (mask, wanted, out_branches)
     got = None if baked else per_body.get(key)
@@ -213,8 +226,9 @@ def _jitted_inverse(
         body = body_ref()
         assert body is not None, "the jit body outlived its inverse"
         invals = _merge_known(mask, baked, known)
-        with want_ildj(wanted):
-            solved, ildj, branches = _invert_closed(body, invals, outvals, out_branches)
+        solved, ildj, branches = _invert_closed(
+            body, invals, outvals, out_branches, want_ildj=wanted
+        )
         branches_in[:] = branches
         dtype = _ildj_dtype(outvals)
         return [s for s, unknown in zip(solved, mask, strict=True) if unknown], (
@@ -229,13 +243,15 @@ def _jitted_inverse(
 
 
 @inverse_rules.register(compat.jit_p)
-def _jit_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
+def _jit_inverse(
+    ctx: InverseContext, outvals: Sequence[Any], *invals: Any, **params: Any
+) -> Any:
     p = compat.jit_params(params)
     from ._custom import custom_inverse_rule
 
     custom = custom_inverse_rule(p.name)
     if custom is not None:
-        if any(b is not None for b in br.result_branches(len(outvals))):
+        if any(b is not None for b in ctx.result_branches):
             raise NotInvertibleError(
                 f"the `custom_inverse` of `{p.name}` would be applied to a value "
                 "chosen on the principal branch of a map that is not injective, "
@@ -248,8 +264,10 @@ def _jit_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
         return None
     mask = tuple(v is None for v in invals)
     baked, known = _split_known(invals)
-    out_branches = tuple(br.result_branches(len(outvals)))
-    fn, branches = _jitted_inverse(p.jaxpr, mask, p.name, baked, out_branches)
+    out_branches = tuple(ctx.result_branches)
+    fn, branches = _jitted_inverse(
+        p.jaxpr, mask, p.name, baked, out_branches, ctx.want_ildj
+    )
     try:
         xs, ildj = fn(list(outvals), known)
     except NotInvertibleError as err:
@@ -264,7 +282,9 @@ def _jit_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
 
 
 @inverse_rules.register(compat.cond_p)
-def _cond_inverse(outvals: Sequence[Any], index: Any, *ops: Any, **params: Any) -> Any:
+def _cond_inverse(
+    ctx: InverseContext, outvals: Sequence[Any], index: Any, *ops: Any, **params: Any
+) -> Any:
     if index is None:
         raise NotInvertibleError(
             "the branch index of a `cond` depends on an unknown input"
@@ -275,14 +295,16 @@ def _cond_inverse(outvals: Sequence[Any], index: Any, *ops: Any, **params: Any) 
     mask = [v is None for v in ops]
     baked, known = _split_known(ops)
     dtype = _ildj_dtype(outvals)
-    out_branches = br.result_branches(len(outvals))
+    out_branches = ctx.result_branches
     # Per operand, the union over the branches of the solved value's interval.
     op_branches: list[br.Interval | None] = [None] * len(ops)
 
     def branch_inverse(closed: Any) -> Callable[..., Any]:
         def inv(outs: list[Any], known_ops: list[Any]) -> tuple[list[Any], Any]:
             invals = _merge_known(mask, baked, known_ops)
-            solved, ildj, got = _invert_closed(closed, invals, outs, out_branches)
+            solved, ildj, got = _invert_closed(
+                closed, invals, outs, out_branches, want_ildj=ctx.want_ildj
+            )
             for k, b in enumerate(got):
                 op_branches[k] = br.union(op_branches[k], b)
             xs = [s for s, m in zip(solved, mask, strict=True) if m]
@@ -334,7 +356,9 @@ def _known_carry(
 
 
 @inverse_rules.register(compat.scan_p)
-def _scan_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
+def _scan_inverse(
+    ctx: InverseContext, outvals: Sequence[Any], *invals: Any, **params: Any
+) -> Any:
     p = compat.scan_params(params)
     n_consts, n_carry = p.num_consts, p.num_carry
     consts = list(invals[:n_consts])
@@ -393,7 +417,9 @@ def _scan_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
         invals_t = body_invals(kc_t, None, kx_t)
         nxt = iter(carry_next)
         outs_t = [None if k else next(nxt) for k in c_known] + list(y_t)
-        sol = _walker.solve(body, body_consts, invals_t, outs_t)
+        sol = _walker.solve(
+            body, body_consts, invals_t, outs_t, want_ildj=ctx.want_ildj
+        )
         step_branches[:] = sol.branches
         carry_in = sol.invals[n_consts : n_consts + n_carry]
         carry = [c for c, k in zip(carry_in, c_known, strict=True) if not k]
@@ -436,7 +462,9 @@ def _scan_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
 
 
 @inverse_rules.register(compat.while_p)
-def _while_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
+def _while_inverse(
+    ctx: InverseContext, outvals: Sequence[Any], *invals: Any, **params: Any
+) -> Any:
     p = compat.while_params(params)
     nc, nb = p.cond_nconsts, p.body_nconsts
     cond_consts = list(invals[:nc])
@@ -497,7 +525,11 @@ def _while_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
     def undo(_: Any, state: tuple[list[Any], Any]) -> tuple[list[Any], Any]:
         carry, total = state
         sol = _walker.solve(
-            body, body_jconsts, [*body_consts, *([None] * n_carry)], carry
+            body,
+            body_jconsts,
+            [*body_consts, *([None] * n_carry)],
+            carry,
+            want_ildj=ctx.want_ildj,
         )
         undo_branches[:] = sol.branches[nb:]
         return list(sol.invals[nb:]), total + jnp.asarray(sol.ildj).astype(dtype)

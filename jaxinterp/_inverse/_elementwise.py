@@ -20,10 +20,9 @@ from jax import lax
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
 from ._rules import (
+    InverseContext,
     describe_elements,
-    ildj_wanted,
     inverse_rules,
-    operand_aval,
     register_elementwise,
     total,
     undetermined,
@@ -123,7 +122,9 @@ register_elementwise(
 
 
 @inverse_rules.register(lax.integer_pow_p)
-def _integer_pow_inverse(outvals: Sequence[Any], x: Any, *, y: int, **params: Any):
+def _integer_pow_inverse(
+    ctx: InverseContext, outvals: Sequence[Any], x: Any, *, y: int, **params: Any
+):
     """`out = x**n`: odd `n` is inverted everywhere, as `sign(out) * |out|**(1/n)`;
     even `n` on the branch `x >= 0`. Negative `n` likewise (`x**-1`, `x**-3` are
     inverted for negative `x` too). `n = 0` is constant, hence not invertible."""
@@ -151,25 +152,30 @@ def _integer_pow_inverse(outvals: Sequence[Any], x: Any, *, y: int, **params: An
     else:
         root = lax.pow(lax.abs(out), jnp.asarray(1 / n, out.dtype))
         solved = lax.sign(out) * root if n % 2 else root
-    if not ildj_wanted():
+    if not ctx.want_ildj:
         return [solved], 0.0
     return [solved], total(-math.log(abs(n)) + (1 / n - 1) * _log_abs(out))
 
 
 @inverse_rules.register(lax.convert_element_type_p)
 def _convert_element_type_inverse(
-    outvals: Sequence[Any], x: Any, *, new_dtype: Any, **params: Any
+    ctx: InverseContext,
+    outvals: Sequence[Any],
+    x: Any,
+    *,
+    new_dtype: Any,
+    **params: Any,
 ):
     """Conversions between floating dtypes are inverted by converting back
     (ildj 0). Conversions from or to integers and booleans round, and
     complex-to-real drops the imaginary part, so they are not invertible.
 
-    The source dtype comes from `operand_aval`; called without it, the value
+    The source dtype comes from `ctx.operand_aval`; called without it, the value
     is returned in `new_dtype`."""
     if x is not None:
         return None
     (out,) = outvals
-    aval = operand_aval(0)
+    aval = ctx.operand_aval(0)
     src = None if aval is None else aval.dtype
     if not jnp.issubdtype(new_dtype, jnp.inexact) or (
         src is not None and not jnp.issubdtype(src, jnp.inexact)
@@ -192,7 +198,9 @@ def _convert_element_type_inverse(
     return [lax.convert_element_type(out, src)], 0.0
 
 
-def _identity_inverse(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
+def _identity_inverse(
+    ctx: InverseContext, outvals: Sequence[Any], *invals: Any, **params: Any
+) -> Any:
     """Operands equal results: copy each known result back (results dropped
     from the program stay unknown)."""
     solved = [o if v is None else v for o, v in zip(outvals, invals, strict=True)]
@@ -226,7 +234,9 @@ def _register_binary(
     shape check against the unknown operand's aval (a broadcast scalar operand
     cannot be recovered)."""
 
-    def rule(outvals: Sequence[Any], a: Any, b: Any, **params: Any) -> Any:
+    def rule(
+        ctx: InverseContext, outvals: Sequence[Any], a: Any, b: Any, **params: Any
+    ) -> Any:
         (y,) = outvals
         if a is None and b is not None and solve_lhs is not None:
             solve, known, index = solve_lhs, b, 0
@@ -238,7 +248,7 @@ def _register_binary(
             raise NotInvertibleError(
                 f"`{prim.name}` of integers rounds, so it is not inverted."
             )
-        aval = operand_aval(index)
+        aval = ctx.operand_aval(index)
         if aval is not None and tuple(aval.shape) != jnp.shape(y):
             return None
         if jnp.ndim(known) != 0 and jnp.shape(known) != jnp.shape(y):
@@ -251,7 +261,7 @@ def _register_binary(
         solved, log_abs = solve(y, known)
         if jnp.shape(solved) != jnp.shape(y):
             return None
-        if not ildj_wanted():
+        if not ctx.want_ildj:
             ildj = 0.0
         elif jnp.ndim(log_abs) == 0:  # a scalar counts once per element
             ildj = log_abs * math.prod(jnp.shape(y))
@@ -340,7 +350,9 @@ _register_binary(lax.xor_p, _xor_solve, _xor_solve, floats_only=False)
 
 
 @inverse_rules.register(lax.not_p)
-def _not_inverse(outvals: Sequence[Any], x: Any, **params: Any) -> Any:
+def _not_inverse(
+    ctx: InverseContext, outvals: Sequence[Any], x: Any, **params: Any
+) -> Any:
     """Bitwise (or logical) not is its own inverse."""
     if x is not None:
         return None
@@ -349,7 +361,9 @@ def _not_inverse(outvals: Sequence[Any], x: Any, **params: Any) -> Any:
 
 
 @inverse_rules.register(lax.select_n_p)
-def _select_n_inverse(outvals: Sequence[Any], which: Any, *cases: Any) -> Any:
+def _select_n_inverse(
+    ctx: InverseContext, outvals: Sequence[Any], which: Any, *cases: Any
+) -> Any:
     """With a known predicate and one unknown case, the case equals the result
     where the predicate selects it. Elsewhere it was discarded: a concrete
     predicate that does not select the case everywhere raises; under tracing
@@ -426,7 +440,9 @@ _NOT_INVERTIBLE: dict[str, str] = {
 
 
 def _not_invertible_rule(name: str, why: str) -> Any:
-    def rule(outvals: Sequence[Any], *invals: Any, **params: Any) -> Any:
+    def rule(
+        ctx: InverseContext, outvals: Sequence[Any], *invals: Any, **params: Any
+    ) -> Any:
         raise NotInvertibleError(f"`{name}` is not invertible: {why}.")
 
     rule.__name__ = f"_{name}_inverse"

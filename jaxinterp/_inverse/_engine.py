@@ -34,7 +34,7 @@ from .._errors import (
 from .._interpreter import BackwardWalker, Env
 from .._registry import RuleRegistry
 from . import _branches as br
-from ._rules import describe_elements, inverse_rules, operand_avals
+from ._rules import InverseContext, describe_elements, inverse_rules
 
 _Literal = compat.Literal
 _DropVar = compat.DropVar
@@ -91,7 +91,10 @@ class InverseWalker(BackwardWalker):
 
     def process_eqn_backward(self, eqn: Any, outvals: list[Any]) -> list[Any]:
         """Solve one equation whose operands are all unknown (plain backward walk)."""
-        res = self.rules.lookup(eqn)(outvals, *([None] * len(eqn.invars)), **eqn.params)
+        rule = self.rules.lookup(eqn)
+        res = rule(
+            InverseContext.of(eqn), outvals, *([None] * len(eqn.invars)), **eqn.params
+        )
         if res is None or not isinstance(res, tuple):
             raise NotInvertibleError(
                 f"{eqn_context(self.name, eqn)}: cannot solve for its operands."
@@ -110,6 +113,7 @@ class InverseWalker(BackwardWalker):
         strict: bool = True,
         out_branches: Sequence[br.Interval | None] | None = None,
         nan_checks: bool = False,
+        want_ildj: bool = True,
     ) -> Solution:
         """Find the unknown inputs of `jaxpr` (and any outputs not given).
 
@@ -124,6 +128,7 @@ class InverseWalker(BackwardWalker):
                 Jaxpr (an enclosing equation's), else `None`.
             nan_checks: count, per backward step, the elements it returns
                 as NaN although its results are not (see `Solution`).
+            want_ildj: whether the ildj is wanted (rules may skip it if not).
 
         Returns:
             A `Solution`.
@@ -284,20 +289,24 @@ class InverseWalker(BackwardWalker):
                 continue
             result_branches = [taint.get(v) for v in eqn.outvars]
             in_branches = [taint.get(v) for v in eqn.invars if type(v) is not _Literal]
+            ctx = InverseContext.of(
+                eqn,
+                want_ildj=want_ildj,
+                result_branches=(
+                    result_branches
+                    if any(b is not None for b in result_branches)
+                    else ()
+                ),
+            )
             try:
                 user_ctx, eqn_ctx = compat.eqn_contexts(eqn)
-                with (
-                    user_ctx,
-                    eqn_ctx,
-                    operand_avals(eqn),
-                    br.given_result_branches(result_branches),
-                ):
-                    res = rule(outs, *ins, **eqn.params)
+                with user_ctx, eqn_ctx:
+                    res = rule(ctx, outs, *ins, **eqn.params)
                     if res is not None and not hasattr(res, "pieces"):
                         if res[1] is None:
                             res = (
                                 res[0],
-                                _generic_ildj(rule, eqn, outs, ins),
+                                _generic_ildj(rule, ctx, eqn, outs, ins),
                                 *res[2:],
                             )
             except NotInvertibleError as err:
@@ -625,7 +634,9 @@ def _sum_terms(terms: list[Any]) -> Any:
     return jnp.asarray(result)
 
 
-def _generic_ildj(rule: Any, eqn: Any, outs: list[Any], ins: list[Any]) -> Any:
+def _generic_ildj(
+    rule: Any, ctx: InverseContext, eqn: Any, outs: list[Any], ins: list[Any]
+) -> Any:
     """`log|det|` of the Jacobian of the rule's solution w.r.t. the results.
 
     Used when a rule does not give its ildj. `nan` when the map is not square.
@@ -634,7 +645,7 @@ def _generic_ildj(rule: Any, eqn: Any, outs: list[Any], ins: list[Any]) -> Any:
     flat_outs, unravel = ravel_pytree(list(outs))
 
     def solve(flat: Any) -> Any:
-        res = rule(unravel(flat), *ins, **eqn.params)
+        res = rule(ctx, unravel(flat), *ins, **eqn.params)
         solved = res[0]
         return ravel_pytree([solved[k] for k in unknown])[0]
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._errors import NotInvertibleError
-from ._rules import ildj_wanted, inverse_rules, operand_aval, total
+from ._rules import InverseContext, inverse_rules, total
 
 
 def _argsort(order: Sequence[int]) -> tuple[int, ...]:
@@ -23,6 +23,7 @@ def _argsort(order: Sequence[int]) -> tuple[int, ...]:
 
 @inverse_rules.register(lax.dot_general_p)
 def _dot_general_inverse(
+    ctx: InverseContext,
     outvals: Sequence[Any],
     lhs: Any,
     rhs: Any,
@@ -88,10 +89,10 @@ def _dot_general_inverse(
         x = x.reshape(batch_shape + contract_shape + x_free_shape)
         layout = x_batch + x_contract + x_free
     x = lax.transpose(x, _argsort(layout))
-    aval = operand_aval(0 if x_is_lhs else 1)
+    aval = ctx.operand_aval(0 if x_is_lhs else 1)
     if aval is not None:
         x = lax.convert_element_type(x, aval.dtype)
-    ildj = -k * total(jnp.linalg.slogdet(m)[1]) if ildj_wanted() else 0.0
+    ildj = -k * total(jnp.linalg.slogdet(m)[1]) if ctx.want_ildj else 0.0
     return ([x, rhs] if x_is_lhs else [lhs, x]), ildj
 
 
@@ -112,6 +113,7 @@ def _triangle(a: Any, lower: bool, unit_diagonal: bool) -> Any:
 
 @inverse_rules.register(jex_prims.triangular_solve_p)
 def _triangular_solve_inverse(
+    ctx: InverseContext,
     outvals: Sequence[Any],
     a: Any,
     b: Any,
@@ -145,7 +147,7 @@ def _triangular_solve_inverse(
         if left_side
         else jnp.matmul(y, op, precision=hi)
     )
-    if unit_diagonal or not ildj_wanted():
+    if unit_diagonal or not ctx.want_ildj:
         ildj: Any = 0.0
     else:
         k = jnp.shape(y)[-1] if left_side else jnp.shape(y)[-2]
@@ -168,7 +170,9 @@ def _shifted(y: Any, axis: int, reverse: bool, fill: Any) -> Any:
 
 
 @inverse_rules.register(lax.cumsum_p)
-def _cumsum_inverse(outvals: Sequence[Any], x: Any, *, axis: int, reverse: bool):
+def _cumsum_inverse(
+    ctx: InverseContext, outvals: Sequence[Any], x: Any, *, axis: int, reverse: bool
+):
     """Differences along the axis (unit triangular: ildj 0)."""
     if x is not None:
         return None
@@ -177,7 +181,9 @@ def _cumsum_inverse(outvals: Sequence[Any], x: Any, *, axis: int, reverse: bool)
 
 
 @inverse_rules.register(lax.cumprod_p)
-def _cumprod_inverse(outvals: Sequence[Any], x: Any, *, axis: int, reverse: bool):
+def _cumprod_inverse(
+    ctx: InverseContext, outvals: Sequence[Any], x: Any, *, axis: int, reverse: bool
+):
     """Ratios along the axis; the operand must have no zeros."""
     if x is not None:
         return None
@@ -185,12 +191,12 @@ def _cumprod_inverse(outvals: Sequence[Any], x: Any, *, axis: int, reverse: bool
     if not jnp.issubdtype(jnp.result_type(y), jnp.inexact):
         raise NotInvertibleError("`cumprod` of integers is not inverted.")
     prev = _shifted(y, axis, reverse, 1)
-    return [y / prev], (-total(lax.log(lax.abs(prev))) if ildj_wanted() else 0.0)
+    return [y / prev], (-total(lax.log(lax.abs(prev))) if ctx.want_ildj else 0.0)
 
 
 @inverse_rules.register(lax.cumlogsumexp_p)
 def _cumlogsumexp_inverse(
-    outvals: Sequence[Any], x: Any, *, axis: int, reverse: bool
+    ctx: InverseContext, outvals: Sequence[Any], x: Any, *, axis: int, reverse: bool
 ) -> Any:
     """`x = y + log(1 - exp(prev - y))` where `prev` is the previous partial sum."""
     if x is not None:
@@ -198,4 +204,4 @@ def _cumlogsumexp_inverse(
     (y,) = outvals
     prev = _shifted(y, axis, reverse, -math.inf)
     log_gap = lax.log(-lax.expm1(prev - y))
-    return [y + log_gap], (-total(log_gap) if ildj_wanted() else 0.0)
+    return [y + log_gap], (-total(log_gap) if ctx.want_ildj else 0.0)

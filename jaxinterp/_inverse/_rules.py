@@ -1,9 +1,10 @@
 """The `inverse` rule table and builders for common rule shapes.
 
-An inverse rule receives the equation's output values (all known), then its
-operands with `None` for each unknown one, then the params:
+An inverse rule receives an `InverseContext` (the equation's operand and
+result avals, whether the ildj is wanted), the equation's output values (all
+known), then its operands with `None` for each unknown one, then the params:
 
-    rule(outvals, *invals, **params) -> (solved, ildj) | None
+    rule(ctx, outvals, *invals, **params) -> (solved, ildj) | None
 
 It returns `None` when it cannot solve for the unknown operands given what is
 known (the engine retries when more becomes known), or raises
@@ -17,7 +18,9 @@ with `jax.jacfwd` and `slogdet` (exact but slow: give it when you can).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -33,33 +36,157 @@ from .._custom_types import InverseRule
 from .._errors import NotInvertibleError
 from .._registry import RuleRegistry
 
-inverse_rules: RuleRegistry[InverseRule] = RuleRegistry(
+
+class InverseContext:
+    """What an inverse rule is told about the equation it inverts, besides values.
+
+    Attributes:
+        want_ildj: whether the ildj is wanted (`inverse` alone does not need
+            it: a rule may return `0.0` then, and skip computing it).
+        result_branches: internal to jaxinterp's call-like rules: per result,
+            the interval a value chosen on a principal branch lies in, else
+            `None` (empty when no result depends on such a choice).
+    """
+
+    __slots__ = ("_in", "_out", "result_branches", "want_ildj")
+
+    def __init__(
+        self,
+        in_avals: Sequence[Any] = (),
+        out_avals: Sequence[Any] = (),
+        *,
+        want_ildj: bool = True,
+        result_branches: Sequence[Any] = (),
+    ) -> None:
+        self._in = in_avals
+        self._out = out_avals
+        self.want_ildj = want_ildj
+        self.result_branches = tuple(result_branches)
+
+    @classmethod
+    def of(
+        cls,
+        eqn: Any,
+        *,
+        want_ildj: bool = True,
+        result_branches: Sequence[Any] = (),
+    ) -> InverseContext:
+        """The context for inverting `eqn` (its avals are read when asked)."""
+        return cls(
+            _Avals(eqn.invars),
+            _Avals(eqn.outvars),
+            want_ildj=want_ildj,
+            result_branches=result_branches,
+        )
+
+    @property
+    def in_avals(self) -> tuple[Any, ...]:
+        """The operands' abstract values (empty if not known)."""
+        return tuple(self._in)
+
+    @property
+    def out_avals(self) -> tuple[Any, ...]:
+        """The results' abstract values (empty if not known)."""
+        return tuple(self._out)
+
+    def operand_aval(self, index: int) -> Any | None:
+        """The aval of operand `index`, or `None` if the context lacks it."""
+        if not 0 <= index < len(self._in):
+            return None
+        return self._in[index]
+
+    def __repr__(self) -> str:
+        avals = ", ".join(a.str_short() for a in self.in_avals)
+        return f"InverseContext(in_avals=({avals}), want_ildj={self.want_ildj})"
+
+
+class _Avals(Sequence[Any]):
+    """The avals of a list of variables, read on access."""
+
+    __slots__ = ("_vars",)
+
+    def __init__(self, variables: Sequence[Any]) -> None:
+        self._vars = variables
+
+    def __len__(self) -> int:
+        return len(self._vars)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return tuple(v.aval for v in self._vars[index])
+        return self._vars[index].aval
+
+
+def _takes_context(fn: Callable[..., Any]) -> bool:
+    """Whether `fn` is a rule of the current signature: first parameter `ctx`."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    return bool(params) and params[0].name == "ctx"
+
+
+class InverseRuleRegistry(RuleRegistry[InverseRule]):
+    """The inverse rule table: `rule(ctx, outvals, *invals, **params)`.
+
+    A rule whose first parameter is not named `ctx` has the signature of
+    jaxinterp 0.1, `rule(outvals, *invals, **params)`, reading
+    `operand_aval(k)` and `ildj_wanted()`: it is adapted, with a
+    `DeprecationWarning` (that form goes in the next release).
+    """
+
+    def _adapt(self, fn: Any) -> Any:
+        if _takes_context(fn):
+            return fn
+        warnings.warn(
+            f"The inverse rule {getattr(fn, '__qualname__', fn)!r} has the old "
+            "signature `rule(outvals, *invals, **params)`; inverse rules now take "
+            "an `InverseContext` first, `rule(ctx, outvals, *invals, **params)`, "
+            "and read `ctx.operand_aval(k)` and `ctx.want_ildj` instead of "
+            "`operand_aval(k)` and `ildj_wanted()`. The old form is adapted for "
+            "this release only.",
+            DeprecationWarning,
+            stacklevel=4,
+        )
+
+        def legacy(
+            ctx: InverseContext, outvals: Sequence[Any], *invals: Any, **params: Any
+        ) -> Any:
+            with _legacy_context(ctx):
+                return fn(outvals, *invals, **params)
+
+        legacy.__name__ = getattr(fn, "__name__", "rule")
+        legacy.__wrapped__ = fn  # type: ignore[attr-defined]
+        return legacy
+
+
+inverse_rules: InverseRuleRegistry = InverseRuleRegistry(
     "inverse", qualname="jaxinterp.inverse_rules"
 )
-"""Inverse rules: `rule(outvals, *invals, **params) -> (solved, ildj) | None`."""
+"""Inverse rules: `rule(ctx, outvals, *invals, **params) -> (solved, ildj) | None`."""
 
 Solve = Callable[..., Any]
 
 
-# Whether the ildj is wanted: `inverse` alone traces the engine with this off,
-# so rules built here skip computing it (and dead-code elimination drops what
-# hand-written rules compute anyway).
+# The 0.3 rule signature read the context from ContextVars; they are set only
+# around rules of that form (see `InverseRuleRegistry`), for one release.
 _WANT_ILDJ: ContextVar[bool] = ContextVar("jaxinterp_want_ildj", default=True)
 
 
 def ildj_wanted() -> bool:
-    """Whether the running inversion needs the ildj (rules may skip it if not)."""
+    """Deprecated: rules read `ctx.want_ildj`. For rules of the old signature."""
     return _WANT_ILDJ.get()
 
 
 @contextmanager
-def want_ildj(wanted: bool) -> Iterator[None]:
-    """Say, inside the block, whether the ildj is wanted."""
-    token = _WANT_ILDJ.set(wanted)
+def _legacy_context(ctx: InverseContext) -> Iterator[None]:
+    wanted = _WANT_ILDJ.set(ctx.want_ildj)
+    avals = _AVALS.set(tuple(ctx.in_avals))
     try:
         yield
     finally:
-        _WANT_ILDJ.reset(token)
+        _AVALS.reset(avals)
+        _WANT_ILDJ.reset(wanted)
 
 
 _reduce_sum = getattr(lax, "reduce_sum", None)
@@ -118,7 +245,9 @@ def register_elementwise(
         The registered rule.
     """
 
-    def rule(outvals: Sequence[Any], x: Any, **eqn_params: Any) -> Any:
+    def rule(
+        ctx: InverseContext, outvals: Sequence[Any], x: Any, **eqn_params: Any
+    ) -> Any:
         if x is not None:
             return None
         params = eqn_params if pass_params else {}
@@ -126,7 +255,7 @@ def register_elementwise(
         if y is None:
             return None
         solved = inverse_fn(y, **params)
-        if not _WANT_ILDJ.get():
+        if not ctx.want_ildj:
             ildj: Any = 0.0
         elif log_abs_dinv is None:
             ildj = elementwise_ildj(lambda t: inverse_fn(t, **params), y)
@@ -160,7 +289,9 @@ def register_binary(
         The registered rule.
     """
 
-    def rule(outvals: Sequence[Any], a: Any, b: Any, **params: Any) -> Any:
+    def rule(
+        ctx: InverseContext, outvals: Sequence[Any], a: Any, b: Any, **params: Any
+    ) -> Any:
         (y,) = outvals
         if y is None:
             return None
@@ -172,13 +303,13 @@ def register_binary(
             return None
         if np.shape(known) != np.shape(y) and np.ndim(known) != 0:
             return None
-        aval = operand_aval(0 if a is None else 1)
+        aval = ctx.operand_aval(0 if a is None else 1)
         if aval is not None and tuple(aval.shape) != tuple(np.shape(y)):
             return None  # a broadcast unknown cannot be recovered
         solved = solve(y, known)
         if np.shape(solved) != np.shape(y):
             return None
-        if not _WANT_ILDJ.get():
+        if not ctx.want_ildj:
             ildj: Any = 0.0
         elif log_abs is None:
             ildj = elementwise_ildj(lambda t: solve(t, known), y)
@@ -282,38 +413,20 @@ register_binary(
 # Many outputs from one input: rules for `slice`-like primitives return pieces
 # of an operand; the engine collects them per variable and `assemble`s it once
 # they cover it. Rules that need an unknown operand's shape or dtype read it
-# from `operand_aval` while the engine calls them inside `operand_avals(eqn)`.
+# from `ctx.operand_aval(k)`.
 
 _AVALS: ContextVar[tuple[Any, ...] | None] = ContextVar(
     "jaxinterp_inverse_operand_avals", default=None
 )
 
 
-class operand_avals:  # noqa: N801 - used like a function: `with operand_avals(eqn)`
-    """Make `eqn`'s operand avals visible to `operand_aval` inside the block."""
-
-    __slots__ = ("_invars", "_token")
-
-    def __init__(self, eqn: Any) -> None:
-        self._invars = eqn.invars  # avals are read only when a rule asks
-
-    def __enter__(self) -> None:
-        self._token = _AVALS.set(self._invars)
-
-    def __exit__(self, *exc: object) -> None:
-        _AVALS.reset(self._token)
-
-
 def operand_aval(index: int) -> Any | None:
-    """Return the aval of operand `index` of the equation being inverted, or `None`.
-
-    `None` outside `operand_avals` (a rule called directly): rules then fall
-    back to what the params and the known values determine.
-    """
-    invars = _AVALS.get()
-    if invars is None or not 0 <= index < len(invars):
+    """Deprecated: rules read `ctx.operand_aval(index)`. For rules of the old
+    signature: the aval of operand `index`, or `None` outside a rule."""
+    avals = _AVALS.get()
+    if avals is None or not 0 <= index < len(avals):
         return None
-    return invars[index].aval
+    return avals[index]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,7 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
-from ._rules import Piece, PieceResult, inverse_rules, operand_aval
+from ._rules import InverseContext, Piece, PieceResult, inverse_rules
 
 
 def _static_ints(values: Sequence[Any]) -> tuple[int, ...] | None:
@@ -42,10 +42,15 @@ _is_tracer = compat.is_tracer
 
 @inverse_rules.register(lax.reshape_p)
 def _reshape_inverse(
-    outvals: Sequence[Any], x: Any, *dyn: Any, dimensions: Any = None, **params: Any
+    ctx: InverseContext,
+    outvals: Sequence[Any],
+    x: Any,
+    *dyn: Any,
+    dimensions: Any = None,
+    **params: Any,
 ) -> Any:
-    """Reshape back to the operand's shape (read from `operand_aval`)."""
-    aval = operand_aval(0)
+    """Reshape back to the operand's shape (read from `ctx.operand_aval`)."""
+    aval = ctx.operand_aval(0)
     if x is not None or aval is None:
         return None
     (y,) = outvals
@@ -59,7 +64,9 @@ def _reshape_inverse(
 
 
 @inverse_rules.register(lax.squeeze_p)
-def _squeeze_inverse(outvals: Sequence[Any], x: Any, *, dimensions: Any) -> Any:
+def _squeeze_inverse(
+    ctx: InverseContext, outvals: Sequence[Any], x: Any, *, dimensions: Any
+) -> Any:
     """Put the squeezed size-1 dimensions back."""
     if x is not None:
         return None
@@ -71,6 +78,7 @@ def _squeeze_inverse(outvals: Sequence[Any], x: Any, *, dimensions: Any) -> Any:
 
 @inverse_rules.register(lax.broadcast_in_dim_p)
 def _broadcast_in_dim_inverse(
+    ctx: InverseContext,
     outvals: Sequence[Any],
     x: Any,
     *dyn: Any,
@@ -81,12 +89,12 @@ def _broadcast_in_dim_inverse(
     """Invert a `broadcast_in_dim` that only adds size-1 dimensions (as
     `expand_dims` does). A broadcast that copies values is not a bijection.
 
-    Without `operand_aval`, an operand dimension is assumed to have the size of
+    Without `ctx.operand_aval`, an operand dimension is assumed to have the size of
     the output dimension it maps to."""
     if x is not None:
         return None
     (y,) = outvals
-    aval = operand_aval(0)
+    aval = ctx.operand_aval(0)
     in_shape = (
         tuple(shape[d] for d in broadcast_dimensions)
         if aval is None
@@ -106,7 +114,9 @@ def _broadcast_in_dim_inverse(
 
 
 @inverse_rules.register(lax.transpose_p)
-def _transpose_inverse(outvals: Sequence[Any], x: Any, *, permutation: Any) -> Any:
+def _transpose_inverse(
+    ctx: InverseContext, outvals: Sequence[Any], x: Any, *, permutation: Any
+) -> Any:
     if x is not None:
         return None
     (y,) = outvals
@@ -115,7 +125,9 @@ def _transpose_inverse(outvals: Sequence[Any], x: Any, *, permutation: Any) -> A
 
 
 @inverse_rules.register(lax.rev_p)
-def _rev_inverse(outvals: Sequence[Any], x: Any, *, dimensions: Any) -> Any:
+def _rev_inverse(
+    ctx: InverseContext, outvals: Sequence[Any], x: Any, *, dimensions: Any
+) -> Any:
     if x is not None:
         return None
     (y,) = outvals
@@ -123,14 +135,16 @@ def _rev_inverse(outvals: Sequence[Any], x: Any, *, dimensions: Any) -> Any:
 
 
 @inverse_rules.register(lax.concatenate_p)
-def _concatenate_inverse(outvals: Sequence[Any], *operands: Any, dimension: int) -> Any:
+def _concatenate_inverse(
+    ctx: InverseContext, outvals: Sequence[Any], *operands: Any, dimension: int
+) -> Any:
     """Slice each unknown operand out of the result. The sizes of unknown
-    operands come from `operand_aval`, or, for a single unknown operand,
+    operands come from `ctx.operand_aval`, or, for a single unknown operand,
     from the result's size less the known operands'."""
     (y,) = outvals
     sizes: list[int | None] = []
     for k, op in enumerate(operands):
-        aval = operand_aval(k)
+        aval = ctx.operand_aval(k)
         if op is not None:
             sizes.append(jnp.shape(op)[dimension])
         elif aval is not None:
@@ -160,7 +174,9 @@ _unstack_p = getattr(lax, "unstack_p", None)
 if _stack_p is not None:
 
     @inverse_rules.register(_stack_p)
-    def _stack_inverse(outvals: Sequence[Any], *operands: Any, axis: int) -> Any:
+    def _stack_inverse(
+        ctx: InverseContext, outvals: Sequence[Any], *operands: Any, axis: int
+    ) -> Any:
         (y,) = outvals
         solved = [
             lax.index_in_dim(y, k, axis, keepdims=False) if op is None else op
@@ -172,7 +188,9 @@ if _stack_p is not None:
 if _unstack_p is not None:
 
     @inverse_rules.register(_unstack_p)
-    def _unstack_inverse(outvals: Sequence[Any], x: Any, *, axis: int) -> Any:
+    def _unstack_inverse(
+        ctx: InverseContext, outvals: Sequence[Any], x: Any, *, axis: int
+    ) -> Any:
         """All results known: stack them; otherwise each known one is a piece."""
         if x is not None:
             return None
@@ -209,6 +227,7 @@ def _limit(start: Sequence[int], shape: Sequence[int]) -> tuple[int, ...]:
 
 @inverse_rules.register(lax.slice_p)
 def _slice_inverse(
+    ctx: InverseContext,
     outvals: Sequence[Any],
     x: Any,
     *,
@@ -232,7 +251,9 @@ def _slice_inverse(
 
 
 @inverse_rules.register(lax.split_p)
-def _split_inverse(outvals: Sequence[Any], x: Any, *, sizes: Any, axis: int) -> Any:
+def _split_inverse(
+    ctx: InverseContext, outvals: Sequence[Any], x: Any, *, sizes: Any, axis: int
+) -> Any:
     """All results known: concatenate them; otherwise each is a piece."""
     if x is not None:
         return None
@@ -250,7 +271,7 @@ def _split_inverse(outvals: Sequence[Any], x: Any, *, sizes: Any, axis: int) -> 
 
 @inverse_rules.register(lax.dynamic_slice_p)
 def _dynamic_slice_inverse(
-    outvals: Sequence[Any], x: Any, *starts: Any, slice_sizes: Any
+    ctx: InverseContext, outvals: Sequence[Any], x: Any, *starts: Any, slice_sizes: Any
 ) -> Any:
     """A piece at the start indices, clamped into the operand as JAX clamps
     them. The indices must be concrete, since pieces are static regions
@@ -258,7 +279,7 @@ def _dynamic_slice_inverse(
     if x is not None or any(s is None for s in starts):
         return None
     (y,) = outvals
-    aval = operand_aval(0)
+    aval = ctx.operand_aval(0)
     sizes = tuple(int(s) for s in slice_sizes)
     if aval is not None and tuple(aval.shape) == sizes:
         return [y, *starts], 0.0
@@ -278,14 +299,19 @@ def _dynamic_slice_inverse(
 
 @inverse_rules.register(lax.dynamic_update_slice_p)
 def _dynamic_update_slice_inverse(
-    outvals: Sequence[Any], operand: Any, update: Any, *starts: Any, **params: Any
+    ctx: InverseContext,
+    outvals: Sequence[Any],
+    operand: Any,
+    update: Any,
+    *starts: Any,
+    **params: Any,
 ) -> Any:
     """The update is the slice of the result at the start indices; the operand
     is known outside it (pieces, for concrete indices)."""
     if any(s is None for s in starts):
         return None
     (y,) = outvals
-    up_aval = operand_aval(1)
+    up_aval = ctx.operand_aval(1)
     up_shape = jnp.shape(update) if update is not None else None
     if up_shape is None and up_aval is not None:
         up_shape = tuple(up_aval.shape)
@@ -335,14 +361,19 @@ def _complement(
 
 @inverse_rules.register(lax.pad_p)
 def _pad_inverse(
-    outvals: Sequence[Any], x: Any, padding_value: Any, *, padding_config: Any
+    ctx: InverseContext,
+    outvals: Sequence[Any],
+    x: Any,
+    padding_value: Any,
+    *,
+    padding_config: Any,
 ) -> Any:
     """Slice the operand back out of the padded result (strided for interior
     padding). Negative padding crops the operand: what survives is a piece."""
     if x is not None:
         return None
     (y,) = outvals
-    aval = operand_aval(0)
+    aval = ctx.operand_aval(0)
     out_shape = jnp.shape(y)
     start, limit, stride, keep_lo, keep_hi = [], [], [], [], []
     cropped = False
@@ -375,6 +406,7 @@ def _pad_inverse(
 
 @inverse_rules.register(lax.gather_p)
 def _gather_inverse(
+    ctx: InverseContext,
     outvals: Sequence[Any],
     x: Any,
     indices: Any,
@@ -396,7 +428,7 @@ def _gather_inverse(
     (y,) = outvals
     dn = dimension_numbers
     collapsed = tuple(dn.collapsed_slice_dims)
-    aval = operand_aval(0)
+    aval = ctx.operand_aval(0)
     rank = len(slice_sizes)
     n = jnp.shape(indices)[0] if jnp.ndim(indices) == 2 else -1
     ok = (
@@ -493,7 +525,9 @@ _tile_p = getattr(lax, "tile_p", None)  # JAX >= 0.8
 if _tile_p is not None:
 
     @inverse_rules.register(_tile_p)
-    def _tile_inverse(outvals: Sequence[Any], x: Any, *, reps: Any) -> Any:
+    def _tile_inverse(
+        ctx: InverseContext, outvals: Sequence[Any], x: Any, *, reps: Any
+    ) -> Any:
         if x is not None:
             return None
         (y,) = outvals
