@@ -202,3 +202,18 @@ def test_composed_principal_branches_do_not_return_nan():
         lambda x: jnp.cosh(1.0 - jnp.square(x)), (x,), (0,), injective=False
     )
     assert (outcome.kind, outcome.check) == ("refused", "NotInvertibleError")
+
+
+def test_a_principal_branch_meets_pieces_of_a_later_value():
+    # Found by `fuzz_inverse_main.py --seed 11` (program 817): the slice pins
+    # row 1 of cbrt(x0) exactly, the cosh branch gives all of x0 up to signs;
+    # computing cbrt(x0) forwards from the branch would ignore that row.
+    def f(x0):
+        v0 = jnp.cbrt(x0)
+        v1 = jnp.concatenate([jnp.full((3, 1), 2, jnp.float32), x0], axis=1)
+        return jnp.cosh(v1), v0[1:2]
+
+    x0 = jnp.array([[1.24, 1.06, 0.62], [-1.5, 1.49, -0.72], [0.47, -0.34, -1.32]])
+    outcome = check_inverse(f, (x0,), (0,))
+    assert (outcome.kind, outcome.check) == ("refused", "NotInvertibleError")
+    assert "through `cbrt`" in outcome.detail

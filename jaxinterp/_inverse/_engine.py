@@ -253,8 +253,13 @@ class InverseWalker(BackwardWalker):
                 tainted = [
                     v for v in eqn.invars if type(v) is not _Literal and v in taint
                 ]
-                if tainted and any(v in env for v in eqn.outvars):
-                    raise _branch_clash(eqn, chooser[tainted[0]], tainted[0])
+                for v in eqn.outvars:
+                    # A result already known, or partly known from pieces, is
+                    # a second constraint: a chosen branch may contradict it.
+                    if tainted and (v in env or v in pieces):
+                        raise _branch_clash(eqn, chooser[tainted[0]], tainted[0])
+                    if v in piece_branch:
+                        raise _branch_clash(eqn, chooser[v], v)
                 if not all(v in env for v in eqn.outvars):
                     ins = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
                     outs = self._forward(eqn, ins)
