@@ -31,6 +31,7 @@ _RECURSION_LIMIT = compat.DEEP_RECURSION_LIMIT
 
 _Literal = compat.Literal
 _DropVar = compat.DropVar
+_call_hi_primitive_p = compat.call_hi_primitive_p
 
 
 class Env(dict):  # type: ignore[type-arg]
@@ -253,12 +254,32 @@ class Interpreter:
                 return self._as_outvals(eqn, outvals)
         handler = _higher_order_handlers.get(eqn.primitive)
         if handler is not None:
-            policy = self._policies.get(eqn.primitive.name, self.higher_order)
+            if eqn.primitive is _call_hi_primitive_p:
+                policy = self._hi_policy(eqn)
+            else:
+                policy = self._policies.get(eqn.primitive.name, self.higher_order)
             if policy != "opaque":
                 return handler(self, eqn, invals, policy)
         elif compat.is_unhandled_higher_order(eqn):
             self._check_unhandled(eqn)
         return self.default_rule(eqn, invals)
+
+    def _hi_policy(self, eqn: Any) -> str:
+        """The policy for a hijax `call_hi_primitive` equation (JAX >= 0.11).
+
+        The most specific key wins: the hijax class (`"RematTraced"`), the
+        construct it replaces (`"checkpoint"`, `"scan"`, `"custom_jvp_call"`,
+        `"custom_vjp_call"`), then `"call_hi_primitive"`. Policies written for
+        a construct keep applying when JAX's hijax flags are turned on.
+        """
+        policies = self._policies
+        if policies:
+            h = compat.hijax_params(eqn)
+            for key in (h.name, h.replaces, eqn.primitive.name):
+                policy = policies.get(key)
+                if policy is not None:
+                    return policy
+        return self.higher_order
 
     def _check_unhandled(self, eqn: Any) -> None:
         """Refuse to re-bind a higher-order primitive no handler enters, unless

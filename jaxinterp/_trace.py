@@ -206,8 +206,14 @@ def normalize_argnums(
     return tuple(sorted(set(out)))
 
 
-def spec_of(aval: Any) -> jax.ShapeDtypeStruct:
-    """The `jax.ShapeDtypeStruct` (weak type included) of an abstract value."""
+def spec_of(aval: Any) -> Any:
+    """The `jax.ShapeDtypeStruct` (weak type included) of an abstract value.
+
+    The type of a mutable reference (`jax.new_ref`) is returned as it is:
+    `jax.make_jaxpr` traces it as a reference argument.
+    """
+    if compat.is_ref_aval(aval):
+        return aval
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
 
