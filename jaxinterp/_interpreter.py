@@ -705,8 +705,15 @@ class _EagerPlan:
 
     @staticmethod
     def _compiles(interp: Interpreter, eqn: Any, context: Any) -> bool:
-        """Whether `eqn` may run as a compiled call, outside `process_eqn`."""
+        """Whether `eqn` may run as a compiled call, outside `process_eqn`.
+
+        Not when it has effects or touches a mutable reference (`free_ref`
+        and a hijax `Scan3` change a reference without declaring an effect):
+        those run through `process_eqn`, in order.
+        """
         if eqn.effects or not compat.same_eqn_context(eqn.ctx, context):
+            return False
+        if compat.touches_ref(eqn):
             return False
         rules = interp.rules
         return rules is None or rules.get(eqn.primitive) is None

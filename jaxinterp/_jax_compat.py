@@ -1043,6 +1043,22 @@ def is_ref_aval(aval: Any) -> bool:
 _AbstractRef = _private_attr("jax._src.state.types", "AbstractRef")
 
 
+def touches_ref(eqn: Any) -> bool:
+    """Whether an equation takes or returns a mutable reference.
+
+    Some do without declaring an effect (`free_ref`; a hijax `Scan3` writing
+    its carry), so walkers that reorder or fuse equations must check this
+    too. `jax.ref.AbstractRef` is public from JAX 0.8; read here with the
+    other reference helpers.
+    """
+    if _AbstractRef is None:
+        return False
+    for v in eqn.invars:
+        if isinstance(v.aval, _AbstractRef):
+            return True
+    return any(isinstance(v.aval, _AbstractRef) for v in eqn.outvars)
+
+
 # --------------------------------------------------------------------------
 # Dead-code elimination and recursion depth.
 
