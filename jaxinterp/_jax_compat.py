@@ -1043,6 +1043,25 @@ def is_ref_aval(aval: Any) -> bool:
 _AbstractRef = _private_attr("jax._src.state.types", "AbstractRef")
 
 
+# The config states that change how a function stages (JAX >= 0.11): JAX keys
+# its own jit caches on them (`include_in_jit_key`), so staging caches must
+# too. The states' `.value` is read directly: `jax.config.jax_scan3` goes
+# through a slower attribute lookup, and this runs on every transformed call.
+_STAGING_FLAG_STATES = tuple(
+    state
+    for state in (
+        _private_attr("jax._src.config", name)
+        for name in ("custom_jvp3", "custom_vjp3", "remat3", "scan3")
+    )
+    if state is not None
+)
+
+
+def staging_flags() -> tuple[bool, ...]:
+    """The values of JAX's flags that change how functions stage (hijax flags)."""
+    return tuple(bool(state.value) for state in _STAGING_FLAG_STATES)
+
+
 def touches_ref(eqn: Any) -> bool:
     """Whether an equation takes or returns a mutable reference.
 

@@ -291,7 +291,7 @@ def stage_flat(
         dyn_args = tuple(a for i, a in enumerate(args) if i not in static)
     leaves, in_tree = jtu.tree_flatten((dyn_args, kwargs))
     in_avals = tuple([_leaf_aval(leaf) for leaf in leaves])
-    key = (static, static_args, in_tree, in_avals)
+    key = (static, static_args, in_tree, in_avals, compat.staging_flags())
     try:
         hash(key)
     except TypeError as err:
