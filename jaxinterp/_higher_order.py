@@ -94,9 +94,12 @@ def _scan(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list
         outs = walk(*consts, *carry, *x)
         return outs[:n_carry], outs[n_carry:]
 
-    carry, ys = lax.scan(
-        body, init, xs, length=p.length, reverse=p.reverse, unroll=p.unroll
-    )
+    # A classic `scan` stays one under `jax_scan3` (whose `Scan3` ignores
+    # `reverse` in JAX 0.12.0.1).
+    with compat.classic_scan():
+        carry, ys = lax.scan(
+            body, init, xs, length=p.length, reverse=p.reverse, unroll=p.unroll
+        )
     return [*carry, *ys]
 
 

@@ -911,6 +911,10 @@ class HijaxParams(NamedTuple):
     # The name of the construct it replaces, for per-primitive policies.
     replaces: str
     prim: Any  # the `HiPrim` object itself
+    # For "custom_jvp"/"custom_vjp": the wrapped function's name, and how
+    # many leading operands are its closed-over consts.
+    fun_name: str = ""
+    n_consts: int = 0
 
 
 def hijax_params(params: Any) -> HijaxParams:
@@ -940,8 +944,11 @@ def hijax_params(params: Any) -> HijaxParams:
     body: Any = None
     keep: tuple[bool, ...] | None = None
     length, extensives = 0, ()
+    fun_name, n_consts = "", 0
     if kind in ("custom_jvp", "custom_vjp"):
         body = prim.traced.jaxpr
+        fun_name = str(prim.traced.fun_name)
+        n_consts = prim.in_tree.children()[0].num_leaves
         if kind == "custom_vjp":  # drop the `fwd_consts`, used by `fwd` only
             sizes = [child.num_leaves for child in prim.in_tree.children()]
             keep = tuple(i != 1 for i, n in enumerate(sizes) for _ in range(n))
@@ -951,7 +958,16 @@ def hijax_params(params: Any) -> HijaxParams:
         body = prim.jaxpr
         length, extensives = int(prim.length), tuple(prim.extensives)
     return HijaxParams(
-        kind, cls.__name__, body, keep, length, extensives, replaces, prim
+        kind,
+        cls.__name__,
+        body,
+        keep,
+        length,
+        extensives,
+        replaces,
+        prim,
+        fun_name,
+        n_consts,
     )
 
 
@@ -1060,6 +1076,51 @@ _STAGING_FLAG_STATES = tuple(
 def staging_flags() -> tuple[bool, ...]:
     """The values of JAX's flags that change how functions stage (hijax flags)."""
     return tuple(bool(state.value) for state in _STAGING_FLAG_STATES)
+
+
+def classic_scan() -> Any:
+    """A context in which `lax.scan` stages the classic `scan` primitive.
+
+    Turns `jax_scan3` off inside (`jax._src.config.scan3` is a context manager
+    in JAX 0.11 and 0.12); a no-op context on releases without the flag.
+    """
+    import contextlib
+
+    state = _private_attr("jax._src.config", "scan3")
+    return contextlib.nullcontext() if state is None else state(False)
+
+
+# Scan3's `expand` (its meaning, JAX 0.11 to 0.12.0.1) ignores `reverse`
+# (a TODO there): it always runs forwards.
+SCAN3_HONOURS_REVERSE = False
+
+# Reference primitives, by name (JAX >= 0.8; `jax.ref` is their public API).
+REF_PRIMITIVES: frozenset[str] = frozenset(
+    {"new_ref", "empty_ref", "free_ref", "freeze", "get", "swap", "addupdate"}
+)
+
+
+def discharge_ref_eqn(
+    eqn: Any, ref_value: Any, rest: Sequence[Any]
+) -> tuple[Any, list[Any]]:
+    """Apply a `get`, `swap` or `addupdate` equation to a reference's value.
+
+    Returns the reference's new value (`None` if unchanged) and the
+    equation's results, by JAX's own state-discharge rules
+    (`jax._src.state.discharge`, JAX 0.8 to 0.12), which understand the
+    indexers an equation may carry (`ref[1:3]`, `ref.at[i]`).
+    """
+    from jax._src.state import discharge
+
+    ctx = discharge.DischargeContext(  # type: ignore[attr-defined]
+        [v.aval for v in eqn.invars],
+        [v.aval for v in eqn.outvars],
+        [True] + [False] * (len(eqn.invars) - 1),
+        False,
+    )
+    rule = discharge._discharge_rules[eqn.primitive]
+    new_invals, outs = rule(ctx, ref_value, *rest, **eqn.params)
+    return new_invals[0], list(outs) if eqn.primitive.multiple_results else [outs]
 
 
 def touches_ref(eqn: Any) -> bool:

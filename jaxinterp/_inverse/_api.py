@@ -25,6 +25,7 @@ from .._trace import (
 )
 from ._engine import InverseWalker
 from ._rules import want_ildj
+from ._state import functionalize
 
 # Signatures remembered by each inverse function for its fast path.
 _SIGNATURES_PER_FUNCTION = 64
@@ -264,7 +265,8 @@ def _compile(
     if hit is not None:
         return hit
     walker = InverseWalker()
-    jaxpr, consts = staged.jaxpr, staged.consts
+    # Mutable references (and `scan` under `jax_scan3`) made pure first.
+    jaxpr, consts = functionalize(staged.jaxpr, staged.consts)
     n_y = len(y_leaves)
 
     def inverse_flat(*args: Any) -> list[Any]:
@@ -280,7 +282,13 @@ def _compile(
         spec_of(a) for a, m in zip(staged.in_avals, mask, strict=True) if not m
     ]
     in_specs = [*(_spec(y) for y in y_leaves), *known_specs]
-    with compat.recursion_limit(compat.DEEP_RECURSION_LIMIT), want_ildj(mode != "x"):
+    # The inverse's own loops are classic `scan`s (`Scan3` ignores `reverse`
+    # in JAX 0.12.0.1, and has no transpose or batching rule).
+    with (
+        compat.recursion_limit(compat.DEEP_RECURSION_LIMIT),
+        want_ildj(mode != "x"),
+        compat.classic_scan(),
+    ):
         closed = jax.make_jaxpr(inverse_flat)(*in_specs)
     compiled = _Compiled(
         closed=compat.dce_closed_jaxpr(closed),
