@@ -145,8 +145,9 @@ class Interpreter:
       ones included; `super().process_eqn(eqn, invals)` gives the default.
 
     Higher-order primitives (`jit`, `cond`, `scan`, `while`, `checkpoint`,
-    `custom_jvp_call`, `custom_vjp_call`, `closed_call`, `shard_map`) follow a
-    policy, chosen per interpreter and per primitive:
+    `custom_jvp_call`, `custom_vjp_call`, `closed_call`, `shard_map`, and
+    JAX's hijax `call_hi_primitive`) follow a policy, chosen per interpreter
+    and per primitive:
 
     * `"recursive"` (default): interpret the sub-Jaxprs with this
       interpreter and rebuild the same construct (a `jit` stays a `jit`,
