@@ -41,6 +41,7 @@ from ._jax_compat import (
     SUPPORTED_JAX as SUPPORTED_JAX,
     UnsupportedJaxWarning as UnsupportedJaxWarning,
     cond_branches as cond_branches,
+    hijax_params as hijax_params,
     jit_params as jit_params,
     scan_params as scan_params,
     while_params as while_params,

@@ -5,8 +5,10 @@ rather than arrays: it never binds a primitive, so counting a large model costs
 one walk over its Jaxpr. Nested Jaxprs are walked in place with a multiplier:
 
 * `jit`, `closed_call`, `checkpoint`, `custom_jvp_call`, `custom_vjp_call`
-  and any other call-like primitive: the body, once;
-* `scan`: the body, times the trip count (`length`);
+  and any other call-like primitive: the body, once (also their hijax
+  `call_hi_primitive` forms under JAX's future-default flags, and a user's
+  hijax primitive through its `expand`);
+* `scan` (and its hijax `Scan3`): the body, times the trip count (`length`);
 * `cond`: the most expensive branch (by FLOPs, then equations), as XLA's
   cost analysis does, since which branch runs is a runtime value;
 * `while`: the condition and the body once each, since the trip count is a
@@ -294,6 +296,19 @@ class OpCounter(Interpreter):
                 self.count_closed(br) for br in compat.cond_branches(eqn.params)
             ]
             counts.add(max(branches, key=Counts.key))
+        elif prim is compat.call_hi_primitive_p:
+            # JAX >= 0.11 hijax: `custom_jvp`, `custom_vjp`, `checkpoint` and
+            # `scan` under the future-default flags, or a user's primitive.
+            hi = compat.hijax_params(eqn.params)
+            body = hi.body
+            if body is None:
+                try:
+                    body = compat.expand_hi_primitive(hi.prim)
+                except (NotImplementedError, TypeError):
+                    body = None  # counted as one equation, like a first-order one
+            if body is not None:
+                times = hi.length if hi.kind == "scan" else 1
+                counts.add(self.count_closed(body), times)
         elif prim is compat.while_p:
             counts.while_loops += 1
             for sub in compat.jaxprs_in_params(eqn.params):

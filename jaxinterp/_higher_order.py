@@ -11,6 +11,7 @@ treats it as `recursive`.
 
 from __future__ import annotations
 
+import itertools as it
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ import jax
 from jax import lax
 
 from . import _jax_compat as compat
+from ._errors import MissingRuleError, source_line
 from ._interpreter import Interpreter, register_eager_callable, register_higher_order
 from ._trace import spec_of
 
@@ -92,9 +94,12 @@ def _scan(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list
         outs = walk(*consts, *carry, *x)
         return outs[:n_carry], outs[n_carry:]
 
-    carry, ys = lax.scan(
-        body, init, xs, length=p.length, reverse=p.reverse, unroll=p.unroll
-    )
+    # A classic `scan` stays one under `jax_scan3` (whose `Scan3` ignores
+    # `reverse` in JAX 0.12.0.1).
+    with compat.classic_scan():
+        carry, ys = lax.scan(
+            body, init, xs, length=p.length, reverse=p.reverse, unroll=p.unroll
+        )
     return [*carry, *ys]
 
 
@@ -259,3 +264,94 @@ def _linear_solve(
         new.append(_retrace_avals(interp, closed, consts_avals + tuple(in_avals[n:])))
     params = compat.replace_linear_solve_jaxprs(eqn.params, new)
     return compat.bind_eqn(eqn.primitive, invals, params)
+
+
+# --------------------------------------------------------------------------
+# JAX's hijax primitives (JAX >= 0.11, opt-in flags `jax_custom_jvp3`,
+# `jax_custom_vjp3`, `jax_remat3`, `jax_scan3`): one `call_hi_primitive`
+# equation whose body and rules live in a primitive object, read through
+# `compat.hijax_params`.
+
+
+def _body_avals(body: Any) -> tuple[Any, ...]:
+    return tuple(v.aval for v in compat.open_jaxpr(body).invars)
+
+
+def _retrace_traced(interp: Interpreter, h: compat.HijaxParams) -> Any:
+    """The `custom_jvp`/`custom_vjp` body walked by `interp`, as a new `Traced`
+    with the same signature and name as the old one."""
+    traced = h.prim.traced
+
+    def build() -> Any:
+        walk = _closed_fn(interp, h.body)
+        in_tree, out_tree = compat.traced_in_tree(traced), traced.out_tree
+
+        def body(*args: Any, **kwargs: Any) -> Any:
+            flat = in_tree.flatten_up_to((args, kwargs))
+            return jax.tree_util.tree_unflatten(out_tree, walk(*flat))
+
+        body.__name__ = body.__qualname__ = traced.fun_name
+        specs = [spec_of(a) for a in _body_avals(h.body)]
+        args, kwargs = jax.tree_util.tree_unflatten(in_tree, specs)
+        return jax.jit(body).trace(*args, **kwargs)
+
+    return interp.cached(("hi_traced", id(traced)), traced, build)
+
+
+def _rebuilt_hi(
+    interp: Interpreter, h: compat.HijaxParams, invals: list[Any]
+) -> list[Any]:
+    """Bind a hijax primitive like `h.prim` whose body `interp` walks."""
+    if h.kind in ("custom_jvp", "custom_vjp"):
+        prim = compat.rebuild_hi_primitive(h, _retrace_traced(interp, h))
+        return compat.bind_hi_primitive(prim, invals)
+    # `checkpoint` and `scan`: a Jaxpr body on (per-iteration) operands.
+    new = _retrace_avals(interp, h.body, _body_avals(h.body), h.kind)
+    jaxpr, consts = compat.hoist_consts(new)
+    prim = compat.rebuild_hi_primitive(h, jaxpr, len(consts))
+    return compat.bind_hi_primitive(prim, [*consts, *invals])
+
+
+def _expanded_hi(
+    interp: Interpreter, eqn: Any, h: compat.HijaxParams, invals: list[Any]
+) -> list[Any]:
+    """A user-defined hijax primitive, walked through its `expand` in place."""
+
+    def build() -> Any:
+        try:
+            return compat.expand_hi_primitive(h.prim)
+        except (NotImplementedError, TypeError) as err:
+            raise MissingRuleError(
+                f"`{interp.name}` cannot reach inside hijax primitive "
+                f"`{h.name}` (`call_hi_primitive`), used at {source_line(eqn)}: "
+                f"tracing its `expand` failed with {type(err).__name__}: {err}\n\n"
+                "To re-bind it unchanged (the interpreter then does not see its "
+                f"body), pass `policies={{{h.name!r}: 'opaque'}}` to the "
+                "interpreter; or give the interpreter a rule for "
+                "`call_hi_primitive` in `rules`."
+            ) from err
+
+    expanded = interp.cached(("hi_expand", id(h.prim)), h.prim, build)
+    return interp.eval_closed(expanded, *invals)
+
+
+@register_higher_order(compat.call_hi_primitive_p)
+def _call_hi(
+    interp: Interpreter, eqn: Any, invals: list[Any], policy: str
+) -> list[Any]:
+    """`call_hi_primitive`: `custom_jvp`, `custom_vjp`, `checkpoint` and `scan`
+    under JAX's hijax flags, and users' own hijax primitives.
+
+    `recursive` rebuilds the same hijax primitive around the walked body,
+    keeping its derivative rules (for `custom_jvp`/`custom_vjp` they still
+    describe the original function, as for `custom_jvp_call`); `inline` walks
+    the body in place (a `scan` stays a loop); a user-defined hijax primitive
+    is walked through its `expand` under both.
+    """
+    h = compat.hijax_params(eqn)
+    if h.kind == "other":
+        return _expanded_hi(interp, eqn, h, invals)
+    if policy == "inline" and h.kind != "scan":
+        kept = invals if h.keep is None else list(it.compress(invals, h.keep))
+        return interp.eval_closed(h.body, *kept)
+    return _rebuilt_hi(interp, h, invals)

@@ -31,6 +31,7 @@ _RECURSION_LIMIT = compat.DEEP_RECURSION_LIMIT
 
 _Literal = compat.Literal
 _DropVar = compat.DropVar
+_call_hi_primitive_p = compat.call_hi_primitive_p
 
 
 class Env(dict):  # type: ignore[type-arg]
@@ -144,8 +145,9 @@ class Interpreter:
       ones included; `super().process_eqn(eqn, invals)` gives the default.
 
     Higher-order primitives (`jit`, `cond`, `scan`, `while`, `checkpoint`,
-    `custom_jvp_call`, `custom_vjp_call`, `closed_call`, `shard_map`) follow a
-    policy, chosen per interpreter and per primitive:
+    `custom_jvp_call`, `custom_vjp_call`, `closed_call`, `shard_map`, and
+    JAX's hijax `call_hi_primitive`) follow a policy, chosen per interpreter
+    and per primitive:
 
     * `"recursive"` (default): interpret the sub-Jaxprs with this
       interpreter and rebuild the same construct (a `jit` stays a `jit`,
@@ -253,12 +255,32 @@ class Interpreter:
                 return self._as_outvals(eqn, outvals)
         handler = _higher_order_handlers.get(eqn.primitive)
         if handler is not None:
-            policy = self._policies.get(eqn.primitive.name, self.higher_order)
+            if eqn.primitive is _call_hi_primitive_p:
+                policy = self._hi_policy(eqn)
+            else:
+                policy = self._policies.get(eqn.primitive.name, self.higher_order)
             if policy != "opaque":
                 return handler(self, eqn, invals, policy)
         elif compat.is_unhandled_higher_order(eqn):
             self._check_unhandled(eqn)
         return self.default_rule(eqn, invals)
+
+    def _hi_policy(self, eqn: Any) -> str:
+        """The policy for a hijax `call_hi_primitive` equation (JAX >= 0.11).
+
+        The most specific key wins: the hijax class (`"RematTraced"`), the
+        construct it replaces (`"checkpoint"`, `"scan"`, `"custom_jvp_call"`,
+        `"custom_vjp_call"`), then `"call_hi_primitive"`. Policies written for
+        a construct keep applying when JAX's hijax flags are turned on.
+        """
+        policies = self._policies
+        if policies:
+            h = compat.hijax_params(eqn)
+            for key in (h.name, h.replaces, eqn.primitive.name):
+                policy = policies.get(key)
+                if policy is not None:
+                    return policy
+        return self.higher_order
 
     def _check_unhandled(self, eqn: Any) -> None:
         """Refuse to re-bind a higher-order primitive no handler enters, unless
@@ -684,8 +706,15 @@ class _EagerPlan:
 
     @staticmethod
     def _compiles(interp: Interpreter, eqn: Any, context: Any) -> bool:
-        """Whether `eqn` may run as a compiled call, outside `process_eqn`."""
+        """Whether `eqn` may run as a compiled call, outside `process_eqn`.
+
+        Not when it has effects or touches a mutable reference (`free_ref`
+        and a hijax `Scan3` change a reference without declaring an effect):
+        those run through `process_eqn`, in order.
+        """
         if eqn.effects or not compat.same_eqn_context(eqn.ctx, context):
+            return False
+        if compat.touches_ref(eqn):
             return False
         rules = interp.rules
         return rules is None or rules.get(eqn.primitive) is None

@@ -519,6 +519,8 @@ HIGHER_ORDER_PARAMS: dict[str, ParamCoverage] = {
     "core_call": _coverage("call_jaxpr"),
     "eval_jaxpr": _coverage("call_jaxpr"),  # JAX >= 0.12: `call_p` and `closed_call_p`
     "custom_linear_solve": _coverage("const_lengths jaxprs"),
+    # JAX >= 0.11 hijax primitives: `_prim` holds the body (`hijax_params`).
+    "call_hi_primitive": _coverage("_prim"),
     "shard_map": _coverage(
         "jaxpr mesh in_specs out_specs check_vma check_rep newly_manual_axes "
         "manual_axes auto"
@@ -547,7 +549,7 @@ REBOUND_HIGHER_ORDER: dict[str, str] = {
 # Higher-order primitives whose bodies are not visible as Jaxpr params: JAX's
 # "hijax" user-defined primitives (`jax_custom_jvp3`, `jax_custom_vjp3`,
 # `jax_remat3`, `jax_scan3`, future defaults from JAX 0.11) keep theirs inside
-# a primitive object. No handler enters them yet.
+# a primitive object (see "Hijax primitives" below, and the walker's handler).
 OPAQUE_BODY_PRIMITIVES: frozenset[str] = frozenset({"call_hi_primitive"})
 
 _hop_memo: dict[Any, bool] = {}
@@ -848,6 +850,293 @@ def shard_map(
         check_vma=p.check,
         axis_names=set(p.axis_names),
     )
+
+
+# --------------------------------------------------------------------------
+# Hijax primitives (JAX >= 0.11).
+#
+# With `jax_custom_jvp3`, `jax_custom_vjp3`, `jax_remat3` or `jax_scan3` on
+# (future defaults, checked on JAX 0.11 and 0.12.0.1), `custom_jvp`,
+# `custom_vjp`, `checkpoint` and `scan` stage one `call_hi_primitive` equation
+# whose only param, `_prim`, is a `jax._src.hijax.HiPrim` object: the body and
+# the derivative rules are its attributes, and `_prim.expand(*args)` gives the
+# ordinary-JAX meaning. None of this is in `jax.extend`, so every access to
+# those objects is here. The four classes jaxinterp rebuilds:
+#
+# * `CustomJVPTraced(traced, jvp_rule, in_avals, symbolic_zeros)`: operands
+#   `(consts, *args)`, body `traced.jaxpr` (a `jax.stages.Traced`);
+# * `CustomVJPTraced(traced, fwd, bwd, in_avals, symbolic_zeros, opt_remat,
+#   with_logs, remat_rules, bwd_accums, generic_batching)`: operands
+#   `(consts, fwd_consts, *args)`, body `traced.jaxpr` on `(consts, *args)`;
+# * `RematTraced(jaxpr, policy, prevent_cse)`: body `jaxpr` on the operands;
+# * `Scan3(extensives, length, jaxpr, reverse, unroll)`: operands one list
+#   `xs`; `jaxpr` runs once per iteration on the operands, sliced at the
+#   iteration where `extensives` says so; carries are mutable references.
+
+call_hi_primitive_p = _private_attr("jax._src.hijax", "call_hi_primitive_p")
+_HiPrim = _private_attr("jax._src.hijax", "HiPrim")
+_CustomJVPTraced = _private_attr("jax._src.hijax", "CustomJVPTraced")
+_CustomVJPTraced = _private_attr("jax._src.hijax", "CustomVJPTraced")
+_RematTraced = _private_attr("jax._src.ad_checkpoint", "RematTraced")
+_Scan3 = _private_attr("jax._src.lax.control_flow.loops", "Scan3")
+
+# The kind of each hijax class jaxinterp rebuilds, and the primitive of the
+# construct it replaces (so that policies keyed by `"scan"` or
+# `"custom_jvp_call"` keep applying when the flags flip).
+_HI_KINDS: dict[Any, tuple[str, str]] = {
+    cls: kind
+    for cls, kind in (
+        (_CustomJVPTraced, ("custom_jvp", "custom_jvp_call")),
+        (_CustomVJPTraced, ("custom_vjp", "custom_vjp_call")),
+        (_RematTraced, ("checkpoint", "checkpoint")),
+        (_Scan3, ("scan", "scan")),
+    )
+    if cls is not None
+}
+
+
+class HijaxParams(NamedTuple):
+    """What a `call_hi_primitive` equation computes, read from its `_prim`."""
+
+    kind: str  # "custom_jvp", "custom_vjp", "checkpoint", "scan" or "other"
+    name: str  # the class of the hijax primitive, e.g. "RematTraced"
+    # The body as a Jaxpr (with its consts), or `None` for "other": then
+    # `expand_hi_primitive` traces the primitive's `expand`.
+    body: Any
+    # Which operands the body takes, in order (`None`: all of them).
+    keep: tuple[bool, ...] | None
+    # For "scan": the trip count and which operands are sliced per iteration.
+    length: int
+    extensives: tuple[bool, ...]
+    # The name of the construct it replaces, for per-primitive policies.
+    replaces: str
+    prim: Any  # the `HiPrim` object itself
+    # For "custom_jvp"/"custom_vjp": the wrapped function's name, and how
+    # many leading operands are its closed-over consts.
+    fun_name: str = ""
+    n_consts: int = 0
+
+
+def hijax_params(params: Any) -> HijaxParams:
+    """Return what a `call_hi_primitive` equation (JAX >= 0.11) computes.
+
+    Under JAX's opt-in flags `jax_custom_jvp3`, `jax_custom_vjp3`,
+    `jax_remat3` and `jax_scan3`, `custom_jvp`, `custom_vjp`, `checkpoint`
+    and `scan` stage as `call_hi_primitive` equations, whose body is not a
+    Jaxpr param but an attribute of a primitive object.
+
+    Args:
+        params: a `call_hi_primitive` equation, or its `params` dict.
+
+    Returns:
+        A named tuple: `kind` (`"custom_jvp"`, `"custom_vjp"`,
+        `"checkpoint"`, `"scan"`, or `"other"` for a user-defined hijax
+        primitive), `name` (its class name), `body` (the Jaxpr it runs, or
+        `None` for `"other"`), `keep` (which operands the body takes, `None`
+        for all), `length` and `extensives` (for `"scan"`: the trip count,
+        and which operands are sliced per iteration; the body runs once per
+        iteration), `replaces` (the primitive name of the construct it
+        replaces, or `name`) and `prim` (the primitive object).
+    """
+    prim = params_of(params)["_prim"]
+    cls = type(prim)
+    kind, replaces = _HI_KINDS.get(cls, ("other", cls.__name__))
+    body: Any = None
+    keep: tuple[bool, ...] | None = None
+    length, extensives = 0, ()
+    fun_name, n_consts = "", 0
+    if kind in ("custom_jvp", "custom_vjp"):
+        body = prim.traced.jaxpr
+        fun_name = str(prim.traced.fun_name)
+        n_consts = prim.in_tree.children()[0].num_leaves
+        if kind == "custom_vjp":  # drop the `fwd_consts`, used by `fwd` only
+            sizes = [child.num_leaves for child in prim.in_tree.children()]
+            keep = tuple(i != 1 for i, n in enumerate(sizes) for _ in range(n))
+    elif kind == "checkpoint":
+        body = prim.jaxpr
+    elif kind == "scan":
+        body = prim.jaxpr
+        length, extensives = int(prim.length), tuple(prim.extensives)
+    return HijaxParams(
+        kind,
+        cls.__name__,
+        body,
+        keep,
+        length,
+        extensives,
+        replaces,
+        prim,
+        fun_name,
+        n_consts,
+    )
+
+
+def expand_hi_primitive(prim: Any) -> Any:
+    """Trace a hijax primitive's `expand` (its ordinary-JAX meaning) to a Jaxpr.
+
+    The Jaxpr takes the equation's flat operands and returns its flat
+    results. Raises `NotImplementedError` when the primitive has no `expand`.
+    """
+    from jax._src import tree_util as _tree_util
+
+    in_tree, out_tree = prim.in_tree, prim.out_tree
+
+    def expanded(*flat: Any) -> list[Any]:
+        out = prim.expand(*_tree_util.tree_unflatten(in_tree, list(flat)))
+        return list(_tree_util.tree_leaves_checked(out_tree, out))
+
+    expanded.__name__ = expanded.__qualname__ = type(prim).__name__
+    return jax.make_jaxpr(expanded)(*prim.in_avals_flat)
+
+
+def hoist_consts(jaxpr: Any) -> tuple[Any, list[Any]]:
+    """Split a Jaxpr with consts into one taking them as leading inputs, and them.
+
+    Hijax bodies (`RematTraced.jaxpr`, `Scan3.jaxpr`) take no consts, as in
+    `jax._src.interpreters.partial_eval.separate_consts` (JAX 0.11, 0.12).
+    """
+    consts = list(jaxpr_consts(jaxpr))
+    if not consts:
+        return jaxpr, []
+    return jaxpr.with_consts(()), consts
+
+
+def rebuild_hi_primitive(h: HijaxParams, body: Any, n_hoisted: int = 0) -> Any:
+    """A hijax primitive like `h.prim` with a new body, keeping its rules.
+
+    `body`: for "custom_jvp"/"custom_vjp" a `jax.stages.Traced` taking the
+    same arguments as the old one; for "checkpoint" and "scan" a Jaxpr
+    without consts (see `hoist_consts`), whose first `n_hoisted` inputs are
+    hoisted consts, passed as new leading operands.
+    """
+    prim = h.prim
+    cls = type(prim)
+    if h.kind == "custom_jvp":
+        return cls(body, prim.jvp_rule, prim.in_avals, prim.symbolic_zeros)
+    if h.kind == "custom_vjp":
+        return cls(
+            body,
+            prim.fwd,
+            prim.bwd,
+            prim.in_avals,
+            prim.symbolic_zeros,
+            prim.opt_remat,
+            prim.with_logs,
+            prim.remat_rules,
+            prim.bwd_accums,
+            prim.generic_batching,
+        )
+    added = n_hoisted
+    if h.kind == "checkpoint":
+        cse = prim.prevent_cse
+        if not isinstance(cse, bool):
+            cse = (False,) * added + tuple(cse)
+        return cls(body, prim.policy, cse)
+    if h.kind == "scan":
+        extensives = [False] * added + list(prim.extensives)
+        return cls(extensives, prim.length, body, prim.reverse, prim.unroll)
+    raise AssertionError(f"cannot rebuild hijax primitive {h.name}")
+
+
+def traced_in_tree(traced: Any) -> Any:
+    """The argument treedef `((args), {kwargs})` of a `jax.stages.Traced`.
+
+    `Traced._in_tree` (JAX 0.11, 0.12) has no public equivalent.
+    """
+    return traced._in_tree
+
+
+def bind_hi_primitive(prim: Any, invals: Sequence[Any]) -> list[Any]:
+    """Apply a hijax primitive object to flat operands."""
+    return list(call_hi_primitive_p.bind(*invals, _prim=prim))
+
+
+def is_ref_aval(aval: Any) -> bool:
+    """Whether `aval` is the type of a mutable reference (`jax.new_ref`)."""
+    return _AbstractRef is not None and isinstance(aval, _AbstractRef)
+
+
+_AbstractRef = _private_attr("jax._src.state.types", "AbstractRef")
+
+
+# The config states that change how a function stages (JAX >= 0.11): JAX keys
+# its own jit caches on them (`include_in_jit_key`), so staging caches must
+# too. The states' `.value` is read directly: `jax.config.jax_scan3` goes
+# through a slower attribute lookup, and this runs on every transformed call.
+_STAGING_FLAG_STATES = tuple(
+    state
+    for state in (
+        _private_attr("jax._src.config", name)
+        for name in ("custom_jvp3", "custom_vjp3", "remat3", "scan3")
+    )
+    if state is not None
+)
+
+
+def staging_flags() -> tuple[bool, ...]:
+    """The values of JAX's flags that change how functions stage (hijax flags)."""
+    return tuple(bool(state.value) for state in _STAGING_FLAG_STATES)
+
+
+def classic_scan() -> Any:
+    """A context in which `lax.scan` stages the classic `scan` primitive.
+
+    Turns `jax_scan3` off inside (`jax._src.config.scan3` is a context manager
+    in JAX 0.11 and 0.12); a no-op context on releases without the flag.
+    """
+    import contextlib
+
+    state = _private_attr("jax._src.config", "scan3")
+    return contextlib.nullcontext() if state is None else state(False)
+
+
+# Scan3's `expand` (its meaning, JAX 0.11 to 0.12.0.1) ignores `reverse`
+# (a TODO there): it always runs forwards.
+SCAN3_HONOURS_REVERSE = False
+
+# Reference primitives, by name (JAX >= 0.8; `jax.ref` is their public API).
+REF_PRIMITIVES: frozenset[str] = frozenset(
+    {"new_ref", "empty_ref", "free_ref", "freeze", "get", "swap", "addupdate"}
+)
+
+
+def discharge_ref_eqn(
+    eqn: Any, ref_value: Any, rest: Sequence[Any]
+) -> tuple[Any, list[Any]]:
+    """Apply a `get`, `swap` or `addupdate` equation to a reference's value.
+
+    Returns the reference's new value (`None` if unchanged) and the
+    equation's results, by JAX's own state-discharge rules
+    (`jax._src.state.discharge`, JAX 0.8 to 0.12), which understand the
+    indexers an equation may carry (`ref[1:3]`, `ref.at[i]`).
+    """
+    from jax._src.state import discharge
+
+    ctx = discharge.DischargeContext(  # type: ignore[attr-defined]
+        [v.aval for v in eqn.invars],
+        [v.aval for v in eqn.outvars],
+        [True] + [False] * (len(eqn.invars) - 1),
+        False,
+    )
+    rule = discharge._discharge_rules[eqn.primitive]
+    new_invals, outs = rule(ctx, ref_value, *rest, **eqn.params)
+    return new_invals[0], list(outs) if eqn.primitive.multiple_results else [outs]
+
+
+def touches_ref(eqn: Any) -> bool:
+    """Whether an equation takes or returns a mutable reference.
+
+    Some do without declaring an effect (`free_ref`; a hijax `Scan3` writing
+    its carry), so walkers that reorder or fuse equations must check this
+    too. `jax.ref.AbstractRef` is public from JAX 0.8; read here with the
+    other reference helpers.
+    """
+    if _AbstractRef is None:
+        return False
+    for v in eqn.invars:
+        if isinstance(v.aval, _AbstractRef):
+            return True
+    return any(isinstance(v.aval, _AbstractRef) for v in eqn.outvars)
 
 
 # --------------------------------------------------------------------------

@@ -206,8 +206,14 @@ def normalize_argnums(
     return tuple(sorted(set(out)))
 
 
-def spec_of(aval: Any) -> jax.ShapeDtypeStruct:
-    """The `jax.ShapeDtypeStruct` (weak type included) of an abstract value."""
+def spec_of(aval: Any) -> Any:
+    """The `jax.ShapeDtypeStruct` (weak type included) of an abstract value.
+
+    The type of a mutable reference (`jax.new_ref`) is returned as it is:
+    `jax.make_jaxpr` traces it as a reference argument.
+    """
+    if compat.is_ref_aval(aval):
+        return aval
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
 
@@ -285,7 +291,7 @@ def stage_flat(
         dyn_args = tuple(a for i, a in enumerate(args) if i not in static)
     leaves, in_tree = jtu.tree_flatten((dyn_args, kwargs))
     in_avals = tuple([_leaf_aval(leaf) for leaf in leaves])
-    key = (static, static_args, in_tree, in_avals)
+    key = (static, static_args, in_tree, in_avals, compat.staging_flags())
     try:
         hash(key)
     except TypeError as err:

@@ -6,6 +6,7 @@ module adds bitwise comparison, a few small interpreters and Jaxpr inspection.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -25,17 +26,43 @@ from jaxinterp._interpreter import release_plan
 from jaxinterp.testing import compare_with_reference, tree_allclose
 
 __all__ = [
+    "FUTURE_FLAGS",
     "PrimitiveLog",
     "SinToCos",
     "assert_tree_equal",
     "check_release_plan",
     "compare_with_reference",
+    "future_flags",
     "iter_eqns",
     "primitive_names",
     "run_python",
     "top_level_primitives",
     "tree_allclose",
 ]
+
+
+# JAX's opt-in future defaults (JAX >= 0.11): `custom_jvp`, `custom_vjp` and
+# `checkpoint` stage as hijax `call_hi_primitive` equations, `scan` as mutable
+# references around a hijax `Scan3`.
+FUTURE_FLAGS = ("jax_custom_jvp3", "jax_custom_vjp3", "jax_remat3", "jax_scan3")
+
+
+def future_flags_available() -> bool:
+    """Whether the installed JAX has all of `FUTURE_FLAGS`."""
+    return all(hasattr(jax.config, flag) for flag in FUTURE_FLAGS)
+
+
+@contextlib.contextmanager
+def future_flags(on: bool = True) -> Iterator[None]:
+    """Set every flag of `FUTURE_FLAGS` to `on` inside the block (JAX >= 0.11)."""
+    before = {flag: getattr(jax.config, flag) for flag in FUTURE_FLAGS}
+    try:
+        for flag in FUTURE_FLAGS:
+            jax.config.update(flag, on)
+        yield
+    finally:
+        for flag, value in before.items():
+            jax.config.update(flag, value)
 
 
 def _is_key(x: Any) -> bool:

@@ -19,6 +19,7 @@ import pytest
 from helpers import assert_tree_equal, compare_with_reference, run_python
 from jax import lax
 
+from conftest import FUTURE_FLAGS_ON
 from jaxinterp import eval_jaxpr, evaluate, stage
 
 State = namedtuple("State", ["position", "velocity"])
@@ -393,6 +394,15 @@ def test_eval_jaxpr_is_bitwise_equal_to_the_function(fn, args, kwargs, opts):
 
 @pytest.mark.parametrize("fn, args, kwargs, opts", CORPUS)
 def test_evaluate_under_jax_transformations(fn, args, kwargs, opts):
+    if FUTURE_FLAGS_ON:
+        # Under the hijax flags, plain JAX itself has no `vmap` or `grad` of
+        # `Scan3` (0.12.0.1): skip what the reference cannot do.
+        try:
+            compare_with_reference(fn, fn, args, kwargs, **opts)
+        except Exception as err:  # noqa: BLE001 - whatever JAX raises
+            reason = f"plain JAX fails under the future flags: {type(err).__name__}"
+            print(reason, str(err)[:200])
+            pytest.skip(reason)
     compare_with_reference(evaluate(fn), fn, args, kwargs, **opts)
 
 

@@ -25,6 +25,7 @@ from .._trace import (
     stage_flat,
 )
 from ._engine import InverseWalker
+from ._state import functionalize
 
 # Signatures remembered by each inverse function for its fast path.
 _SIGNATURES_PER_FUNCTION = 64
@@ -275,7 +276,8 @@ def _compile(
     if hit is not None:
         return hit
     walker = InverseWalker()
-    jaxpr, consts = staged.jaxpr, staged.consts
+    # Mutable references (and `scan` under `jax_scan3`) made pure first.
+    jaxpr, consts = functionalize(staged.jaxpr, staged.consts)
     n_y = len(y_leaves)
     messages: list[str] = []
 
@@ -298,7 +300,9 @@ def _compile(
         spec_of(a) for a, m in zip(staged.in_avals, mask, strict=True) if not m
     ]
     in_specs = [*(_spec(y) for y in y_leaves), *known_specs]
-    with compat.recursion_limit(compat.DEEP_RECURSION_LIMIT):
+    # The inverse's own loops are classic `scan`s (`Scan3` ignores `reverse`
+    # in JAX 0.12.0.1, and has no transpose or batching rule).
+    with compat.recursion_limit(compat.DEEP_RECURSION_LIMIT), compat.classic_scan():
         closed = jax.make_jaxpr(inverse_flat)(*in_specs)
     compiled = _Compiled(
         closed=compat.dce_closed_jaxpr(closed),

@@ -252,5 +252,6 @@ BRANCH_AWARE = frozenset(
         "custom_vjp_call",
         "custom_vjp_call_jaxpr",
         "cond",
+        "call_hi_primitive",
     }
 )

@@ -161,6 +161,51 @@ inverse_rules.register(
 )
 
 
+def _hijax_inverse(
+    ctx: InverseContext, outvals: Sequence[Any], *invals: Any, **params: Any
+) -> Any:
+    """`call_hi_primitive` (JAX >= 0.11 hijax flags): `custom_jvp`,
+    `custom_vjp` and `checkpoint` invert their body in place, as without the
+    flags. A `Scan3` never reaches here: `inverse` makes it a classic `scan`
+    first (`_state.functionalize`)."""
+    h = compat.hijax_params(params)
+    if h.kind == "custom_jvp":
+        named = _NAMED_CUSTOM_JVP.get(h.fun_name)
+        tainted = any(b is not None for b in ctx.result_branches)
+        if named is not None and len(invals) == h.n_consts + 2 and not tainted:
+            solved = named(ctx, outvals, *invals[h.n_consts :])
+            if solved is None:
+                return None
+            return [*invals[: h.n_consts], *solved[0]], solved[1]
+    if h.body is None or h.kind == "scan":
+        raise NotInvertibleError(
+            f"`inverse` has no rule for hijax primitive `{h.name}`"
+        )
+    if any(o is None for o in outvals):
+        return None
+    keep = h.keep or (True,) * len(invals)
+    dropped = [v for v, k in zip(invals, keep, strict=True) if not k]
+    if any(v is None for v in dropped):
+        return None
+    kept = [v for v, k in zip(invals, keep, strict=True) if k]
+    try:
+        solved, ildj, branches = _invert_closed(
+            h.body, kept, outvals, ctx.result_branches, want_ildj=ctx.want_ildj
+        )
+    except NotInvertibleError as err:
+        raise _with_context(f"a `{h.kind}` function", err) from None
+    it_solved, it_branch = iter(solved), iter(branches)
+    merged, merged_branches = [], []
+    for v, k in zip(invals, keep, strict=True):
+        merged.append(next(it_solved) if k else v)
+        merged_branches.append(next(it_branch) if k else None)
+    return merged, ildj, merged_branches
+
+
+if compat.call_hi_primitive_p is not None:
+    inverse_rules.register(compat.call_hi_primitive_p, _hijax_inverse)
+
+
 # ---------------------------------------------------------------------------
 # jit: the inverse is a jit, traced once per (body, known mask).
 
