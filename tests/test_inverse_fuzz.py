@@ -219,3 +219,22 @@ def test_a_principal_branch_meets_pieces_of_a_later_value():
     outcome = check_inverse(f, (x0,), (0,))
     assert (outcome.kind, outcome.check) == ("refused", "NotInvertibleError")
     assert "through `cbrt`" in outcome.detail
+
+
+def test_a_narrowing_conversion_is_a_rounding_not_an_exact_inverse():
+    # Found by `fuzz_inverse_main.py --seed 23` (program 5113): the bfloat16
+    # round trip was inverted as if exact, and won over the exact cube root.
+    x0 = jnp.array([0.7, -1.41, 0.37])
+
+    def f(x0):
+        return x0**3, x0.astype(jnp.bfloat16).astype(jnp.float32)
+
+    assert check_inverse(f, (x0,), (0,)).kind == "correct"
+    # Alone, the rounded value is a valid preimage (not x itself) ...
+    g = lambda x: jnp.exp(x).astype(jnp.bfloat16)  # noqa: E731
+    assert check_inverse(g, (x0,), (0,), injective=False).kind == "correct"
+    # ... but it is refused where another output also constrains it.
+    h = lambda x: (x.astype(jnp.bfloat16), jnp.ceil(x))  # noqa: E731
+    outcome = check_inverse(h, (x0,), (0,), injective=False)
+    assert (outcome.kind, outcome.check) == ("refused", "NotInvertibleError")
+    assert "rounds its operand to a narrower floating type" in outcome.detail

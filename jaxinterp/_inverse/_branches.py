@@ -48,12 +48,28 @@ def contains(outer: Interval, inner: Interval) -> bool:
     return outer[0] <= inner[0] and inner[1] <= outer[1]
 
 
+# A value rounded by a narrowing conversion (`float32` to `bfloat16`,
+# `reduce_precision`): one of many preimages, like a branch, but within
+# rounding of a valid value, so it is not checked against images (it may
+# meet no second constraint either). A distinct object: compare with `is`.
+ROUNDED: Interval = (-INF, INF)
+
+
 def union(a: Interval | None, b: Interval | None) -> Interval | None:
-    if a is None:
+    """The smallest interval holding both; `ROUNDED` only if both are."""
+    if a is None or (a is ROUNDED and b is not None):
         return b
-    if b is None:
+    if b is None or b is ROUNDED:
         return a
     return (min(a[0], b[0]), max(a[1], b[1]))
+
+
+def _narrowing(src: Any, dst: Any) -> bool:
+    """Whether converting floating `src` to floating `dst` rounds or clips."""
+    if not (jnp.issubdtype(src, jnp.inexact) and jnp.issubdtype(dst, jnp.inexact)):
+        return False
+    a, b = jnp.finfo(src), jnp.finfo(dst)
+    return bool(b.nmant < a.nmant or b.maxexp < a.maxexp or b.minexp > a.minexp)
 
 
 def _concrete(value: Any) -> np.ndarray | None:
@@ -114,10 +130,18 @@ def principal_range(eqn: Any, ins: Sequence[Any]) -> Interval | None:
 
     Only floating results have branches (integer rules refuse instead).
     """
-    fn = PRINCIPAL.get(eqn.primitive.name)
-    if fn is None:
-        return None
+    name = eqn.primitive.name
     if not all(jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in eqn.outvars):
+        return None
+    if name == "convert_element_type":
+        src, dst = eqn.invars[0].aval.dtype, eqn.outvars[0].aval.dtype
+        return ROUNDED if _narrowing(src, dst) else None
+    if name == "reduce_precision":
+        finfo = jnp.finfo(eqn.invars[0].aval.dtype)
+        bits = (int(eqn.params["exponent_bits"]), int(eqn.params["mantissa_bits"]))
+        return ROUNDED if bits[1] < finfo.nmant or bits[0] < finfo.nexp else None
+    fn = PRINCIPAL.get(name)
+    if fn is None:
         return None
     return fn(eqn.params, ins)
 

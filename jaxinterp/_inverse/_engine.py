@@ -268,7 +268,12 @@ class InverseWalker(BackwardWalker):
                         if v not in env:
                             env[v] = val
                             if tainted:
-                                mark(v, br.REALS, chooser[tainted[0]])
+                                rounded = all(taint[u] is br.ROUNDED for u in tainted)
+                                mark(
+                                    v,
+                                    br.ROUNDED if rounded else br.REALS,
+                                    chooser[tainted[0]],
+                                )
                             learned(v)
                 release(i)
                 continue
@@ -339,18 +344,27 @@ class InverseWalker(BackwardWalker):
             # What the solved operands inherit: the chosen branch, or the
             # taint of the values the rule used.
             origin = eqn
-            if branch is None:
-                used = [
-                    (v, b)
-                    for v, b in zip(eqn.outvars, result_branches, strict=True)
-                    if b is not None
-                ]
-                used += [
-                    (v, taint[v])
-                    for v in eqn.invars
-                    if type(v) is not _Literal and v in taint and v in env
-                ]
-                if used:
+            used = [
+                (v, b)
+                for v, b in zip(eqn.outvars, result_branches, strict=True)
+                if b is not None
+            ]
+            used += [
+                (v, taint[v])
+                for v in eqn.invars
+                if type(v) is not _Literal and v in taint and v in env
+            ]
+            if branch is not None:
+                # A rule's own branch bounds what it returns, whatever it was
+                # given; rounding a chosen branch bounds nothing.
+                if branch is br.ROUNDED and any(b is not br.ROUNDED for _, b in used):
+                    branch = br.REALS
+            else:
+                if used and all(b is br.ROUNDED for _, b in used):
+                    # Exact steps from a rounded value: still within rounding.
+                    origin = chooser[used[0][0]]
+                    branch = br.ROUNDED
+                elif used:
                     origin = chooser[used[0][0]]
                     if eqn.primitive.name in br.VALUE_PRESERVING and not any(
                         b is not None for b in in_branches
@@ -566,6 +580,12 @@ def _branch_clash(eqn: Any, origin: Any, v: Any) -> NotInvertibleError:
             f"a map inside `{origin.primitive.name}` at {source_line(origin)} is "
             "not injective and its rule picks one preimage (its principal branch)"
         )
+    elif origin.primitive.name in ("convert_element_type", "reduce_precision"):
+        chose = (
+            f"`{origin.primitive.name}` at {source_line(origin)} rounds its "
+            "operand to a narrower floating type, so its rule picks one of many "
+            "preimages"
+        )
     else:
         chose = (
             f"`{origin.primitive.name}` at {source_line(origin)} is not injective "
@@ -591,7 +611,9 @@ def _check_image(
         return  # the rule passes the intervals on to the body it inverts
     img = br.image(eqn, ins)
     for v, b in zip(eqn.outvars, result_branches, strict=True):
-        if b is None or (img is not None and br.contains(img, b)):
+        if b is None or b is br.ROUNDED:
+            continue
+        if img is not None and br.contains(img, b):
             continue
         origin = chooser.get(v)
         if origin is None:
