@@ -109,13 +109,6 @@ def bench(session: nox.Session) -> None:
 ECOSYSTEM = [("3.11", "0.10.2"), ("3.12", "0.12.0.1")]
 
 
-@nox.session(python=ENDS[-1:])
-def tests_future_flags(session: nox.Session) -> None:
-    """The suite and gallery with JAX's hijax future-default flags on (newest JAX)."""
-    session.install("-e", ".[test]")
-    session.run("pytest", *session.posargs, env={"JAXINTERP_TEST_FUTURE_FLAGS": "1"})
-
-
 @nox.session
 @nox.parametrize(
     "python, jax_version", ECOSYSTEM, ids=[f"jax{v}" for _, v in ECOSYSTEM]
