@@ -138,7 +138,8 @@ def principal_range(eqn: Any, ins: Sequence[Any]) -> Interval | None:
         return ROUNDED if _narrowing(src, dst) else None
     if name == "reduce_precision":
         finfo = jnp.finfo(eqn.invars[0].aval.dtype)
-        bits = (int(eqn.params["exponent_bits"]), int(eqn.params["mantissa_bits"]))
+        params = eqn.params  # a first-order primitive's own params
+        bits = (int(params["exponent_bits"]), int(params["mantissa_bits"]))
         return ROUNDED if bits[1] < finfo.nmant or bits[0] < finfo.nexp else None
     fn = PRINCIPAL.get(name)
     if fn is None:
