@@ -176,3 +176,19 @@ def test_a_partly_recovered_input_names_the_missing_elements():
         "input 0: the outputs determine some elements but not (1,), (3,) of (5,)"
         in (str(info.value))
     )
+
+
+def test_strict_sees_nan_from_inside_checkpoint_and_jit():
+    # Found by `fuzz_inverse_main.py --seed 29` (program 861): runtime gather
+    # indices inside `jax.checkpoint` (`remat2` on recent JAX).
+    def f(p, x):
+        body = lambda a, b: jnp.take(a, jnp.array([0, 3, 1, 1]) * jnp.int32(b < 100.0))  # noqa: E731
+        return jax.checkpoint(body)(x, p)
+
+    x = jnp.array([-1.41, -0.62, 0.88, -0.55])
+    y = f(jnp.float32(0.94), x)
+    loose = jaxinterp.inverse(f, argnums=1, example_args=(x,))(y, 0.94)
+    assert np.all(np.isnan(loose))
+    strict = jaxinterp.inverse(f, argnums=1, example_args=(x,), strict=True)
+    with pytest.raises(NotInvertibleError, match="do not determine 4 element"):
+        strict(y, 0.94)

@@ -264,19 +264,16 @@ def describe(interval: Interval) -> str:
 # hand it the intervals of their tainted results (`ctx.result_branches`);
 # each returns, as a third element, the intervals of its solved operands.
 BRANCH_AWARE = frozenset(
-    {
-        "jit",
-        "pjit",
-        "closed_call",
-        "core_call",
-        "call",
-        "eval_jaxpr",
-        "checkpoint",
-        "remat",
-        "custom_jvp_call",
-        "custom_vjp_call",
-        "custom_vjp_call_jaxpr",
-        "cond",
-        "call_hi_primitive",
-    }
+    p.name
+    for p in (
+        compat.jit_p,
+        compat.closed_call_p,
+        compat.core_call_p,
+        compat.remat_p,
+        compat.custom_jvp_call_p,
+        compat.custom_vjp_call_p,
+        compat.cond_p,
+        compat.call_hi_primitive_p,
+    )
+    if p is not None
 )
