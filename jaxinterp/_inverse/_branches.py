@@ -125,12 +125,17 @@ PRINCIPAL: dict[str, Callable[[dict[str, Any], Sequence[Any]], Interval | None]]
 }
 
 
+_ROUNDING = frozenset({"convert_element_type", "reduce_precision"})
+
+
 def principal_range(eqn: Any, ins: Sequence[Any]) -> Interval | None:
     """The interval of the branch `eqn`'s rule chooses, or `None` if exact.
 
     Only floating results have branches (integer rules refuse instead).
     """
     name = eqn.primitive.name
+    if name not in PRINCIPAL and name not in _ROUNDING:
+        return None  # the common case, decided without looking at dtypes
     if not all(jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in eqn.outvars):
         return None
     if name == "convert_element_type":
