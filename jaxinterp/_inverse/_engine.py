@@ -250,16 +250,20 @@ class InverseWalker(BackwardWalker):
             if all_in:
                 done[i] = 1
                 reasons.pop(i, None)
-                tainted = [
-                    v for v in eqn.invars if type(v) is not _Literal and v in taint
-                ]
-                for v in eqn.outvars:
-                    # A result already known, or partly known from pieces, is
-                    # a second constraint: a chosen branch may contradict it.
-                    if tainted and (v in env or v in pieces):
-                        raise _branch_clash(eqn, chooser[tainted[0]], tainted[0])
-                    if v in piece_branch:
-                        raise _branch_clash(eqn, chooser[v], v)
+                tainted = (
+                    [v for v in eqn.invars if type(v) is not _Literal and v in taint]
+                    if taint
+                    else ()
+                )
+                if tainted or piece_branch:
+                    for v in eqn.outvars:
+                        # A result already known, or partly known from pieces,
+                        # is a second constraint: a chosen branch may
+                        # contradict it.
+                        if tainted and (v in env or v in pieces):
+                            raise _branch_clash(eqn, chooser[tainted[0]], tainted[0])
+                        if v in piece_branch:
+                            raise _branch_clash(eqn, chooser[v], v)
                 if not all(v in env for v in eqn.outvars):
                     ins = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
                     outs = self._forward(eqn, ins)
@@ -297,16 +301,16 @@ class InverseWalker(BackwardWalker):
             if branch is not None and i != allowed:
                 deferred.append(i)
                 continue
-            result_branches = [taint.get(v) for v in eqn.outvars]
-            in_branches = [taint.get(v) for v in eqn.invars if type(v) is not _Literal]
+            # Taint bookkeeping only once some value depends on a choice.
+            if taint:
+                result_branches = [taint.get(v) for v in eqn.outvars]
+                tainted_results = any(b is not None for b in result_branches)
+            else:
+                result_branches, tainted_results = [], False
             ctx = InverseContext.of(
                 eqn,
                 want_ildj=want_ildj,
-                result_branches=(
-                    result_branches
-                    if any(b is not None for b in result_branches)
-                    else ()
-                ),
+                result_branches=result_branches if tainted_results else (),
             )
             try:
                 user_ctx, eqn_ctx = compat.eqn_contexts(eqn)
@@ -338,22 +342,25 @@ class InverseWalker(BackwardWalker):
                     f"({_known_summary(eqn, ins)})"
                 )
                 continue
-            if any(b is not None for b in result_branches):
+            if tainted_results:
                 # Checked once the rule accepts: a refusal of its own says more.
                 _check_image(eqn, ins, result_branches, chooser)
             # What the solved operands inherit: the chosen branch, or the
             # taint of the values the rule used.
             origin = eqn
-            used = [
-                (v, b)
-                for v, b in zip(eqn.outvars, result_branches, strict=True)
-                if b is not None
-            ]
-            used += [
-                (v, taint[v])
-                for v in eqn.invars
-                if type(v) is not _Literal and v in taint and v in env
-            ]
+            used: list[tuple[Any, br.Interval]] = []
+            known_tainted = False
+            if taint:
+                if tainted_results:
+                    used = [
+                        (v, b)
+                        for v, b in zip(eqn.outvars, result_branches, strict=True)
+                        if b is not None
+                    ]
+                for v in eqn.invars:
+                    if type(v) is not _Literal and v in taint and v in env:
+                        used.append((v, taint[v]))
+                        known_tainted = True
             if branch is not None:
                 # A rule's own branch bounds what it returns, whatever it was
                 # given; rounding a chosen branch bounds nothing.
@@ -366,9 +373,7 @@ class InverseWalker(BackwardWalker):
                     branch = br.ROUNDED
                 elif used:
                     origin = chooser[used[0][0]]
-                    if eqn.primitive.name in br.VALUE_PRESERVING and not any(
-                        b is not None for b in in_branches
-                    ):
+                    if eqn.primitive.name in br.VALUE_PRESERVING and not known_tainted:
                         for _, b in used:
                             branch = br.union(branch, b)
                     else:

@@ -72,12 +72,12 @@ class InverseContext:
         result_branches: Sequence[Any] = (),
     ) -> InverseContext:
         """The context for inverting `eqn` (its avals are read when asked)."""
-        return cls(
-            _Avals(eqn.invars),
-            _Avals(eqn.outvars),
-            want_ildj=want_ildj,
-            result_branches=result_branches,
-        )
+        ctx = cls.__new__(cls)
+        ctx._in = _Avals(eqn.invars)
+        ctx._out = _Avals(eqn.outvars)
+        ctx.want_ildj = want_ildj
+        ctx.result_branches = tuple(result_branches)
+        return ctx
 
     @property
     def in_avals(self) -> tuple[Any, ...]:
