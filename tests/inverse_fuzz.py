@@ -2043,7 +2043,9 @@ def _close(a: Any, b: Any, rtol: float, atol: float) -> bool:
         if not np.array_equal(np.isnan(u64), np.isnan(v64)):
             return False
         scale = 1.0 + np.max(np.abs(v64[np.isfinite(v64)]), initial=0.0)
-        ok = np.isnan(u64) | (np.abs(u64 - v64) <= atol * scale + rtol * np.abs(v64))
+        with np.errstate(invalid="ignore"):  # inf - inf: equal infinities pass
+            near = np.abs(u64 - v64) <= atol * scale + rtol * np.abs(v64)
+        ok = np.isnan(u64) | (u64 == v64) | near
         if not np.all(ok):
             return False
     return True
@@ -2051,7 +2053,14 @@ def _close(a: Any, b: Any, rtol: float, atol: float) -> bool:
 
 def _max_err(a: Any, b: Any) -> float:
     errs = [
-        float(np.max(np.abs(u.astype(np.float64) - v.astype(np.float64)), initial=0.0))
+        float(
+            np.max(
+                np.abs(
+                    np.where(u == v, 0.0, u.astype(np.float64) - v.astype(np.float64))
+                ),
+                initial=0.0,
+            )
+        )
         for u, v in zip(_leaves(a), _leaves(b), strict=True)
         if u.shape == v.shape
     ]

@@ -238,3 +238,15 @@ def test_a_narrowing_conversion_is_a_rounding_not_an_exact_inverse():
     outcome = check_inverse(h, (x0,), (0,), injective=False)
     assert (outcome.kind, outcome.check) == ("refused", "NotInvertibleError")
     assert "rounds its operand to a narrower floating type" in outcome.detail
+
+
+def test_equal_infinite_ildjs_agree_between_variants():
+    # Found by `fuzz_inverse_main.py --seed 31` (program 84): a non-square map
+    # whose ildj is inf both eagerly and under jit was flagged as a mismatch.
+    def f(x1, v3):
+        v4 = v3 * x1[jnp.array([0, 1])]
+        return x1, jnp.concatenate([v4, v3], axis=2)
+
+    x1 = jnp.array([[[0.66, 0.5]], [[0.83, -1.71]]])
+    v3 = jnp.array([[[1.0, 0.0]], [[1.0, -2.0]]])
+    assert check_inverse(f, (x1, v3), (0, 1)).kind == "correct"
