@@ -250,3 +250,19 @@ def test_equal_infinite_ildjs_agree_between_variants():
     x1 = jnp.array([[[0.66, 0.5]], [[0.83, -1.71]]])
     v3 = jnp.array([[[1.0, 0.0]], [[1.0, -2.0]]])
     assert check_inverse(f, (x1, v3), (0, 1)).kind == "correct"
+
+
+def test_a_principal_branch_used_as_a_known_operand_meets_a_second_constraint():
+    # Found by `fuzz_inverse_main.py --seed 31` (program 2215): the branch of
+    # x**2 inside a custom_jvp gave all of x0; the update's result, which
+    # also holds column 0 of x0 exactly, was then ignored.
+    def f(x0):
+        v0 = lax.dynamic_update_slice(x0, jnp.full((3, 2), 3.0), (0, 1))
+        g = jax.custom_jvp(lambda a: a**2)
+        g.defjvp(lambda p, t: (g(p[0]), 2 * p[0] * t[0]))
+        return g(x0), v0
+
+    x0 = jnp.array([[0.9, 1.04, 1.69], [-1.03, 0.61, 1.02], [-0.32, -1.04, -1.8]])
+    outcome = check_inverse(f, (x0,), (0,))
+    assert (outcome.kind, outcome.check) == ("refused", "NotInvertibleError")
+    assert "through `dynamic_update_slice`" in outcome.detail

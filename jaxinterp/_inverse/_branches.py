@@ -243,6 +243,14 @@ VALUE_PRESERVING = frozenset(
 )
 
 
+# Rules whose results, given the known operands, are a bijection of the
+# unknown ones: solving them with a known operand that depends on a choice
+# adds no second constraint on it (elementwise arithmetic with one side known).
+KNOWN_OPERAND_SAFE = frozenset(
+    {"add", "sub", "mul", "div", "pow", "atan2", "xor", "add_any", "nextafter"}
+)
+
+
 def image(eqn: Any, ins: Sequence[Any]) -> Interval | None:
     """The image of `eqn`'s map onto its results, or `None` if not known."""
     name = eqn.primitive.name

@@ -255,8 +255,12 @@ class InverseWalker(BackwardWalker):
                     if taint
                     else ()
                 )
-                if tainted or piece_branch:
+                if tainted or piece_branch or taint:
                     for v in eqn.outvars:
+                        # A known result that depends on a choice, recomputed
+                        # from values that do not: the choice may contradict.
+                        if v in taint and v in env and not tainted:
+                            raise _branch_clash(eqn, chooser[v], v)
                         # A result already known, or partly known from pieces,
                         # is a second constraint: a chosen branch may
                         # contradict it.
@@ -301,6 +305,13 @@ class InverseWalker(BackwardWalker):
             if branch is not None and i != allowed:
                 deferred.append(i)
                 continue
+            # A known operand that depends on a choice, used with given
+            # results: unless the results are a bijection of the unknown
+            # operands given it (elementwise arithmetic), they constrain it too.
+            if taint and eqn.primitive.name not in br.KNOWN_OPERAND_SAFE:
+                for v in eqn.invars:
+                    if type(v) is not _Literal and v in taint and v in env:
+                        raise _branch_clash(eqn, chooser[v], v)
             # Taint bookkeeping only once some value depends on a choice.
             if taint:
                 result_branches = [taint.get(v) for v in eqn.outvars]
