@@ -25,6 +25,7 @@ from helpers import (
     SinToCos,
     future_flags,
     future_flags_available,
+    plain_or_skip,
     tree_allclose,
 )
 from hypothesis import given, settings, strategies as st
@@ -97,16 +98,6 @@ PROGRAMS: dict[str, Callable[[Callable[[Any], Any]], Callable[[Any], Any]]] = {
 X = jnp.array([0.3, -1.2, 0.7, 2.0])
 
 
-def _plain_or_skip(what: str, fn: Callable[..., Any], *args: Any) -> Any:
-    """`fn(*args)` in plain JAX, or skip when plain JAX itself refuses."""
-    try:
-        return fn(*args)
-    except Exception as err:  # noqa: BLE001 - whatever JAX raises
-        reason = f"plain JAX fails {what} under the future flags: {type(err).__name__}"
-        print(reason, str(err)[:200])
-        pytest.skip(reason)
-
-
 TRANSFORMS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     "eager": lambda f: f,
     "jit": jax.jit,
@@ -128,7 +119,7 @@ def test_evaluate_matches_plain_jax(flags_on, program, transform):
     fn = PROGRAMS[program](jnp.sin)
     _stages_hijax(fn)
     wrap = TRANSFORMS[transform]
-    expected = _plain_or_skip(transform, wrap(fn), X)
+    expected = plain_or_skip(f"{transform} under the future flags", wrap(fn), X)
     tree_allclose(wrap(jaxinterp.evaluate(fn))(X), expected)
     tree_allclose(wrap(PrimitiveLog().transform(fn))(X), expected)
 

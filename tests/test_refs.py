@@ -20,6 +20,7 @@ from helpers import (
     PrimitiveLog,
     future_flags,
     future_flags_available,
+    plain_or_skip,
     tree_allclose,
 )
 from hypothesis import given, settings, strategies as st
@@ -122,15 +123,6 @@ INTERPRETERS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
 }
 
 
-def _plain_or_skip(what: str, fn: Callable[..., Any], *args: Any) -> Any:
-    try:
-        return fn(*args)
-    except Exception as err:  # noqa: BLE001 - whatever JAX raises
-        reason = f"plain JAX fails {what}: {type(err).__name__}"
-        print(reason, str(err)[:200])
-        pytest.skip(reason)
-
-
 @pytest.fixture(params=[False, True], ids=["flags_off", "flags_on"])
 def flags(request):
     if request.param and not future_flags_available():
@@ -147,7 +139,7 @@ def flags(request):
 @pytest.mark.parametrize("program", PROGRAMS)
 def test_refs_match_plain_jax(flags, program, transform, interp):
     fn, wrap = PROGRAMS[program], TRANSFORMS[transform]
-    expected = _plain_or_skip(f"{transform} of {program}", wrap(fn), X)
+    expected = plain_or_skip(f"{transform} of {program}", wrap(fn), X)
     tree_allclose(wrap(INTERPRETERS[interp](fn))(X), expected)
 
 

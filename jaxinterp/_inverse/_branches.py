@@ -125,7 +125,8 @@ PRINCIPAL: dict[str, Callable[[dict[str, Any], Sequence[Any]], Interval | None]]
 }
 
 
-_ROUNDING = frozenset({"convert_element_type", "reduce_precision"})
+# Primitives that round when they narrow a floating type (`ROUNDED`).
+ROUNDING = frozenset({"convert_element_type", "reduce_precision"})
 
 
 def principal_range(eqn: Any, ins: Sequence[Any]) -> Interval | None:
@@ -134,7 +135,7 @@ def principal_range(eqn: Any, ins: Sequence[Any]) -> Interval | None:
     Only floating results have branches (integer rules refuse instead).
     """
     name = eqn.primitive.name
-    if name not in PRINCIPAL and name not in _ROUNDING:
+    if name not in PRINCIPAL and name not in ROUNDING:
         return None  # the common case, decided without looking at dtypes
     if not all(jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in eqn.outvars):
         return None
@@ -154,7 +155,7 @@ def principal_range(eqn: Any, ins: Sequence[Any]) -> Interval | None:
 
 # Images of elementwise maps (the values the result can take, whatever the
 # unknown operand): a backward step accepts a tainted result only inside it.
-_UNARY_IMAGE: dict[str, Interval] = {
+_IMAGE: dict[str, Interval] = {
     "exp": (0.0, INF),
     "exp2": (0.0, INF),
     "log": REALS,
@@ -226,7 +227,6 @@ VALUE_PRESERVING = frozenset(
         "slice",
         "concatenate",
         "copy",
-        "copy_p",
         "convert_element_type",
         "reduce_precision",
         "stop_gradient",
@@ -259,7 +259,7 @@ def image(eqn: Any, ins: Sequence[Any]) -> Interval | None:
     fn = _IMAGE_FNS.get(name)
     if fn is not None:
         return fn(eqn.params, ins)
-    return _UNARY_IMAGE.get(name)
+    return _IMAGE.get(name)
 
 
 def describe(interval: Interval) -> str:

@@ -587,26 +587,33 @@ def _reason(err: Exception) -> str:
     return text or type(err).__name__
 
 
+def _chooser_kind(origin: Any) -> str:
+    """Which equation made a choice: `enclosing` (outside this Jaxpr), `inside`
+    (in the body of a call-like equation), `rounding` or `own`."""
+    if origin is None:
+        return "enclosing"
+    if origin.primitive.name in br.BRANCH_AWARE:
+        return "inside"
+    if origin.primitive.name in br.ROUNDING:
+        return "rounding"
+    return "own"
+
+
 def _branch_clash(eqn: Any, origin: Any, v: Any) -> NotInvertibleError:
     """The error for a principal-branch choice meeting a second constraint."""
-    if origin is None:
+    kind = _chooser_kind(origin)
+    if kind == "enclosing":
         chose = "an enclosing equation chose a principal branch for it"
-    elif origin.primitive.name in br.BRANCH_AWARE:
-        chose = (
-            f"a map inside `{origin.primitive.name}` at {source_line(origin)} is "
-            "not injective and its rule picks one preimage (its principal branch)"
-        )
-    elif origin.primitive.name in ("convert_element_type", "reduce_precision"):
-        chose = (
-            f"`{origin.primitive.name}` at {source_line(origin)} rounds its "
-            "operand to a narrower floating type, so its rule picks one of many "
-            "preimages"
-        )
     else:
-        chose = (
-            f"`{origin.primitive.name}` at {source_line(origin)} is not injective "
-            "and its rule picks one preimage (its principal branch)"
-        )
+        at = f"`{origin.primitive.name}` at {source_line(origin)}"
+        chose = {
+            "inside": f"a map inside {at} is not injective and its rule picks one "
+            "preimage (its principal branch)",
+            "rounding": f"{at} rounds its operand to a narrower floating type, so "
+            "its rule picks one of many preimages",
+            "own": f"{at} is not injective and its rule picks one preimage (its "
+            "principal branch)",
+        }[kind]
     return NotInvertibleError(
         f"`inverse` cannot recover a value of type {v.aval.str_short()} "
         f"consistently: {chose}, but the outputs also constrain that value "
@@ -631,18 +638,16 @@ def _check_image(
             continue
         if img is not None and br.contains(img, b):
             continue
-        origin = chooser.get(v)
-        if origin is None:
+        origin: Any = chooser.get(v)
+        kind = _chooser_kind(origin)
+        if kind == "enclosing":
             chose = "an enclosing equation's principal branch"
-        elif origin.primitive.name in br.BRANCH_AWARE:
-            chose = (
-                f"a principal branch chosen inside `{origin.primitive.name}` at "
-                f"{source_line(origin)}"
-            )
         else:
+            at = f"`{origin.primitive.name}` at {source_line(origin)}"
             chose = (
-                f"the principal branch of `{origin.primitive.name}` at "
-                f"{source_line(origin)}"
+                f"a principal branch chosen inside {at}"
+                if kind == "inside"
+                else f"the principal branch of {at}"
             )
         can = (
             f"whose results lie in {br.describe(img)}"
