@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import pytest
 from hypothesis import given, settings
 from inverse_fuzz import (
     check_inverse,
@@ -26,6 +27,18 @@ from inverse_fuzz import (
 from jax import lax
 
 import jaxinterp
+
+def _refusal(f, *xs) -> str:
+    """The whole message of `inverse_and_ildj`'s refusal for `f` at `xs`
+    (`Outcome.detail` is cut to one line of bounded length, and the source
+    paths it names differ in length between checkouts)."""
+    with pytest.raises(jaxinterp.NotInvertibleError) as info:
+        inv = jaxinterp.inverse_and_ildj(
+            f, argnums=tuple(range(len(xs))), example_args=xs
+        )
+        inv(f(*xs))
+    return str(info.value)
+
 
 # Ops that trigger open bugs (see `inverse_fuzz.op_names()`): none today.
 KNOWN_BUGGY_OPS: tuple[str, ...] = ()
@@ -218,7 +231,7 @@ def test_a_principal_branch_meets_pieces_of_a_later_value():
     x0 = jnp.array([[1.24, 1.06, 0.62], [-1.5, 1.49, -0.72], [0.47, -0.34, -1.32]])
     outcome = check_inverse(f, (x0,), (0,))
     assert (outcome.kind, outcome.check) == ("refused", "NotInvertibleError")
-    assert "through `cbrt`" in outcome.detail
+    assert "through `cbrt`" in _refusal(f, x0)
 
 
 def test_a_narrowing_conversion_is_a_rounding_not_an_exact_inverse():
@@ -237,7 +250,7 @@ def test_a_narrowing_conversion_is_a_rounding_not_an_exact_inverse():
     h = lambda x: (x.astype(jnp.bfloat16), jnp.ceil(x))  # noqa: E731
     outcome = check_inverse(h, (x0,), (0,), injective=False)
     assert (outcome.kind, outcome.check) == ("refused", "NotInvertibleError")
-    assert "rounds its operand to a narrower floating type" in outcome.detail
+    assert "rounds its operand to a narrower floating type" in _refusal(h, x0)
 
 
 def test_equal_infinite_ildjs_agree_between_variants():
@@ -265,4 +278,4 @@ def test_a_principal_branch_used_as_a_known_operand_meets_a_second_constraint():
     x0 = jnp.array([[0.9, 1.04, 1.69], [-1.03, 0.61, 1.02], [-0.32, -1.04, -1.8]])
     outcome = check_inverse(f, (x0,), (0,))
     assert (outcome.kind, outcome.check) == ("refused", "NotInvertibleError")
-    assert "through `dynamic_update_slice`" in outcome.detail
+    assert "through `dynamic_update_slice`" in _refusal(f, x0)
