@@ -42,8 +42,10 @@ from ._jax_compat import (
     UnsupportedJaxWarning as UnsupportedJaxWarning,
     cond_branches as cond_branches,
     hijax_params as hijax_params,
+    iter_eqns as iter_eqns,
     jit_params as jit_params,
     scan_params as scan_params,
+    sub_jaxprs as sub_jaxprs,
     while_params as while_params,
 )
 from ._registry import RuleRegistry as RuleRegistry

@@ -312,6 +312,52 @@ def _rebuilt_hi(
     return compat.bind_hi_primitive(prim, [*consts, *invals])
 
 
+def _scan3_as_scan(
+    interp: Interpreter, eqn: Any, h: compat.HijaxParams, invals: list[Any]
+) -> list[Any]:
+    """A hijax `Scan3` rebuilt as the classic `scan` it replaces.
+
+    Used while JAX cannot differentiate or batch `Scan3`
+    (`compat.hi_transformable`), so that an interpreted program keeps
+    composing with `jax.grad` and `jax.vmap`. The loop carries the values of
+    the carry references; each iteration puts them in fresh references, which
+    the walked body reads and writes as the original body did, and the final
+    values are written back to the caller's references.
+    """
+    if any(
+        ext and compat.is_ref_aval(compat.aval_of(v))
+        for v, ext in zip(invals, h.extensives, strict=True)
+    ):
+        return _rebuilt_hi(interp, h, invals)  # a reference sliced per iteration
+    is_ref = [compat.is_ref_aval(compat.aval_of(v)) for v in invals]
+    refs = [v for v, r in zip(invals, is_ref, strict=True) if r]
+    xs = [
+        v
+        for v, r, ext in zip(invals, is_ref, h.extensives, strict=True)
+        if ext and not r
+    ]
+    walk = _closed_fn(interp, h.body)
+
+    def step(carry: list[Any], x_t: list[Any]) -> tuple[list[Any], list[Any]]:
+        local = [jax.new_ref(c) for c in carry]
+        c_it, x_it = iter(local), iter(x_t)
+        args = [
+            next(c_it) if r else (next(x_it) if ext else v)
+            for v, r, ext in zip(invals, is_ref, h.extensives, strict=True)
+        ]
+        ys = walk(*args)
+        return [jax.freeze(ref) for ref in local], ys
+
+    reverse = bool(h.prim.reverse) and compat.SCAN3_HONOURS_REVERSE
+    with compat.classic_scan():
+        final, ys = lax.scan(
+            step, [ref[...] for ref in refs], xs, length=h.length, reverse=reverse
+        )
+    for ref, value in zip(refs, final, strict=True):
+        ref[...] = value
+    return list(ys)
+
+
 def _expanded_hi(
     interp: Interpreter, eqn: Any, h: compat.HijaxParams, invals: list[Any]
 ) -> list[Any]:
@@ -346,7 +392,8 @@ def _call_hi(
     keeping its derivative rules (for `custom_jvp`/`custom_vjp` they still
     describe the original function, as for `custom_jvp_call`); `inline` walks
     the body in place (a `scan` stays a loop); a user-defined hijax primitive
-    is walked through its `expand` under both.
+    is walked through its `expand` under both. A `Scan3` that JAX cannot
+    differentiate or batch is rebuilt as a classic `scan` (`_scan3_as_scan`).
     """
     h = compat.hijax_params(eqn)
     if h.kind == "other":
@@ -354,4 +401,6 @@ def _call_hi(
     if policy == "inline" and h.kind != "scan":
         kept = invals if h.keep is None else list(it.compress(invals, h.keep))
         return interp.eval_closed(h.body, *kept)
+    if h.kind == "scan" and not compat.hi_transformable(h.prim):
+        return _scan3_as_scan(interp, eqn, h, invals)
     return _rebuilt_hi(interp, h, invals)

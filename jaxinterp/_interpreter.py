@@ -269,14 +269,15 @@ class Interpreter:
         """The policy for a hijax `call_hi_primitive` equation (JAX >= 0.11).
 
         The most specific key wins: the hijax class (`"RematTraced"`), the
-        construct it replaces (`"checkpoint"`, `"scan"`, `"custom_jvp_call"`,
-        `"custom_vjp_call"`), then `"call_hi_primitive"`. Policies written for
-        a construct keep applying when JAX's hijax flags are turned on.
+        primitive of the construct it replaces (`"remat2"`, `"scan"`,
+        `"custom_jvp_call"`, `"custom_vjp_call"`), its kind (`"checkpoint"`,
+        `"custom_jvp"`, `"custom_vjp"`), then `"call_hi_primitive"`. Policies
+        written for a construct keep applying when JAX's hijax flags are on.
         """
         policies = self._policies
         if policies:
             h = compat.hijax_params(eqn)
-            for key in (h.name, h.replaces, eqn.primitive.name):
+            for key in (h.name, h.replaces, h.kind, eqn.primitive.name):
                 policy = policies.get(key)
                 if policy is not None:
                     return policy

@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -886,10 +886,10 @@ _Scan3 = _private_attr("jax._src.lax.control_flow.loops", "Scan3")
 _HI_KINDS: dict[Any, tuple[str, str]] = {
     cls: kind
     for cls, kind in (
-        (_CustomJVPTraced, ("custom_jvp", "custom_jvp_call")),
-        (_CustomVJPTraced, ("custom_vjp", "custom_vjp_call")),
-        (_RematTraced, ("checkpoint", "checkpoint")),
-        (_Scan3, ("scan", "scan")),
+        (_CustomJVPTraced, ("custom_jvp", custom_jvp_call_p.name)),
+        (_CustomVJPTraced, ("custom_vjp", custom_vjp_call_p.name)),
+        (_RematTraced, ("checkpoint", remat_p.name)),  # `remat2` to JAX 0.12
+        (_Scan3, ("scan", scan_p.name)),
     )
     if cls is not None
 }
@@ -987,6 +987,40 @@ def expand_hi_primitive(prim: Any) -> Any:
 
     expanded.__name__ = expanded.__qualname__ = type(prim).__name__
     return jax.make_jaxpr(expanded)(*prim.in_avals_flat)
+
+
+def sub_jaxprs(eqn: Any, *, expand: bool = True) -> list[Any]:
+    """Return the open Jaxprs that `eqn` runs: the bodies, branches and
+    rules held in its params, and the body of a hijax `call_hi_primitive`.
+
+    Under JAX's hijax flags (JAX >= 0.11) the body of a `custom_jvp`,
+    `custom_vjp`, `checkpoint` or `scan` is not a param but an attribute of
+    the primitive object, so searching `params` alone misses it. A user's
+    hijax primitive contributes its traced `expand` (with `expand=True`), or
+    nothing when it has none.
+    """
+    found = [open_jaxpr(j) for j in jaxprs_in_params(params_of(eqn))]
+    if eqn.primitive is call_hi_primitive_p:
+        hi = hijax_params(eqn)
+        body = hi.body
+        if body is None and expand:
+            try:
+                body = expand_hi_primitive(hi.prim)
+            except (NotImplementedError, TypeError):
+                body = None
+        if body is not None:
+            found.append(open_jaxpr(body))
+    return found
+
+
+def iter_eqns(jaxpr: Any) -> Iterator[Any]:
+    """Yield every equation of `jaxpr` (open or closed), then recursively
+    those of the Jaxprs each one runs (`sub_jaxprs`)."""
+    stack = [open_jaxpr(jaxpr)]
+    while stack:
+        for eqn in stack.pop().eqns:
+            yield eqn
+            stack.extend(sub_jaxprs(eqn))
 
 
 def hoist_consts(jaxpr: Any) -> tuple[Any, list[Any]]:
@@ -1094,6 +1128,24 @@ def classic_scan() -> Any:
 # (a TODO there): it always runs forwards.
 SCAN3_HONOURS_REVERSE = False
 
+
+def hi_transformable(prim: Any) -> bool:
+    """Whether JAX can differentiate (reverse mode) and batch the hijax
+    primitive object `prim`: its class overrides `HiPrim.vjp_fwd` (or sets
+    `vjp_from_jvp`/`vjp_from_lin`) and `HiPrim.batch`.
+
+    `Scan3` has neither in JAX 0.11 to 0.12.0.1 (`jax.grad` and `jax.vmap`
+    of a scan under `jax_scan3` fail in plain JAX); a capability check, so
+    that a release adding them is used as it is.
+    """
+    if _HiPrim is None:
+        return False
+    cls = type(prim)
+    grads = cls.vjp_fwd is not _HiPrim.vjp_fwd
+    batches = cls.batch is not _HiPrim.batch
+    return grads and batches
+
+
 # Reference primitives, by name (JAX >= 0.8; `jax.ref` is their public API).
 REF_PRIMITIVES: frozenset[str] = frozenset(
     {"new_ref", "empty_ref", "free_ref", "freeze", "get", "swap", "addupdate"}
@@ -1187,8 +1239,7 @@ def nesting_depth(jaxpr: Any) -> int:
         current, depth = stack.pop()
         deepest = max(deepest, depth)
         for eqn in current.eqns:
-            for sub in jaxprs_in_params(eqn.params):
-                sub = open_jaxpr(sub)
+            for sub in sub_jaxprs(eqn, expand=False):
                 if id(sub) not in seen:
                     seen.add(id(sub))
                     stack.append((sub, depth + 1))

@@ -203,14 +203,7 @@ class RuleRegistry(Generic[R]):
         return sorted(names)
 
 
-def iter_eqns(jaxpr: Any) -> Iterator[Any]:
-    """Yield every equation of `jaxpr`, recursing into sub-jaxprs."""
-    stack = [getattr(jaxpr, "jaxpr", jaxpr)]
-    while stack:
-        current = stack.pop()
-        for eqn in current.eqns:
-            yield eqn
-            stack.extend(compat.jaxprs_in_params(eqn.params))
+iter_eqns = compat.iter_eqns
 
 
 def _prim_expr(prim: jex_core.Primitive) -> str:

@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
-import jax.extend as jex
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
@@ -30,10 +29,16 @@ __all__ = [
     "FUTURE_FLAGS",
     "PrimitiveLog",
     "SinToCos",
+    "assert_program_result",
     "assert_tree_equal",
     "check_release_plan",
     "compare_with_reference",
+    "construct_name",
+    "construct_names",
+    "flags_off",
     "future_flags",
+    "future_flags_on",
+    "matches_flags_off",
     "iter_eqns",
     "primitive_names",
     "run_python",
@@ -112,38 +117,37 @@ class PrimitiveLog(jaxinterp.Interpreter):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.names: list[str] = []
+        self.constructs: list[str] = []  # hijax equations by what they replace
 
     def process_eqn(self, eqn: Any, invals: list[Any]) -> list[Any]:
         self.names.append(eqn.primitive.name)
+        self.constructs.append(construct_name(eqn))
         return super().process_eqn(eqn, invals)
 
 
-def _sub_jaxprs(params: dict[str, Any]) -> Iterator[Any]:
-    """Yield the open Jaxprs in an equation's params (searched generically)."""
-    stack = list(params.values())
-    while stack:
-        value = stack.pop()
-        if isinstance(value, jex.core.ClosedJaxpr):
-            yield value.jaxpr
-        elif isinstance(value, jex.core.Jaxpr):
-            yield value
-        elif isinstance(value, tuple | list):
-            stack.extend(value)
+def construct_name(eqn: Any) -> str:
+    """The primitive name of `eqn`, or for a hijax `call_hi_primitive` (JAX's
+    future-default flags) the primitive of the construct it replaces
+    (`"scan"`, `"custom_jvp_call"`, `"remat2"`, ...)."""
+    if eqn.primitive.name == "call_hi_primitive":
+        return jaxinterp.hijax_params(eqn).replaces
+    return eqn.primitive.name
 
 
 def iter_eqns(jaxpr: Any) -> Iterator[Any]:
-    """Yield every equation of `jaxpr` and of its sub-Jaxprs."""
-    stack = [getattr(jaxpr, "jaxpr", jaxpr)]
-    while stack:
-        current = stack.pop()
-        for eqn in current.eqns:
-            yield eqn
-            stack.extend(_sub_jaxprs(eqn.params))
+    """Yield every equation of `jaxpr` and of the Jaxprs it runs (hijax
+    bodies included: `jaxinterp.iter_eqns`)."""
+    return jaxinterp.iter_eqns(jaxpr)
 
 
 def primitive_names(jaxpr: Any) -> set[str]:
     """The names of all primitives in `jaxpr`, sub-Jaxprs included."""
     return {eqn.primitive.name for eqn in iter_eqns(jaxpr)}
+
+
+def construct_names(jaxpr: Any) -> set[str]:
+    """`primitive_names`, with hijax equations named by what they replace."""
+    return {construct_name(eqn) for eqn in iter_eqns(jaxpr)}
 
 
 def top_level_primitives(jaxpr: Any) -> list[Any]:
@@ -193,6 +197,69 @@ def check_release_plan(jaxpr: Any) -> list[tuple[Any, ...]]:
         needed = {v for v in defined if v in used_later or v in outvars}
         assert held == needed, f"after equation {k}: held {held}, needed {needed}"
     return plan
+
+
+def future_flags_on() -> bool:
+    """Whether any of `FUTURE_FLAGS` is on now."""
+    return any(getattr(jax.config, flag, False) for flag in FUTURE_FLAGS)
+
+
+def flags_off(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` with the hijax future flags off: the reference value of a
+    program, whose meaning does not depend on them. (Under the flags, JAX
+    0.12.0.1's `jit` drops a `Scan3` whose only use is its carry, returning
+    the initial carry; jaxinterp rebuilds such a loop as a classic `scan`.)"""
+    if not future_flags_available():
+        return fn(*args)
+    with future_flags(False):
+        return fn(*args)
+
+
+def assert_program_result(actual: Any, fn: Callable[..., Any], *args: Any) -> None:
+    """`assert_tree_equal(actual, fn(*args))`; under the hijax future flags,
+    the types are those `fn` has under the flags (weak types can differ) and
+    the bits those of `flags_off(fn, *args)`."""
+    if not future_flags_on():
+        assert_tree_equal(actual, fn(*args))
+        return
+    types = jax.eval_shape(fn, *args)
+    got = [
+        (a.shape, a.dtype, a.weak_type)
+        for a in map(jax.typeof, jtu.tree_leaves(actual))
+    ]
+    want = [(t.shape, t.dtype, t.weak_type) for t in jtu.tree_leaves(types)]
+    assert got == want, f"types {got} != {want}"
+    values = flags_off(fn, *args)
+    for i, (a, e) in enumerate(
+        zip(jtu.tree_leaves(actual), jtu.tree_leaves(values), strict=True)
+    ):
+        a_np, e_np = np.asarray(a), np.asarray(jnp.asarray(e, a.dtype))
+        assert a_np.tobytes() == e_np.tobytes(), f"result leaf {i}: {a_np} != {e_np}"
+
+
+def matches_flags_off(
+    transformed: Callable[..., Any], reference: Callable[..., Any], *args: Any
+) -> None:
+    """Assert `transformed(*args)` equals `reference(*args)` computed with the
+    hijax future flags off (the meaning does not depend on them).
+
+    Under the flags, when `transformed` fails and plain JAX fails `reference`
+    under the flags too (no `grad` or `vmap` of `Scan3` in JAX 0.12.0.1, for
+    a transformation applied inside the interpreted function), the test is
+    skipped with the reason; otherwise the failure stands.
+    """
+    if not future_flags_available():
+        tree_allclose(transformed(*args), reference(*args))
+        return
+    with future_flags(False):
+        expected = reference(*args)
+    try:
+        got = transformed(*args)
+    except Exception:
+        if future_flags_on():
+            plain_or_skip("the reference under the future flags", reference, *args)
+        raise
+    tree_allclose(got, expected)
 
 
 def plain_or_skip(what: str, fn: Callable[..., Any], *args: Any) -> Any:

@@ -20,8 +20,12 @@ import numpy as np
 import pytest
 from helpers import (
     SinToCos,
+    assert_program_result,
     assert_tree_equal,
+    construct_name,
+    flags_off,
     iter_eqns,
+    matches_flags_off,
     primitive_names,
     top_level_primitives,
     tree_allclose,
@@ -34,9 +38,20 @@ from jaxinterp import EvalInterpreter, Interpreter, evaluate, stage
 HANDLED = jaxinterp.higher_order_primitives()
 
 
-def _constructs(fn, *args) -> list:
-    """The higher-order primitives at the top level of `fn`'s Jaxpr."""
-    return [p for p in top_level_primitives(stage(fn, *args).jaxpr) if p in HANDLED]
+def _top(closed) -> list[str]:
+    """The higher-order equations at the top level of `closed`, by construct
+    (a hijax `Scan3` is a `scan`: rebuilt as the classic one while JAX
+    cannot differentiate it)."""
+    return [
+        construct_name(e)
+        for e in getattr(closed, "jaxpr", closed).eqns
+        if e.primitive in HANDLED
+    ]
+
+
+def _constructs(fn, *args) -> list[str]:
+    """The higher-order constructs at the top level of `fn`'s Jaxpr."""
+    return _top(stage(fn, *args).jaxpr)
 
 
 def _names(closed) -> list[str]:
@@ -183,26 +198,24 @@ def test_recursive_rebuilds_the_same_construct(name, make, call_like):
     f = make(jnp.sin)
     original = _constructs(f, X)
     assert original, "the test function must use a higher-order primitive"
-    rebuilt = top_level_primitives(jax.make_jaxpr(evaluate(f))(X))
+    rebuilt = _top(jax.make_jaxpr(evaluate(f))(X))
     # The construct is still there, as the same primitive ...
-    assert [p for p in rebuilt if p in HANDLED] == original
+    assert rebuilt == original
     # ... with the same names (of `jit`s, custom-derivative functions) ...
     assert _names(jax.make_jaxpr(evaluate(f))(X)) == _names(jax.make_jaxpr(f)(X))
     # ... and its result is the function's own, bit for bit.
-    assert_tree_equal(evaluate(f)(X), f(X))
+    assert_program_result(evaluate(f)(X), f, X)
 
 
 @pytest.mark.parametrize("name, make, call_like", CONSTRUCTS, ids=IDS)
 def test_recursive_interpreter_reaches_inside(name, make, call_like):
     f, f_cos = make(jnp.sin), make(jnp.cos)
     transformed = SinToCos().transform(f)
-    tree_allclose(transformed(X), f_cos(X))
+    tree_allclose(transformed(X), flags_off(f_cos, X))
     closed = jax.make_jaxpr(transformed)(X)
     assert "sin" not in primitive_names(closed)
     assert "cos" in primitive_names(closed)
-    assert [p for p in top_level_primitives(closed) if p in HANDLED] == _constructs(
-        f, X
-    )
+    assert _top(closed) == _constructs(f, X)
 
 
 @pytest.mark.parametrize("name, make, call_like", CONSTRUCTS, ids=IDS)
@@ -223,23 +236,21 @@ def test_inline_policy_drops_call_like_constructs(name, make, call_like):
     outer = _constructs(f, X)[0]
     transformed = SinToCos(higher_order="inline").transform(f)
     closed = jax.make_jaxpr(transformed)(X)
-    assert outer not in top_level_primitives(closed)
+    assert outer not in _top(closed)
     assert "sin" not in primitive_names(closed)
-    tree_allclose(transformed(X), f_cos(X))
+    tree_allclose(transformed(X), flags_off(f_cos, X))
 
 
 @pytest.mark.parametrize("make", [cond_, scan_, while_], ids=["cond", "scan", "while"])
 def test_inline_policy_keeps_control_flow(make):
     f = make(jnp.sin)
     closed = jax.make_jaxpr(SinToCos(higher_order="inline").transform(f))(X)
-    assert [p for p in top_level_primitives(closed) if p in HANDLED] == _constructs(
-        f, X
-    )
+    assert _top(closed) == _constructs(f, X)
 
 
 def test_per_primitive_policies_by_primitive_and_by_name():
     f = scan_in_cond_in_jit_(jnp.sin)
-    jit_p = _constructs(f, X)[0]
+    jit_p = jax.make_jaxpr(f)(X).jaxpr.eqns[0].primitive
     closed = jax.make_jaxpr(SinToCos(policies={jit_p: "inline"}).transform(f))(X)
     assert jit_p not in top_level_primitives(closed)
     assert lax.cond_p in top_level_primitives(closed)
@@ -317,10 +328,18 @@ def test_relu_derivative_at_zero_comes_from_its_custom_rule():
     assert jax.grad(inlined)(0.0) == 0.5
 
 
-def _remat_eqn(closed):
-    remat_p = _constructs(checkpoint_policy_(jnp.sin), X)[0]
-    (eqn,) = [e for e in iter_eqns(closed) if e.primitive is remat_p]
-    return eqn
+def _remat_options(closed):
+    """The `(policy, prevent_cse)` of the one `checkpoint` in `closed`."""
+    (eqn,) = [
+        e
+        for e in iter_eqns(closed)
+        if construct_name(e) == jaxinterp._jax_compat.remat_p.name
+    ]
+    if eqn.primitive.name == "call_hi_primitive":  # `jax_remat3`
+        params = jaxinterp.hijax_params(eqn).prim.params
+    else:
+        params = eqn.params
+    return params["policy"], params["prevent_cse"]
 
 
 @pytest.mark.parametrize(
@@ -336,11 +355,11 @@ def test_checkpoint_keeps_its_policy(policy, prevent_cse):
     f = jax.checkpoint(
         lambda x: jnp.dot(jnp.sin(x), x), policy=policy, prevent_cse=prevent_cse
     )
-    original = _remat_eqn(jax.make_jaxpr(f)(X))
+    policy, prevent_cse = _remat_options(jax.make_jaxpr(f)(X))
     for interp in [EvalInterpreter(), SinToCos()]:
-        rebuilt = _remat_eqn(jax.make_jaxpr(interp.transform(f))(X))
-        assert rebuilt.params["policy"] is original.params["policy"]
-        assert rebuilt.params["prevent_cse"] == original.params["prevent_cse"]
+        rebuilt = _remat_options(jax.make_jaxpr(interp.transform(f))(X))
+        assert rebuilt[0] is policy
+        assert rebuilt[1] == prevent_cse
     tree_allclose(jax.grad(evaluate(f))(X), jax.grad(f)(X))
 
 
@@ -452,11 +471,11 @@ def test_shallow_nesting_is_walked_under_pythons_default_limit():
     # Fresh transformations, so that every level is traced anew.
     with _recursion_limit(1000):
         sys.setrecursionlimit(1000)
-        assert_tree_equal(evaluate(f)(x), f(x))
-        assert_tree_equal(jax.jit(evaluate(f))(x), jax.jit(f)(x))
+        assert_program_result(evaluate(f)(x), f, x)
+        assert_program_result(jax.jit(evaluate(f))(x), jax.jit(f), x)
         grad = jax.grad(lambda x: evaluate(f)(x).sum())(x)
         assert sys.getrecursionlimit() == 1000
-    tree_allclose(grad, jax.grad(lambda x: f(x).sum())(x))
+    tree_allclose(grad, flags_off(jax.grad(lambda x: f(x).sum()), x))
 
 
 # ---------------------------------------------------------------------------
@@ -477,14 +496,20 @@ def test_constructs_closing_over_arrays_and_outer_tracers():
     assert_tree_equal(evaluate(f)(X, y), f(X, y))
     # Forward mode: reverse mode does not go through `while_loop`. Under `jit`,
     # to compile once rather than dispatch each op.
-    tree_allclose(
-        jax.jit(jax.jacfwd(lambda v: evaluate(f)(X, v)))(y),
-        jax.jit(jax.jacfwd(lambda v: f(X, v)))(y),
+    # (Under JAX's future flags, plain JAX 0.12.0.1 cannot batch `Scan3`;
+    # jaxinterp's rebuilt loop can, but not `jacfwd`'s batched tangents of a
+    # carry that starts as a constant: skipped there, with the reason.)
+    matches_flags_off(
+        jax.jit(jax.jacfwd(lambda v: evaluate(f)(X, v))),
+        jax.jit(jax.jacfwd(lambda v: f(X, v))),
+        y,
     )
     ys = jnp.array([0.5, -0.5])
-    tree_allclose(
-        jax.jit(jax.vmap(evaluate(f), in_axes=(None, 0)))(X, ys),
-        jax.jit(jax.vmap(f, in_axes=(None, 0)))(X, ys),
+    matches_flags_off(
+        jax.jit(jax.vmap(evaluate(f), in_axes=(None, 0))),
+        jax.jit(jax.vmap(f, in_axes=(None, 0))),
+        X,
+        ys,
     )
 
 

@@ -20,6 +20,7 @@ from helpers import (
     assert_tree_equal,
     check_release_plan,
     iter_eqns,
+    matches_flags_off,
     tree_allclose,
 )
 from jax import lax
@@ -60,7 +61,7 @@ def test_process_eqn_is_called_for_nested_equations():
     log = PrimitiveLog()
     x = jnp.linspace(0.1, 1.0, 4)
     assert_tree_equal(log.transform(_nested)(x), _nested(x))
-    assert {"sin", "cos", "tanh", "jit", "cond", "scan"} <= set(log.names)
+    assert {"sin", "cos", "tanh", "jit", "cond", "scan"} <= set(log.constructs)
     # Every equation, nested ones included, went through `process_eqn` once.
     every_eqn = [e.primitive.name for e in iter_eqns(stage(_nested, x).jaxpr)]
     assert Counter(log.names) == Counter(every_eqn)
@@ -226,7 +227,7 @@ _ev = evaluate
     ],
 )
 def test_composes_with_jax_transformations(transformed, reference, args):
-    tree_allclose(transformed(*args), reference(*args))
+    matches_flags_off(transformed, reference, *args)
 
 
 def test_a_changing_interpreter_is_differentiated_through():
@@ -314,7 +315,7 @@ def test_multiple_result_primitives_and_dropped_outputs():
     log = PrimitiveLog()
     x = jnp.array([3.0, 1.0, 2.0])
     assert_tree_equal(log.transform(f)(x), f(x))
-    assert "sort" in log.names and "scan" in log.names
+    assert "sort" in log.names and "scan" in log.constructs
 
 
 def test_release_plan_frees_each_value_after_its_last_use():

@@ -28,6 +28,7 @@ from jax import lax
 
 import jaxinterp
 
+
 def _refusal(f, *xs) -> str:
     """The whole message of `inverse_and_ildj`'s refusal for `f` at `xs`
     (`Outcome.detail` is cut to one line of bounded length, and the source
