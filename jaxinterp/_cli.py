@@ -236,6 +236,7 @@ def _user_frame(err: BaseException, filename: str | None) -> str | None:
 
 def _explain(target: str, args_text: str, argnums: str | None = None) -> int:
     import jaxinterp
+    from jaxinterp._jax_compat import construct_name
     from jaxinterp._registry import RuleRegistry, iter_eqns
 
     unknown = _parse_argnums(argnums)
@@ -243,7 +244,7 @@ def _explain(target: str, args_text: str, argnums: str | None = None) -> int:
     print(f"{target}({format_specs(specs)})\n")
     print("Jaxpr:")
     print(staged.closed_jaxpr)
-    counts = Counter(eqn.primitive.name for eqn in iter_eqns(staged.closed_jaxpr))
+    counts = Counter(construct_name(eqn) for eqn in iter_eqns(staged.closed_jaxpr))
     print(
         f"\nEquations per primitive ({sum(counts.values())} in all, "
         "nested Jaxprs included, each counted once):"

@@ -192,7 +192,9 @@ class Counts:
 
     Attributes:
         eqns: equations executed, per primitive (scan bodies times the trip
-            count; the higher-order equations themselves count once each).
+            count; the higher-order equations themselves count once each, a
+            hijax `call_hi_primitive` under the name of the construct it
+            stands for: `scan`, `remat2`, `custom_jvp_call`, ...).
         flops: FLOPs per primitive.
         transcendentals: transcendental operations per primitive.
         while_loops: `while` equations met; each body was counted once.
@@ -287,7 +289,9 @@ class OpCounter(Interpreter):
         """Count `eqn` (and any sub-Jaxprs); return its output avals."""
         prim = eqn.primitive
         counts = self.counts
-        counts.eqns[prim.name] += 1
+        # A hijax equation as the construct it stands for (`scan`, ...), so
+        # that a table reads the same with JAX's hijax flags on.
+        counts.eqns[compat.construct_name(eqn)] += 1
         if prim is compat.scan_p:
             scan = compat.scan_params(eqn.params)
             counts.add(self.count_closed(scan.jaxpr), scan.length)

@@ -1013,6 +1013,16 @@ def sub_jaxprs(eqn: Any, *, expand: bool = True) -> list[Any]:
     return found
 
 
+def construct_name(eqn: Any) -> str:
+    """The name of `eqn`'s primitive, or, for a hijax `call_hi_primitive`, of
+    the primitive of the construct it stands for (`scan`, `remat2`,
+    `custom_jvp_call`, `custom_vjp_call`, or the class of a user's hijax
+    primitive): how tables and reports name it, flags on or off."""
+    if eqn.primitive is call_hi_primitive_p:
+        return hijax_params(eqn).replaces
+    return eqn.primitive.name
+
+
 def iter_eqns(jaxpr: Any) -> Iterator[Any]:
     """Yield every equation of `jaxpr` (open or closed), then recursively
     those of the Jaxprs each one runs (`sub_jaxprs`)."""

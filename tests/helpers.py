@@ -125,13 +125,7 @@ class PrimitiveLog(jaxinterp.Interpreter):
         return super().process_eqn(eqn, invals)
 
 
-def construct_name(eqn: Any) -> str:
-    """The primitive name of `eqn`, or for a hijax `call_hi_primitive` (JAX's
-    future-default flags) the primitive of the construct it replaces
-    (`"scan"`, `"custom_jvp_call"`, `"remat2"`, ...)."""
-    if eqn.primitive.name == "call_hi_primitive":
-        return jaxinterp.hijax_params(eqn).replaces
-    return eqn.primitive.name
+construct_name = jaxinterp._jax_compat.construct_name
 
 
 def iter_eqns(jaxpr: Any) -> Iterator[Any]:
