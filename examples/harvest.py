@@ -43,13 +43,6 @@ def sow(value, *, name: str):
     return sow_p.bind(value, name=name)
 
 
-def sub_jaxprs(params):  # the Jaxprs in an equation's params: bodies, branches...
-    vals = [
-        x for v in params.values() for x in (v if isinstance(v, tuple | list) else [v])
-    ]
-    return [x for x in vals if isinstance(x, jex_core.Jaxpr | jex_core.ClosedJaxpr)]
-
-
 def sown_names(jaxpr) -> set[str]:
     """Names sown in `jaxpr` and its sub-Jaxprs."""
     jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
@@ -57,7 +50,7 @@ def sown_names(jaxpr) -> set[str]:
     for eqn in jaxpr.eqns:
         if eqn.primitive is sow_p:
             names.add(eqn.params["name"])
-        for sub in sub_jaxprs(eqn.params):
+        for sub in jaxinterp.sub_jaxprs(eqn):  # bodies, branches (hijax too)
             names |= sown_names(sub)
     return names
 
@@ -83,6 +76,10 @@ class Harvest(jaxinterp.Interpreter):
             jaxinterp.scan_params(eqn).jaxpr
         ):
             return self.harvest_scan(eqn, invals)
+        if eqn.primitive.name == "call_hi_primitive":  # JAX's hijax flags
+            hi = jaxinterp.hijax_params(eqn)
+            if hi.kind == "scan" and sown_names(hi.body):
+                return self.harvest_scan3(hi, invals)
         return super().process_eqn(eqn, invals)
 
     def harvest_scan(self, eqn, invals):
@@ -107,6 +104,30 @@ class Harvest(jaxinterp.Interpreter):
                 raise ValueError(f"`{name}` was sown twice.")
             self.reaped[name] = values
         return [*carry, *ys]
+
+    def harvest_scan3(self, hi, invals):
+        """`harvest_scan` for a scan staged under `jax_scan3`: its body runs once
+        per step on the operands (sliced where `extensives` says), and reads
+        and writes the loop's state in references, which the loop closes over.
+        """
+        names = sown_names(hi.body)
+        planted = {n: v for n, v in self.planted.items() if n in names}  # per step
+        xs = [v for v, ext in zip(invals, hi.extensives, strict=True) if ext]
+
+        def body(_, xs_and_planted):
+            xs_step, planted_step = xs_and_planted
+            it = iter(xs_step)
+            args = [next(it) if ext else v
+                    for v, ext in zip(invals, hi.extensives, strict=True)]  # fmt: skip
+            inner = Harvest(planted_step)
+            return None, (inner.eval_closed(hi.body, *args), inner.reaped)
+
+        _, (ys, reaped) = lax.scan(body, None, (xs, planted), length=hi.length)
+        for name, values in reaped.items():
+            if name in self.reaped:
+                raise ValueError(f"`{name}` was sown twice.")
+            self.reaped[name] = values
+        return ys
 
 
 def reap(fn):

@@ -120,6 +120,13 @@ def _cond_interval(index, *ops, branches, **params):
 CALLS = {"jit", "pjit", "closed_call", "custom_jvp_call", "custom_vjp_call", "remat2"}
 
 
+def is_call(eqn) -> bool:
+    """Whether `eqn` is call-like, so walked in place by the `inline` policy."""
+    if eqn.primitive.name == "call_hi_primitive":  # under JAX's hijax flags
+        return jaxinterp.hijax_params(eqn).replaces in CALLS  # not `scan`
+    return eqn.primitive.name in CALLS
+
+
 class IntervalInterpreter(jaxinterp.Interpreter):
     name = "interval"
     rules = interval_rules
@@ -127,7 +134,7 @@ class IntervalInterpreter(jaxinterp.Interpreter):
 
     def process_eqn(self, eqn, invals):
         invals = [v if isinstance(v, Interval) else Interval(v, v) for v in invals]
-        if eqn.primitive.name not in CALLS:
+        if not is_call(eqn):
             interval_rules.lookup(eqn)  # MissingRuleError citing the user's line
         return super().process_eqn(eqn, invals)
 

@@ -40,6 +40,11 @@ class Report:
         )
 
 
+# Mutable references (`jax.new_ref`; `scan` carries its state in them under
+# JAX's `jax_scan3` flag) hold arrays but are not ones: their reads are checked.
+_REF_TYPE = getattr(getattr(jax, "ref", None), "AbstractRef", ())
+
+
 def _short(var) -> str:
     return var.aval.str_short(short_dtypes=True)
 
@@ -63,7 +68,12 @@ class NonFiniteLocator(jaxinterp.Interpreter):
         outvals = super().process_eqn(eqn, invals)  # jit/scan bodies: recursion
         if eqn.primitive in jaxinterp.higher_order_primitives():
             return outvals  # their inner equations were checked already
-        floats = [x for x in outvals if jnp.issubdtype(x.dtype, jnp.inexact)]
+        floats = [
+            x
+            for x, var in zip(outvals, eqn.outvars, strict=True)
+            if not isinstance(var.aval, _REF_TYPE)
+            and jnp.issubdtype(x.dtype, jnp.inexact)
+        ]
         if floats:
             has_nan = jnp.any(jnp.stack([jnp.isnan(x).any() for x in floats]))
             has_inf = jnp.any(jnp.stack([jnp.isinf(x).any() for x in floats]))

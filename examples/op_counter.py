@@ -22,7 +22,6 @@ from collections import Counter
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.extend import core as jex_core
 
 import jaxinterp
 
@@ -31,13 +30,6 @@ ELEMENTWISE = {"add", "sub", "mul", "div", "max", "min", "neg", "abs", "select_n
 TRANSCENDENTAL = {"exp", "log", "log1p", "tanh", "logistic", "sin", "cos", "sqrt",
                   "rsqrt", "pow", "erf"}  # fmt: skip
 REDUCTIONS = {"reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin"}
-
-
-def sub_jaxprs(params):  # the Jaxprs in an equation's params: bodies, branches...
-    vals = [
-        x for v in params.values() for x in (v if isinstance(v, tuple | list) else [v])
-    ]
-    return [x for x in vals if isinstance(x, jex_core.Jaxpr | jex_core.ClosedJaxpr)]
 
 
 def flops(eqn) -> tuple[int, int]:
@@ -73,11 +65,17 @@ class OpCounter(jaxinterp.Interpreter):
 
     def process_eqn(self, eqn, invals):
         name = eqn.primitive.name
-        self.eqns[name] += 1
-        subs = list(sub_jaxprs(eqn.params))
+        # JAX's hijax equations (`call_hi_primitive`, under its future-default
+        # flags) stand for a `scan`, `custom_jvp_call`, ...: counted as such.
+        hi = jaxinterp.hijax_params(eqn) if name == "call_hi_primitive" else None
+        self.eqns[name if hi is None else hi.replaces] += 1
+        # Bodies, branches, rules: in params, or elsewhere for hijax equations.
+        subs = jaxinterp.sub_jaxprs(eqn)
         if name == "scan":  # the body runs `length` times
             scan = jaxinterp.scan_params(eqn)
             self.absorb(self.walk(scan.jaxpr), scan.length)
+        elif hi is not None and hi.kind == "scan":  # the same, under `jax_scan3`
+            self.absorb(self.walk(hi.body), hi.length)
         elif name == "cond":  # only one branch runs: count the costliest
             branches = [self.walk(b) for b in jaxinterp.cond_branches(eqn)]
             self.absorb(max(branches, key=lambda c: c.total()))
