@@ -203,7 +203,7 @@ def flags_off(fn: Callable[..., Any], *args: Any) -> Any:
     program, whose meaning does not depend on them. (Under the flags, JAX
     0.12.0.1's `jit` drops a `Scan3` whose only use is its carry, returning
     the initial carry; jaxinterp rebuilds such a loop as a classic `scan`.)"""
-    if not future_flags_available():
+    if not future_flags_available() or not future_flags_on():
         return fn(*args)
     with future_flags(False):
         return fn(*args)
