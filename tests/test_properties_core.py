@@ -5,7 +5,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
-from helpers import assert_tree_equal, check_release_plan, tree_allclose
+from helpers import (
+    assert_program_result,
+    assert_tree_equal,
+    check_release_plan,
+    plain_or_skip,
+    tree_allclose,
+)
 from hypothesis import given, settings, strategies as st
 from jax import lax
 from strategies import batched_cases, elementwise_cases
@@ -69,7 +75,9 @@ def test_property_nested_constructs_evaluate_bitwise(case, wrappers):
     fn, x = case
     for name in wrappers:
         fn = WRAPPERS[name](fn)
-    assert_tree_equal(evaluate(fn)(x), fn(x))
+    # (Plain JAX 0.12.0.1 fails a `Scan3` over an empty array: skipped there.)
+    plain_or_skip("this program", fn, x)
+    assert_program_result(evaluate(fn)(x), fn, x)
     check_release_plan(stage(fn, x).jaxpr)
 
 

@@ -176,14 +176,16 @@ def test_missing_lists_primitives_recursively():
     rules = RuleRegistry("empty")
     missing = rules.missing(closed)
     assert missing == sorted(primitive_names(closed))
-    assert {"sin", "cos", "tanh", "jit", "cond", "scan"} <= set(missing)
+    # (a `scan` is a `call_hi_primitive` under JAX's hijax flags)
+    scan = {"scan"} if "scan" in missing else {"call_hi_primitive"}
+    assert {"sin", "cos", "tanh", "jit", "cond"} | scan <= set(missing)
 
     rules.register(lax.sin_p, _exp_rule)
     rules.register(lax.cos_p, _exp_rule)
     assert rules.missing(closed) == sorted(primitive_names(closed) - {"sin", "cos"})
 
     handled = jaxinterp.higher_order_primitives()
-    assert not {"jit", "cond", "scan"} & set(rules.missing(closed, handled=handled))
+    assert not {"jit", "cond", *scan} & set(rules.missing(closed, handled=handled))
     # An interpreter without rules lists everything but what the walker handles.
     handled_names = {prim.name for prim in handled}
     assert Interpreter().missing(closed) == sorted(
