@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import future_flags_on
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
@@ -81,7 +82,16 @@ def test_code_blocks_run(page, monkeypatch, tmp_path):
     namespace: dict[str, object] = {"__name__": f"docs_{page.stem}"}
     for lineno, code in python_blocks(page.read_text()):
         compiled = compile(code, f"{page}:{lineno}", "exec")
-        exec(compiled, namespace)  # noqa: S102
+        try:
+            exec(compiled, namespace)  # noqa: S102
+        except NotImplementedError as err:
+            # Under JAX's hijax flags, a page's plain-JAX reference may need a
+            # `grad` or `vmap` of `Scan3`, which JAX 0.12.0.1 does not have.
+            if future_flags_on() and "Scan3" in str(err):
+                reason = f"plain JAX fails {page.name}:{lineno}: {str(err)[:120]}"
+                print(reason)
+                pytest.skip(reason)
+            raise
 
 
 def test_pages_are_in_the_nav():
