@@ -12,10 +12,11 @@ treats it as `recursive`.
 from __future__ import annotations
 
 import itertools as it
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from jax import lax
 
 from . import _jax_compat as compat
@@ -34,6 +35,82 @@ def _closed_fn(interp: Interpreter, closed: Any) -> Callable[..., list[Any]]:
         return walk
 
     return interp.cached(("closed_fn", id(closed)), closed, build)
+
+
+# --------------------------------------------------------------------------
+# Interpreters whose values are their own pytrees (dual numbers, intervals):
+# JAX's constructs take pytrees, but a loop carry or a branch output may be a
+# plain array on one side and such a value on the other, and a custom
+# derivative call cannot re-bind them.
+
+
+def _is_plain(value: Any) -> bool:
+    """Whether `value` is a plain array or scalar (one pytree leaf)."""
+    if isinstance(value, jax.Array | np.ndarray | np.generic | int | float | complex):
+        return True
+    return jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(value))
+
+
+def _has_custom(values: Sequence[Any]) -> bool:
+    """Whether any of `values` is an interpreter's own value, not an array."""
+    return not all(_is_plain(v) for v in values)
+
+
+def _describe(value: Any) -> str:
+    if _is_plain(value):
+        return f"plain array {compat.aval_of(value).str_short(short_dtypes=True)}"
+    return f"`{type(value).__name__}`"
+
+
+def _lift_to(interp: Interpreter, eqn: Any, where: str, value: Any, like: Any) -> Any:
+    """`value` with the pytree type of `like`, lifting a plain array with
+    `interp.lift`; a clear `TypeError` naming the construct otherwise."""
+    tree = jax.tree_util.tree_structure
+    if tree(value) == tree(like):
+        return value
+    # (The walker's `RuleError` around this adds the interpreter and the line.)
+    context = (
+        f"{where} of `{eqn.primitive.name}` is a {_describe(value)} where the "
+        f"construct needs a {_describe(like)}"
+    )
+    if not _is_plain(value):
+        raise TypeError(f"{context}; only a plain array can be lifted.")
+    try:
+        return interp.lift(value, like)
+    except TypeError as err:
+        raise TypeError(
+            f"{context}. Define `lift(self, value, like)` on the interpreter to "
+            f"turn a plain array into its value type ({err})."
+        ) from err
+
+
+def _settle_carry(
+    interp: Interpreter,
+    eqn: Any,
+    init: list[Any],
+    carry_out: Callable[[list[Any]], Sequence[Any]],
+) -> list[Any]:
+    """Lift the plain initial carries that the body turns into the
+    interpreter's values, until the types reach a fixpoint (as JAX's `jvp`
+    of a loop does for tangents). `carry_out(init)` gives the body's output
+    carries, abstractly."""
+    init = list(init)
+    for _ in range(len(init) + 1):
+        changed = False
+        for k, (c, o) in enumerate(zip(init, carry_out(init), strict=True)):
+            if _is_plain(c) and not _is_plain(o):
+                init[k] = _lift_to(interp, eqn, f"carry {k}", c, o)
+                changed = True
+        if not changed:
+            break
+    return init
+
+
+def _slice_spec(x: Any) -> Any:
+    """The abstract per-iteration slice of a scanned operand (a pytree)."""
+    return jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), x
+    )
 
 
 def _jit_callable(interp: Interpreter, p: compat.JitParams) -> Callable[..., Any]:
@@ -78,7 +155,37 @@ def _jit_eager(interp: Interpreter, eqn: Any) -> Callable[..., Any] | None:
 def _cond(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list[Any]:
     index, *ops = invals
     branches = [_closed_fn(interp, br) for br in compat.cond_branches(eqn.params)]
+    if _has_custom(ops):
+        branches = _joined_branches(interp, eqn, branches, ops)
     return list(lax.switch(index, branches, *ops))
+
+
+def _joined_branches(
+    interp: Interpreter, eqn: Any, branches: list[Any], ops: list[Any]
+) -> list[Any]:
+    """Branches whose plain outputs are lifted where another branch returns
+    the interpreter's own value at the same position."""
+    outs = [jax.eval_shape(br, *ops) for br in branches]
+    target: list[Any] = [None] * len(outs[0])
+    for out in outs:
+        for k, o in enumerate(out):
+            if target[k] is None and not _is_plain(o):
+                target[k] = o
+    if all(t is None for t in target):
+        return branches
+
+    def joined(i: int, br: Any) -> Callable[..., list[Any]]:
+        def run(*args: Any) -> list[Any]:
+            return [
+                o
+                if t is None
+                else _lift_to(interp, eqn, f"output {k} of branch {i}", o, t)
+                for k, (o, t) in enumerate(zip(br(*args), target, strict=True))
+            ]
+
+        return run
+
+    return [joined(i, br) for i, br in enumerate(branches)]
 
 
 @register_higher_order(compat.scan_p)
@@ -89,10 +196,28 @@ def _scan(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list
     init = list(invals[n_consts : n_consts + n_carry])
     xs = list(invals[n_consts + n_carry :])
     walk = _closed_fn(interp, p.jaxpr)
+    custom = _has_custom(invals)
 
     def body(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
         outs = walk(*consts, *carry, *x)
-        return outs[:n_carry], outs[n_carry:]
+        new = outs[:n_carry]
+        if custom:  # back to the carry's type, where the body made it plain
+            new = [
+                _lift_to(interp, eqn, f"carry {k}", o, c)
+                for k, (o, c) in enumerate(zip(new, carry, strict=True))
+            ]
+        return new, outs[n_carry:]
+
+    if custom:
+        x_specs = [_slice_spec(x) for x in xs]
+        init = _settle_carry(
+            interp,
+            eqn,
+            init,
+            lambda c: jax.eval_shape(lambda c, x: walk(*consts, *c, *x), c, x_specs)[
+                :n_carry
+            ],
+        )
 
     # A classic `scan` stays one under `jax_scan3` (whose `Scan3` ignores
     # `reverse` in JAX 0.12.0.1).
@@ -111,13 +236,27 @@ def _while(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> lis
     init = list(invals[p.cond_nconsts + p.body_nconsts :])
     cond_walk = _closed_fn(interp, p.cond_jaxpr)
     body_walk = _closed_fn(interp, p.body_jaxpr)
+    custom = _has_custom(invals)
 
     def cond_fun(carry: Any) -> Any:
         return cond_walk(*cond_consts, *carry)[0]
 
     def body_fun(carry: Any) -> Any:
-        return body_walk(*body_consts, *carry)
+        new = body_walk(*body_consts, *carry)
+        if custom:  # back to the carry's type, where the body made it plain
+            new = [
+                _lift_to(interp, eqn, f"carry {k}", o, c)
+                for k, (o, c) in enumerate(zip(new, carry, strict=True))
+            ]
+        return new
 
+    if custom:
+        init = _settle_carry(
+            interp,
+            eqn,
+            init,
+            lambda c: jax.eval_shape(lambda c: body_walk(*body_consts, *c), c),
+        )
     return list(lax.while_loop(cond_fun, body_fun, init))
 
 
@@ -185,7 +324,9 @@ def _custom_call(
     `inline` policy so JAX differentiates the transformed body instead.
     """
     body = compat.call_jaxpr(eqn.params)
-    if policy == "inline":
+    if policy == "inline" or _has_custom(invals):
+        # The interpreter's own values cannot be bound to the primitive: walk
+        # the primal body, dropping the derivative rule (documented).
         return interp.eval_closed(body, *invals)
     new = _retrace(interp, body, invals, compat.call_name(eqn.params))
     params = compat.replace_call_jaxpr(eqn.params, new)
@@ -201,7 +342,7 @@ def _closed_call(
     interp: Interpreter, eqn: Any, invals: list[Any], policy: str
 ) -> list[Any]:
     body = compat.call_jaxpr(eqn.params)
-    if policy == "inline":
+    if policy == "inline" or _has_custom(invals):
         return interp.eval_closed(body, *invals)
     new = _retrace(interp, body, invals, compat.call_name(eqn.params))
     return compat.bind_eqn(
@@ -214,7 +355,7 @@ def _core_call(
 ) -> list[Any]:
     """`core_call` carries an open Jaxpr; it is rebuilt as a `closed_call`."""
     body = compat.call_jaxpr(eqn.params)
-    if policy == "inline":
+    if policy == "inline" or _has_custom(invals):
         return interp.eval_closed(body, *invals)
     new = _retrace(interp, body, invals)
     return compat.bind_eqn(compat.closed_call_p, invals, {"call_jaxpr": new})
@@ -398,7 +539,9 @@ def _call_hi(
     h = compat.hijax_params(eqn)
     if h.kind == "other":
         return _expanded_hi(interp, eqn, h, invals)
-    if policy == "inline" and h.kind != "scan":
+    if (policy == "inline" or _has_custom(invals)) and h.kind != "scan":
+        # (An interpreter's own values cannot be bound to a hijax primitive:
+        # its body is walked in place for them, as for `custom_jvp_call`.)
         kept = invals if h.keep is None else list(it.compress(invals, h.keep))
         return interp.eval_closed(h.body, *kept)
     if h.kind == "scan" and not compat.hi_transformable(h.prim):

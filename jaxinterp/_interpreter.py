@@ -225,6 +225,35 @@ class Interpreter:
         )
 
     # ------------------------------------------------------------------
+    # Values of the interpreter's own type.
+
+    def lift(self, value: Any, like: Any) -> Any:
+        """Turn a plain array `value` into this interpreter's value type, of
+        the kind of `like`.
+
+        Called where a loop carry (`scan`, `while_loop`, `fori_loop`) starts
+        as a plain array and becomes the interpreter's own value in the body
+        (a dual number, an interval...), and where `cond`/`switch` branches
+        return a plain array in one branch and such a value in another: the
+        walker lifts the plain value so that both have one type, as JAX's
+        own `jvp` of a loop does for tangents. `like` is an abstract value of
+        the wanted type: the same pytree, with `jax.ShapeDtypeStruct`
+        leaves (or the value itself). Values are the interpreter's own when
+        they are pytrees other than plain arrays (e.g.
+        `jax.tree_util.register_dataclass` dataclasses of arrays).
+
+        The default raises `TypeError`; the walker then names the primitive,
+        the position and both types.
+
+        Example (a dual-number interpreter): `return Dual(value,
+        jnp.zeros_like(value))`.
+        """
+        raise TypeError(
+            f"`{self.name}` defines no `lift(value, like)` to turn a plain "
+            f"array into a `{type(like).__name__}`"
+        )
+
+    # ------------------------------------------------------------------
     # Policies and equation processing.
 
     def policy(self, prim: Any) -> str:

@@ -1,0 +1,194 @@
+"""Interpreters whose values are their own pytrees, through every construct.
+
+The interpreter here is forward-mode AD with dual numbers (a
+`jax.tree_util.register_dataclass` dataclass of two arrays), with rules for
+first-order primitives only: `jit`, `cond`, `switch`, `scan`, `fori_loop`,
+`while_loop`, `checkpoint`, `custom_jvp`, `custom_vjp` and their nestings go
+through the walker's own handling. Results are compared with `jax.jvp` of the
+function (of the same function without the `custom_vjp`, which `jax.jvp`
+refuses), eagerly and under `jax.jit`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import future_flags_on, tree_allclose
+from hypothesis import given, settings, strategies as st
+from jax import lax
+
+import jaxinterp
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Dual:
+    primal: jax.Array
+    tangent: jax.Array
+
+
+def _zero_tangent(v):
+    v = jnp.asarray(v)
+    if jnp.issubdtype(v.dtype, jnp.inexact):
+        return jnp.zeros_like(v)
+    return np.zeros(v.shape, jax.dtypes.float0)
+
+
+class DualInterpreter(jaxinterp.Interpreter):
+    """Forward-mode AD: first-order primitives by `jax.jvp` of their bind."""
+
+    name = "dual"
+
+    def default_rule(self, eqn, invals):
+        if not any(isinstance(v, Dual) for v in invals):
+            return super().default_rule(eqn, invals)
+        prim, params = eqn.primitive, eqn.params
+        primals = [v.primal if isinstance(v, Dual) else v for v in invals]
+        tangents = [
+            v.tangent if isinstance(v, Dual) else _zero_tangent(v) for v in invals
+        ]
+        out, t_out = jax.jvp(lambda *a: prim.bind(*a, **params), primals, tangents)
+        if not prim.multiple_results:
+            out, t_out = [out], [t_out]
+        return [
+            Dual(o, t) if jnp.issubdtype(o.dtype, jnp.inexact) else o
+            for o, t in zip(out, t_out, strict=True)
+        ]
+
+    def lift(self, value, like):
+        return Dual(value, jnp.zeros_like(value))
+
+
+def dual_jvp(f, x, t):
+    """`jax.jvp(f, (x,), (t,))` by walking `f` on dual numbers."""
+    staged = jaxinterp.stage(f, jax.ShapeDtypeStruct(x.shape, x.dtype))
+    (out,) = DualInterpreter().run(staged, [Dual(x, t)])
+    return out.primal, out.tangent
+
+
+_cv = jax.custom_vjp(lambda x: jnp.sin(x) * 2.0)
+_cv.defvjp(lambda x: (jnp.sin(x) * 2.0, x), lambda x, g: (2 * jnp.cos(x) * g,))
+
+# name: (function, reference for `jax.jvp`, uses a scan under `jax_scan3`)
+CASES = {
+    "jit": (lambda x: jax.jit(lambda y: jnp.sin(y) * y)(x), None, False),
+    "cond": (lambda x: lax.cond(x.sum() > 0, jnp.sin, jnp.cos, x), None, False),
+    "switch": (
+        lambda x: lax.switch(jnp.argmax(x), [jnp.sin, jnp.cos, jnp.tanh], x),
+        None,
+        False,
+    ),
+    "cond-one-branch-plain": (
+        lambda x: lax.cond(x.sum() > 0, lambda y: y * 2.0, lambda y: jnp.ones(3), x),
+        None,
+        False,
+    ),
+    "scan": (
+        lambda x: lax.scan(lambda c, a: (c * jnp.sin(a), c), x, jnp.ones((2, 3)))[0],
+        None,
+        True,
+    ),
+    "scan-carry-starts-plain": (
+        lambda x: lax.scan(lambda c, a: (c * 0.5 + jnp.sin(a), None), jnp.zeros(()), x)[
+            0
+        ],
+        None,
+        True,
+    ),
+    "fori": (
+        lambda x: lax.fori_loop(0, 3, lambda i, c: c * jnp.cos(x), jnp.ones(3)),
+        None,
+        True,
+    ),
+    "while": (
+        lambda x: lax.while_loop(
+            lambda s: s[0] < 3, lambda s: (s[0] + 1, jnp.sin(s[1])), (0, x)
+        )[1],
+        None,
+        False,
+    ),
+    "while-carry-starts-plain": (
+        lambda x: lax.while_loop(
+            lambda s: s[0] < 3,
+            lambda s: (s[0] + 1, s[1] + jnp.sin(x)),
+            (0, jnp.zeros(3)),
+        )[1],
+        None,
+        False,
+    ),
+    "checkpoint": (
+        lambda x: jax.checkpoint(lambda y: jnp.sin(jnp.sin(y)))(x),
+        None,
+        False,
+    ),
+    "custom_jvp": (lambda x: jax.nn.relu(x) * x, None, False),
+    "custom_vjp": (lambda x: _cv(x) + x, lambda x: jnp.sin(x) * 2.0 + x, False),
+    "nested": (
+        lambda x: jax.jit(
+            lambda y: lax.scan(
+                lambda c, a: (lax.cond(a > 0, jnp.sin, jax.nn.relu, c) + a, None),
+                y,
+                jnp.array([0.5, -0.5]),
+            )[0]
+        )(x),
+        None,
+        True,
+    ),
+}
+X = jnp.array([0.3, -0.8, 1.2])
+T = jnp.array([1.0, 0.5, -2.0])
+
+
+def _skip_scan3(uses_scan):
+    if uses_scan and future_flags_on():
+        pytest.skip(
+            "under `jax_scan3` a scan keeps its carry in mutable references, "
+            "which cannot hold an interpreter's own values (issue 12)"
+        )
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_dual_numbers_through_every_construct(name, jit):
+    f, reference, uses_scan = CASES[name]
+    _skip_scan3(uses_scan)
+    run = (
+        jax.jit(lambda x, t: dual_jvp(f, x, t))
+        if jit
+        else (lambda x, t: dual_jvp(f, x, t))
+    )
+    tree_allclose(run(X, T), jax.jvp(reference or f, (X,), (T,)))
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    st.lists(st.floats(-2.0, 2.0, width=32), min_size=3, max_size=3),
+    st.lists(st.floats(-2.0, 2.0, width=32), min_size=3, max_size=3),
+)
+def test_dual_numbers_loop_carry_fixpoint(x, t):
+    f, _, uses_scan = CASES["scan-carry-starts-plain"]
+    _skip_scan3(uses_scan)
+    x, t = jnp.asarray(x, jnp.float32), jnp.asarray(t, jnp.float32)
+    tree_allclose(dual_jvp(f, x, t), jax.jvp(f, (x,), (t,)), rtol=1e-5, atol=1e-5)
+
+
+class NoLift(DualInterpreter):
+    name = "no_lift"
+    lift = jaxinterp.Interpreter.lift
+
+
+def test_a_carry_changing_type_without_lift_names_the_loop():
+    f = CASES["while-carry-starts-plain"][0]
+    staged = jaxinterp.stage(f, jax.ShapeDtypeStruct(X.shape, X.dtype))
+    with pytest.raises(jaxinterp.RuleError) as info:
+        NoLift().run(staged, [Dual(X, T)])
+    message = str(info.value)
+    assert "`no_lift` at primitive `while`" in message
+    expected = "carry 1 of `while` is a plain array f32[3] where the construct needs"
+    assert f"{expected} a `Dual`" in message
+    assert "Define `lift(self, value, like)`" in message
+    assert "test_custom_values.py" in message  # the user's line
