@@ -65,7 +65,7 @@ def _describe(value: Any) -> str:
 def _lift_to(interp: Interpreter, eqn: Any, where: str, value: Any, like: Any) -> Any:
     """`value` with the pytree type of `like`, lifting a plain array with
     `interp.lift`; a clear `TypeError` naming the construct otherwise."""
-    tree = jax.tree_util.tree_structure
+    tree: Callable[[Any], Any] = jax.tree_util.tree_structure
     if tree(value) == tree(like):
         return value
     # (The walker's `RuleError` around this adds the interpreter and the line.)

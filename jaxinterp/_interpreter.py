@@ -83,8 +83,8 @@ def release_plan(jaxpr: Any) -> list[tuple[Any, ...]]:
     """For each equation of `jaxpr`, the variables whose last use it is.
 
     A result no equation uses is released right after the equation that
-    computes it. Outputs of the jaxpr are never released. Computed once per
-    jaxpr.
+    computes it, an input no equation uses after the first equation. Outputs
+    of the jaxpr are never released. Computed once per jaxpr.
     """
     cached = _release_plans.get(jaxpr)
     if cached is not None:
@@ -93,6 +93,16 @@ def release_plan(jaxpr: Any) -> list[tuple[Any, ...]]:
     plan = _last_uses(
         [eqn.invars for eqn in eqns], [eqn.outvars for eqn in eqns], jaxpr.outvars
     )
+    if eqns:  # inputs nothing reads go with the first equation
+        read = {
+            v
+            for vs in (*(eqn.invars for eqn in eqns), jaxpr.outvars)
+            for v in vs
+            if type(v) is not _Literal
+        }
+        unused = [v for v in (*jaxpr.constvars, *jaxpr.invars) if v not in read]
+        if unused:
+            plan[0] = (*plan[0], *unused)
     with _release_lock:
         _release_plans[jaxpr] = plan
     return plan
