@@ -1,21 +1,23 @@
 """Interpreters whose values are their own pytrees, through every construct.
 
-The interpreter here is forward-mode AD with dual numbers (a
-`jax.tree_util.register_dataclass` dataclass of two arrays), with rules for
-first-order primitives only: `jit`, `cond`, `switch`, `scan`, `fori_loop`,
-`while_loop`, `checkpoint`, `custom_jvp`, `custom_vjp` and their nestings go
-through the walker's own handling. Results are compared with `jax.jvp` of the
+The interpreter here is the gallery's forward-mode AD with dual numbers
+(`examples/dual_numbers.py`: a `jax.tree_util.register_dataclass` dataclass
+of two arrays), with one rule for first-order primitives only: `jit`,
+`cond`, `switch`, `scan`, `fori_loop`, `while_loop`, `checkpoint`,
+`custom_jvp`, `custom_vjp` and their nestings go through the walker's own
+handling. Results are compared with `jax.jvp` of the
 function (of the same function without the `custom_vjp`, which `jax.jvp`
 refuses), eagerly and under `jax.jit`.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from helpers import future_flags_on, tree_allclose
 from hypothesis import given, settings, strategies as st
@@ -24,50 +26,18 @@ from jax import lax
 import jaxinterp
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class Dual:
-    primal: jax.Array
-    tangent: jax.Array
+def _load_example():
+    path = Path(__file__).resolve().parents[1] / "examples" / "dual_numbers.py"
+    spec = importlib.util.spec_from_file_location("example_dual_numbers", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
-def _zero_tangent(v):
-    v = jnp.asarray(v)
-    if jnp.issubdtype(v.dtype, jnp.inexact):
-        return jnp.zeros_like(v)
-    return np.zeros(v.shape, jax.dtypes.float0)
-
-
-class DualInterpreter(jaxinterp.Interpreter):
-    """Forward-mode AD: first-order primitives by `jax.jvp` of their bind."""
-
-    name = "dual"
-
-    def default_rule(self, eqn, invals):
-        if not any(isinstance(v, Dual) for v in invals):
-            return super().default_rule(eqn, invals)
-        prim, params = eqn.primitive, eqn.params
-        primals = [v.primal if isinstance(v, Dual) else v for v in invals]
-        tangents = [
-            v.tangent if isinstance(v, Dual) else _zero_tangent(v) for v in invals
-        ]
-        out, t_out = jax.jvp(lambda *a: prim.bind(*a, **params), primals, tangents)
-        if not prim.multiple_results:
-            out, t_out = [out], [t_out]
-        return [
-            Dual(o, t) if jnp.issubdtype(o.dtype, jnp.inexact) else o
-            for o, t in zip(out, t_out, strict=True)
-        ]
-
-    def lift(self, value, like):
-        return Dual(value, jnp.zeros_like(value))
-
-
-def dual_jvp(f, x, t):
-    """`jax.jvp(f, (x,), (t,))` by walking `f` on dual numbers."""
-    staged = jaxinterp.stage(f, jax.ShapeDtypeStruct(x.shape, x.dtype))
-    (out,) = DualInterpreter().run(staged, [Dual(x, t)])
-    return out.primal, out.tangent
+# The gallery's interpreter (`examples/dual_numbers.py`) is the one tested.
+_dual = sys.modules.get("example_dual_numbers") or _load_example()
+Dual, DualInterpreter, dual_jvp = _dual.Dual, _dual.DualInterpreter, _dual.dual_jvp
 
 
 _cv = jax.custom_vjp(lambda x: jnp.sin(x) * 2.0)

@@ -399,6 +399,21 @@ def test_normalizing_flow_draws_a_png(tmp_path):
     assert (tmp_path / "flow.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+# ---------------------------------------------------------------------------
+# Dual numbers (more constructs in test_custom_values.py).
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_dual_numbers_model_matches_jax_jvp(jit):
+    ex = load("dual_numbers")
+    x, t = normal(np.random.default_rng(3), 5), normal(np.random.default_rng(4), 5)
+    run = lambda x, t: ex.dual_jvp(ex.model, x, t)  # noqa: E731
+    got = (jax.jit(run) if jit else run)(x, t)
+    want = jax.jvp(ex.model, (x,), (t,))
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
+
+
 SCRIPTS = sorted(
     p.name
     for p in (Path(__file__).resolve().parents[1] / "examples").glob("*.py")
