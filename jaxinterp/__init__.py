@@ -1,6 +1,7 @@
 """jaxinterp: write JAX function transformations as Jaxpr interpreters."""
 
 from . import _higher_order as _higher_order  # registers the built-in handlers
+from ._caches import clear_caches as clear_caches
 from ._errors import (
     JaxinterpError as JaxinterpError,
     MissingRuleError as MissingRuleError,

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal as TypingLiteral, NamedTuple
 
 from jax import lax
 
-from . import _jax_compat as compat, _registry
+from . import _caches, _jax_compat as compat, _registry
 from ._custom_types import PyTree
 from ._errors import (
     JaxinterpError,
@@ -77,6 +77,7 @@ _release_plans: weakref.WeakKeyDictionary[Any, list[tuple[Any, ...]]] = (
     weakref.WeakKeyDictionary()
 )
 _release_lock = threading.Lock()
+_caches.on_clear(_release_plans.clear)
 
 
 def release_plan(jaxpr: Any) -> list[tuple[Any, ...]]:
@@ -233,6 +234,14 @@ class Interpreter:
         self._eager_plans: weakref.WeakKeyDictionary[Any, _EagerPlan] = (
             weakref.WeakKeyDictionary()
         )
+        _caches.track_interpreter(self)
+
+    def clear_cache(self) -> None:
+        """Forget this interpreter's rebuilt `jit`s, traced bodies and eager
+        plans (`jaxinterp.clear_caches()` does it for every interpreter)."""
+        with self._subcall_lock:
+            self._subcalls.clear()
+        self._eager_plans.clear()
 
     # ------------------------------------------------------------------
     # Values of the interpreter's own type.

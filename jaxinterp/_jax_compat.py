@@ -39,6 +39,8 @@ import jax.extend.core.primitives as jex_prims
 import numpy as np
 from jax.extend import source_info_util
 
+from . import _caches
+
 JAX_VERSION_STR: str = jax.__version__
 JAX_VERSION: tuple[int, ...] = tuple(
     int(part) for part in jax.__version__.split(".")[:3] if part.isdigit()
@@ -272,6 +274,7 @@ def _dispatches_by_compiling(prim: Any) -> bool:
 
 
 _eager_cache: dict[Any, Any] = {}
+_caches.on_clear(_eager_cache.clear)
 _EAGER_CACHE_SIZE = 4096
 # Concrete operands: arrays, and the NumPy or Python values of literals.
 _eager_types = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import jax.tree_util as jtu
 
-from . import _jax_compat as compat
+from . import _caches, _jax_compat as compat
 from ._custom_types import PyTree
 from ._errors import StagingError, describe_aval, describe_value
 
@@ -166,6 +166,7 @@ def _cache_for(fn: Callable[..., Any]) -> tuple[_LRU | None, Any]:
     return _strong_cache, fn
 
 
+@_caches.on_clear
 def clear_cache() -> None:
     """Forget every staged signature (for tests and benchmarks)."""
     with _cache_lock:

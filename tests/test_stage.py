@@ -328,3 +328,25 @@ def test_non_array_argument_is_a_staging_error():
         StagingError, match=re.escape("Cannot stage an argument of type str: 'abc'")
     ):
         stage(lambda x: x, "abc")
+
+
+def test_clear_caches_forgets_everything_and_results_stay():
+    def f(x):
+        y = jax.jit(lambda a: jnp.sin(a) * 2.0)(x)
+        return lax.scan(lambda c, a: (c + a, c), 0.0, y)[0] + jnp.exp(x).sum()
+
+    x = jnp.array([0.3, -0.2, 0.5])
+    interp = jaxinterp.EvalInterpreter()
+    run = interp.transform(f)
+    first = run(x)
+    inv = jaxinterp.inverse(lambda x: jnp.exp(x) * 2.0)
+    x_rec = inv(jnp.exp(x) * 2.0)
+    assert jaxinterp._trace.cache_size(f) == 1 and interp._subcalls
+    jaxinterp.clear_caches()
+    assert jaxinterp._trace.cache_size(f) == 0
+    assert not interp._subcalls and not len(interp._eager_plans)
+    assert not len(jaxinterp._interpreter._release_plans)
+    # ... and everything is staged and compiled again, with the same results.
+    assert_tree_equal(run(x), first)
+    assert_tree_equal(inv(jnp.exp(x) * 2.0), x_rec)
+    assert jaxinterp._trace.cache_size(f) == 1

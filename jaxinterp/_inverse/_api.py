@@ -13,7 +13,7 @@ import jax
 import jax.tree_util as jtu
 from jax.extend import core as jex_core
 
-from .. import _jax_compat as compat
+from .. import _caches, _jax_compat as compat
 from .._custom_types import PyTree
 from .._errors import NotInvertibleError
 from .._trace import (
@@ -60,6 +60,7 @@ class _Compiled:
 
 
 _jit_cache: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_caches.on_clear(_jit_cache.clear)
 
 
 def _jitted(closed: Any) -> Callable[..., list[Any]]:
@@ -74,6 +75,7 @@ _compiled_cache: weakref.WeakKeyDictionary[Staged, dict[Any, _Compiled]] = (
     weakref.WeakKeyDictionary()
 )
 _compiled_lock = threading.Lock()
+_caches.on_clear(_compiled_cache.clear)
 
 
 def _num_positional(fn: Callable[..., Any]) -> int:

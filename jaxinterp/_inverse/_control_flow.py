@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .. import _jax_compat as compat
+from .. import _caches, _jax_compat as compat
 from .._errors import NotInvertibleError
 from . import _branches as br
 from ._engine import InverseWalker
@@ -238,6 +238,7 @@ def _merge_known(
 
 
 _jit_cache: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
+_caches.on_clear(_jit_cache.clear)
 
 
 def _jitted_inverse(

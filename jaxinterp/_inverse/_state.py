@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import jax
 from jax import lax
 
-from .. import _jax_compat as compat
+from .. import _caches, _jax_compat as compat
 from .._errors import NotInvertibleError, source_line
 from .._interpreter import Interpreter
 from .._trace import spec_of
@@ -141,6 +141,7 @@ def _uses_state(jaxpr: Any) -> bool:
 _cache: weakref.WeakKeyDictionary[Any, tuple[Any, Sequence[Any]]] = (
     weakref.WeakKeyDictionary()
 )
+_caches.on_clear(_cache.clear)
 
 
 def functionalize(jaxpr: Any, consts: Sequence[Any]) -> tuple[Any, Sequence[Any]]:
