@@ -1,10 +1,11 @@
 """Interval arithmetic: sound lower and upper bounds of a function over a box.
 
-The interpreter's values are `Interval`s, not arrays, so nothing can go
-through JAX's default re-bind or its `jit`/`scan` rebuilding. Instead every
+The interpreter's values are `Interval`s (a pytree of two arrays), not
+arrays, so no primitive can be re-bound to them. Instead every first-order
 primitive has a rule in `interval_rules`, call-like primitives (`jit`,
-`custom_jvp_call`, ...) are walked in place (the `inline` policy) and `cond`
-has its own rule: it joins the branches the predicate's interval allows (all
+`custom_jvp_call`, ...) are walked in place (the `inline` policy), a `scan`
+is rebuilt around intervals by the walker (JAX's `lax.scan` takes pytrees),
+and `cond` has its own rule: it joins the branches the predicate's interval allows (all
 of them under `jax.jit`, where the predicate's bounds are not concrete). A
 primitive without a rule raises `MissingRuleError` citing the user's line.
 Bounds ignore floating-point rounding (no outward rounding).
@@ -118,13 +119,15 @@ def _cond_interval(index, *ops, branches, **params):
 
 
 CALLS = {"jit", "pjit", "closed_call", "custom_jvp_call", "custom_vjp_call", "remat2"}
+WALKED = CALLS | {"scan"}  # constructs the walker handles around intervals
 
 
-def is_call(eqn) -> bool:
-    """Whether `eqn` is call-like, so walked in place by the `inline` policy."""
+def is_walked(eqn) -> bool:
+    """Whether the walker handles `eqn` itself: a call walked in place by the
+    `inline` policy, or a `scan` rebuilt with interval carries."""
     if eqn.primitive.name == "call_hi_primitive":  # under JAX's hijax flags
-        return jaxinterp.hijax_params(eqn).replaces in CALLS  # not `scan`
-    return eqn.primitive.name in CALLS
+        return jaxinterp.hijax_params(eqn).replaces in WALKED
+    return eqn.primitive.name in WALKED
 
 
 class IntervalInterpreter(jaxinterp.Interpreter):
@@ -134,7 +137,7 @@ class IntervalInterpreter(jaxinterp.Interpreter):
 
     def process_eqn(self, eqn, invals):
         invals = [v if isinstance(v, Interval) else Interval(v, v) for v in invals]
-        if not is_call(eqn):
+        if not is_walked(eqn):
             interval_rules.lookup(eqn)  # MissingRuleError citing the user's line
         return super().process_eqn(eqn, invals)
 
