@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import jax
+import numpy as np
+
 # A pytree: any nesting of tuples, lists, dicts, None and registered nodes with
 # array leaves. Spelled `Any` because pytrees cannot be typed precisely.
 PyTree = Any
@@ -43,3 +46,16 @@ class InverseRule(Protocol):
     def __call__(
         self, ctx: Any, outvals: Sequence[Any], *invals: Any, **params: Any
     ) -> Any: ...
+
+
+def is_plain(value: Any) -> bool:
+    """Whether `value` is a plain array or scalar (one pytree leaf), not an
+    interpreter's own value type (a dual number, an interval...)."""
+    if isinstance(value, jax.Array | np.ndarray | np.generic | int | float | complex):
+        return True
+    return jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(value))
+
+
+def has_custom(values: Sequence[Any]) -> bool:
+    """Whether any of `values` is an interpreter's own value, not an array."""
+    return not all(is_plain(v) for v in values)

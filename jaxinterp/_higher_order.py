@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 from jax import lax
 
 from . import _jax_compat as compat
+from ._custom_types import has_custom, is_plain
 from ._errors import MissingRuleError, source_line
 from ._interpreter import Interpreter, register_eager_callable, register_higher_order
 from ._trace import spec_of
@@ -44,20 +44,8 @@ def _closed_fn(interp: Interpreter, closed: Any) -> Callable[..., list[Any]]:
 # derivative call cannot re-bind them.
 
 
-def _is_plain(value: Any) -> bool:
-    """Whether `value` is a plain array or scalar (one pytree leaf)."""
-    if isinstance(value, jax.Array | np.ndarray | np.generic | int | float | complex):
-        return True
-    return jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(value))
-
-
-def _has_custom(values: Sequence[Any]) -> bool:
-    """Whether any of `values` is an interpreter's own value, not an array."""
-    return not all(_is_plain(v) for v in values)
-
-
 def _describe(value: Any) -> str:
-    if _is_plain(value):
+    if is_plain(value):
         return f"plain array {compat.aval_of(value).str_short(short_dtypes=True)}"
     return f"`{type(value).__name__}`"
 
@@ -73,7 +61,7 @@ def _lift_to(interp: Interpreter, eqn: Any, where: str, value: Any, like: Any) -
         f"{where} of `{eqn.primitive.name}` is a {_describe(value)} where the "
         f"construct needs a {_describe(like)}"
     )
-    if not _is_plain(value):
+    if not is_plain(value):
         raise TypeError(f"{context}; only a plain array can be lifted.")
     try:
         return interp.lift(value, like)
@@ -98,7 +86,7 @@ def _settle_carry(
     for _ in range(len(init) + 1):
         changed = False
         for k, (c, o) in enumerate(zip(init, carry_out(init), strict=True)):
-            if _is_plain(c) and not _is_plain(o):
+            if is_plain(c) and not is_plain(o):
                 init[k] = _lift_to(interp, eqn, f"carry {k}", c, o)
                 changed = True
         if not changed:
@@ -155,7 +143,7 @@ def _jit_eager(interp: Interpreter, eqn: Any) -> Callable[..., Any] | None:
 def _cond(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list[Any]:
     index, *ops = invals
     branches = [_closed_fn(interp, br) for br in compat.cond_branches(eqn.params)]
-    if _has_custom(ops):
+    if has_custom(ops):
         branches = _joined_branches(interp, eqn, branches, ops)
     return list(lax.switch(index, branches, *ops))
 
@@ -169,7 +157,7 @@ def _joined_branches(
     target: list[Any] = [None] * len(outs[0])
     for out in outs:
         for k, o in enumerate(out):
-            if target[k] is None and not _is_plain(o):
+            if target[k] is None and not is_plain(o):
                 target[k] = o
     if all(t is None for t in target):
         return branches
@@ -196,7 +184,7 @@ def _scan(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list
     init = list(invals[n_consts : n_consts + n_carry])
     xs = list(invals[n_consts + n_carry :])
     walk = _closed_fn(interp, p.jaxpr)
-    custom = _has_custom(invals)
+    custom = has_custom(invals)
 
     def body(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
         outs = walk(*consts, *carry, *x)
@@ -236,7 +224,7 @@ def _while(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> lis
     init = list(invals[p.cond_nconsts + p.body_nconsts :])
     cond_walk = _closed_fn(interp, p.cond_jaxpr)
     body_walk = _closed_fn(interp, p.body_jaxpr)
-    custom = _has_custom(invals)
+    custom = has_custom(invals)
 
     def cond_fun(carry: Any) -> Any:
         return cond_walk(*cond_consts, *carry)[0]
@@ -324,7 +312,7 @@ def _custom_call(
     `inline` policy so JAX differentiates the transformed body instead.
     """
     body = compat.call_jaxpr(eqn.params)
-    if policy == "inline" or _has_custom(invals):
+    if policy == "inline" or has_custom(invals):
         # The interpreter's own values cannot be bound to the primitive: walk
         # the primal body, dropping the derivative rule (documented).
         return interp.eval_closed(body, *invals)
@@ -342,7 +330,7 @@ def _closed_call(
     interp: Interpreter, eqn: Any, invals: list[Any], policy: str
 ) -> list[Any]:
     body = compat.call_jaxpr(eqn.params)
-    if policy == "inline" or _has_custom(invals):
+    if policy == "inline" or has_custom(invals):
         return interp.eval_closed(body, *invals)
     new = _retrace(interp, body, invals, compat.call_name(eqn.params))
     return compat.bind_eqn(
@@ -355,7 +343,7 @@ def _core_call(
 ) -> list[Any]:
     """`core_call` carries an open Jaxpr; it is rebuilt as a `closed_call`."""
     body = compat.call_jaxpr(eqn.params)
-    if policy == "inline" or _has_custom(invals):
+    if policy == "inline" or has_custom(invals):
         return interp.eval_closed(body, *invals)
     new = _retrace(interp, body, invals)
     return compat.bind_eqn(compat.closed_call_p, invals, {"call_jaxpr": new})
@@ -539,7 +527,7 @@ def _call_hi(
     h = compat.hijax_params(eqn)
     if h.kind == "other":
         return _expanded_hi(interp, eqn, h, invals)
-    if (policy == "inline" or _has_custom(invals)) and h.kind != "scan":
+    if (policy == "inline" or has_custom(invals)) and h.kind != "scan":
         # (An interpreter's own values cannot be bound to a hijax primitive:
         # its body is walked in place for them, as for `custom_jvp_call`.)
         kept = invals if h.keep is None else list(it.compress(invals, h.keep))

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal as TypingLiteral, NamedTuple
 from jax import lax
 
 from . import _caches, _jax_compat as compat, _registry
-from ._custom_types import PyTree
+from ._custom_types import PyTree, has_custom
 from ._errors import (
     JaxinterpError,
     MissingRuleError,
@@ -501,6 +501,8 @@ class Interpreter:
         """Walk a `Staged` function on flat arguments; return flat outputs."""
         closed = staged.closed_jaxpr
         jaxpr, consts = compat.open_jaxpr(closed), compat.jaxpr_consts(closed)
+        if has_custom(flat_args):
+            jaxpr, consts = _without_references(jaxpr, consts)
         if staged.nesting <= compat.SHALLOW_NESTING:
             return self.eval_jaxpr(jaxpr, consts, *flat_args)
         with compat.recursion_limit(_RECURSION_LIMIT):
@@ -599,6 +601,19 @@ class Interpreter:
             while len(self._subcalls) > 512:
                 self._subcalls.popitem(last=False)
         return value
+
+
+def _without_references(jaxpr: Any, consts: Sequence[Any]) -> tuple[Any, Any]:
+    """`jaxpr` with its mutable references held as values, for a walk on an
+    interpreter's own values, which references (arrays only) cannot hold:
+    under `jax_scan3` a `scan` keeps its carry in references. As it is when
+    it uses none, or when they cannot be made pure."""
+    from ._state import functionalize  # (it subclasses `Interpreter`)
+
+    try:
+        return functionalize(jaxpr, consts)
+    except JaxinterpError:
+        return jaxpr, consts
 
 
 def _check_policy(policy: str) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import future_flags_on, tree_allclose
+from helpers import flags_off, tree_allclose
 from hypothesis import given, settings, strategies as st
 from jax import lax
 
@@ -43,43 +43,37 @@ Dual, DualInterpreter, dual_jvp = _dual.Dual, _dual.DualInterpreter, _dual.dual_
 _cv = jax.custom_vjp(lambda x: jnp.sin(x) * 2.0)
 _cv.defvjp(lambda x: (jnp.sin(x) * 2.0, x), lambda x, g: (2 * jnp.cos(x) * g,))
 
-# name: (function, reference for `jax.jvp`, uses a scan under `jax_scan3`)
+# name: (function, reference for `jax.jvp` or `None` for the function)
 CASES = {
-    "jit": (lambda x: jax.jit(lambda y: jnp.sin(y) * y)(x), None, False),
-    "cond": (lambda x: lax.cond(x.sum() > 0, jnp.sin, jnp.cos, x), None, False),
+    "jit": (lambda x: jax.jit(lambda y: jnp.sin(y) * y)(x), None),
+    "cond": (lambda x: lax.cond(x.sum() > 0, jnp.sin, jnp.cos, x), None),
     "switch": (
         lambda x: lax.switch(jnp.argmax(x), [jnp.sin, jnp.cos, jnp.tanh], x),
         None,
-        False,
     ),
     "cond-one-branch-plain": (
         lambda x: lax.cond(x.sum() > 0, lambda y: y * 2.0, lambda y: jnp.ones(3), x),
         None,
-        False,
     ),
     "scan": (
         lambda x: lax.scan(lambda c, a: (c * jnp.sin(a), c), x, jnp.ones((2, 3)))[0],
         None,
-        True,
     ),
     "scan-carry-starts-plain": (
         lambda x: lax.scan(lambda c, a: (c * 0.5 + jnp.sin(a), None), jnp.zeros(()), x)[
             0
         ],
         None,
-        True,
     ),
     "fori": (
         lambda x: lax.fori_loop(0, 3, lambda i, c: c * jnp.cos(x), jnp.ones(3)),
         None,
-        True,
     ),
     "while": (
         lambda x: lax.while_loop(
             lambda s: s[0] < 3, lambda s: (s[0] + 1, jnp.sin(s[1])), (0, x)
         )[1],
         None,
-        False,
     ),
     "while-carry-starts-plain": (
         lambda x: lax.while_loop(
@@ -88,15 +82,10 @@ CASES = {
             (0, jnp.zeros(3)),
         )[1],
         None,
-        False,
     ),
-    "checkpoint": (
-        lambda x: jax.checkpoint(lambda y: jnp.sin(jnp.sin(y)))(x),
-        None,
-        False,
-    ),
-    "custom_jvp": (lambda x: jax.nn.relu(x) * x, None, False),
-    "custom_vjp": (lambda x: _cv(x) + x, lambda x: jnp.sin(x) * 2.0 + x, False),
+    "checkpoint": (lambda x: jax.checkpoint(lambda y: jnp.sin(jnp.sin(y)))(x), None),
+    "custom_jvp": (lambda x: jax.nn.relu(x) * x, None),
+    "custom_vjp": (lambda x: _cv(x) + x, lambda x: jnp.sin(x) * 2.0 + x),
     "nested": (
         lambda x: jax.jit(
             lambda y: lax.scan(
@@ -106,32 +95,22 @@ CASES = {
             )[0]
         )(x),
         None,
-        True,
     ),
 }
 X = jnp.array([0.3, -0.8, 1.2])
 T = jnp.array([1.0, 0.5, -2.0])
 
 
-def _skip_scan3(uses_scan):
-    if uses_scan and future_flags_on():
-        pytest.skip(
-            "under `jax_scan3` a scan keeps its carry in mutable references, "
-            "which cannot hold an interpreter's own values (issue 12)"
-        )
-
-
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_dual_numbers_through_every_construct(name, jit):
-    f, reference, uses_scan = CASES[name]
-    _skip_scan3(uses_scan)
+    f, reference = CASES[name]
     run = (
         jax.jit(lambda x, t: dual_jvp(f, x, t))
         if jit
         else (lambda x, t: dual_jvp(f, x, t))
     )
-    tree_allclose(run(X, T), jax.jvp(reference or f, (X,), (T,)))
+    tree_allclose(run(X, T), flags_off(jax.jvp, reference or f, (X,), (T,)))
 
 
 @settings(max_examples=10, deadline=None)
@@ -140,10 +119,10 @@ def test_dual_numbers_through_every_construct(name, jit):
     st.lists(st.floats(-2.0, 2.0, width=32), min_size=3, max_size=3),
 )
 def test_dual_numbers_loop_carry_fixpoint(x, t):
-    f, _, uses_scan = CASES["scan-carry-starts-plain"]
-    _skip_scan3(uses_scan)
+    f = CASES["scan-carry-starts-plain"][0]
     x, t = jnp.asarray(x, jnp.float32), jnp.asarray(t, jnp.float32)
-    tree_allclose(dual_jvp(f, x, t), jax.jvp(f, (x,), (t,)), rtol=1e-5, atol=1e-5)
+    want = flags_off(jax.jvp, f, (x,), (t,))
+    tree_allclose(dual_jvp(f, x, t), want, rtol=1e-5, atol=1e-5)
 
 
 class NoLift(DualInterpreter):

@@ -16,6 +16,7 @@ from jax.extend import core as jex_core
 from .. import _caches, _jax_compat as compat
 from .._custom_types import PyTree
 from .._errors import NotInvertibleError
+from .._state import functionalize
 from .._trace import (
     _LRU,
     Staged,
@@ -25,7 +26,6 @@ from .._trace import (
     stage_flat,
 )
 from ._engine import InverseWalker
-from ._state import functionalize
 
 # Signatures remembered by each inverse function for its fast path.
 _SIGNATURES_PER_FUNCTION = 64

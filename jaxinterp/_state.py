@@ -19,10 +19,10 @@ from typing import Any, ClassVar
 import jax
 from jax import lax
 
-from .. import _caches, _jax_compat as compat
-from .._errors import NotInvertibleError, source_line
-from .._interpreter import Interpreter
-from .._trace import spec_of
+from . import _caches, _jax_compat as compat
+from ._errors import NotInvertibleError, source_line
+from ._interpreter import Interpreter
+from ._trace import spec_of
 
 
 class _Box:
