@@ -303,15 +303,11 @@ class OpCounter(Interpreter):
         elif prim is compat.call_hi_primitive_p:
             # JAX >= 0.11 hijax: `custom_jvp`, `custom_vjp`, `checkpoint` and
             # `scan` under the future-default flags, or a user's primitive.
+            # (One without an `expand` counts as one equation, like a
+            # first-order one.)
             hi = compat.hijax_params(eqn.params)
-            body = hi.body
-            if body is None:
-                try:
-                    body = compat.expand_hi_primitive(hi.prim)
-                except (NotImplementedError, TypeError):
-                    body = None  # counted as one equation, like a first-order one
-            if body is not None:
-                times = hi.length if hi.kind == "scan" else 1
+            times = hi.length if hi.kind == "scan" else 1
+            for body in compat.sub_jaxprs(eqn):
                 counts.add(self.count_closed(body), times)
         elif prim is compat.while_p:
             counts.while_loops += 1

@@ -94,6 +94,17 @@ def _settle_carry(
     return init
 
 
+def _as_carry_types(
+    interp: Interpreter, eqn: Any, new: list[Any], carry: Sequence[Any]
+) -> list[Any]:
+    """A loop body's output carries, lifted back to the input carries' types
+    where the body made them plain."""
+    return [
+        _lift_to(interp, eqn, f"carry {k}", o, c)
+        for k, (o, c) in enumerate(zip(new, carry, strict=True))
+    ]
+
+
 def _slice_spec(x: Any) -> Any:
     """The abstract per-iteration slice of a scanned operand (a pytree)."""
     return jax.tree_util.tree_map(
@@ -189,11 +200,8 @@ def _scan(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list
     def body(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
         outs = walk(*consts, *carry, *x)
         new = outs[:n_carry]
-        if custom:  # back to the carry's type, where the body made it plain
-            new = [
-                _lift_to(interp, eqn, f"carry {k}", o, c)
-                for k, (o, c) in enumerate(zip(new, carry, strict=True))
-            ]
+        if custom:
+            new = _as_carry_types(interp, eqn, new, carry)
         return new, outs[n_carry:]
 
     if custom:
@@ -231,12 +239,7 @@ def _while(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> lis
 
     def body_fun(carry: Any) -> Any:
         new = body_walk(*body_consts, *carry)
-        if custom:  # back to the carry's type, where the body made it plain
-            new = [
-                _lift_to(interp, eqn, f"carry {k}", o, c)
-                for k, (o, c) in enumerate(zip(new, carry, strict=True))
-            ]
-        return new
+        return _as_carry_types(interp, eqn, new, carry) if custom else new
 
     if custom:
         init = _settle_carry(
@@ -453,12 +456,9 @@ def _scan3_as_scan(
     the walked body reads and writes as the original body did, and the final
     values are written back to the caller's references.
     """
-    if any(
-        ext and compat.is_ref_aval(compat.aval_of(v))
-        for v, ext in zip(invals, h.extensives, strict=True)
-    ):
-        return _rebuilt_hi(interp, h, invals)  # a reference sliced per iteration
     is_ref = [compat.is_ref_aval(compat.aval_of(v)) for v in invals]
+    if any(r and ext for r, ext in zip(is_ref, h.extensives, strict=True)):
+        return _rebuilt_hi(interp, h, invals)  # a reference sliced per iteration
     refs = [v for v, r in zip(invals, is_ref, strict=True) if r]
     xs = [
         v

@@ -1026,14 +1026,14 @@ def construct_name(eqn: Any) -> str:
     return eqn.primitive.name
 
 
-def iter_eqns(jaxpr: Any) -> Iterator[Any]:
+def iter_eqns(jaxpr: Any, *, expand: bool = True) -> Iterator[Any]:
     """Yield every equation of `jaxpr` (open or closed), then recursively
-    those of the Jaxprs each one runs (`sub_jaxprs`)."""
+    those of the Jaxprs each one runs (`sub_jaxprs`, with `expand`)."""
     stack = [open_jaxpr(jaxpr)]
     while stack:
         for eqn in stack.pop().eqns:
             yield eqn
-            stack.extend(sub_jaxprs(eqn))
+            stack.extend(sub_jaxprs(eqn, expand=expand))
 
 
 def hoist_consts(jaxpr: Any) -> tuple[Any, list[Any]]:

@@ -121,21 +121,15 @@ class _Functionalize(Interpreter):
 
 def _uses_state(jaxpr: Any) -> bool:
     """Whether `jaxpr` (or a sub-Jaxpr) uses mutable references or a `Scan3`."""
-    stack = [compat.open_jaxpr(jaxpr)]
-    while stack:
-        for eqn in stack.pop().eqns:
-            if eqn.primitive.name in compat.REF_PRIMITIVES or compat.touches_ref(eqn):
-                return True
-            if eqn.primitive is compat.call_hi_primitive_p:
-                h = compat.hijax_params(eqn)
-                if h.kind == "scan":
-                    return True
-                if h.body is not None:
-                    stack.append(compat.open_jaxpr(h.body))
-            stack.extend(
-                compat.open_jaxpr(j) for j in compat.jaxprs_in_params(eqn.params)
-            )
-    return False
+    return any(
+        eqn.primitive.name in compat.REF_PRIMITIVES
+        or compat.touches_ref(eqn)
+        or (
+            eqn.primitive is compat.call_hi_primitive_p
+            and compat.hijax_params(eqn).kind == "scan"
+        )
+        for eqn in compat.iter_eqns(jaxpr, expand=False)
+    )
 
 
 _cache: weakref.WeakKeyDictionary[Any, tuple[Any, Sequence[Any]]] = (

@@ -128,10 +128,8 @@ class PrimitiveLog(jaxinterp.Interpreter):
 construct_name = jaxinterp._jax_compat.construct_name
 
 
-def iter_eqns(jaxpr: Any) -> Iterator[Any]:
-    """Yield every equation of `jaxpr` and of the Jaxprs it runs (hijax
-    bodies included: `jaxinterp.iter_eqns`)."""
-    return jaxinterp.iter_eqns(jaxpr)
+# Every equation of a Jaxpr and of the Jaxprs it runs, hijax bodies included.
+iter_eqns = jaxinterp.iter_eqns
 
 
 def primitive_names(jaxpr: Any) -> set[str]:
