@@ -150,6 +150,11 @@ ELEMENTWISE_CASES = [
     (lax.exp_p, named("exp", jnp.exp), REAL),
     (lax.log_p, named("log", jnp.log), POS),
     (lax.tanh_p, named("tanh", jnp.tanh), domain(-2, 2)),
+    # Clamps, on their unsaturated range: the identity.
+    (lax.max_p, named("max_lower_bound", lambda x: jnp.maximum(x, -5.0)), REAL),
+    (lax.max_p, named("max_bound_first", lambda x: jnp.maximum(-5.0, x)), REAL),
+    (lax.min_p, named("min_upper_bound", lambda x: jnp.minimum(x, 5.0)), REAL),
+    (lax.clamp_p, named("clamp", lambda x: lax.clamp(-5.0, x, 5.0)), REAL),
     (lax.exp2_p, named("exp2", jnp.exp2), REAL),
     (lax.log1p_p, named("log1p", jnp.log1p), domain(-0.5, 3)),
     (lax.expm1_p, named("expm1", jnp.expm1), REAL),
@@ -319,7 +324,7 @@ CASES = ELEMENTWISE_CASES + STRUCTURAL_CASES + LINALG_CASES
 NOT_INVERTIBLE = [
     getattr(lax, f"{name}_p")
     for name in (
-        "abs sign floor ceil round is_finite max min clamp rem eq ne lt le gt ge "
+        "abs sign floor ceil round is_finite rem eq ne lt le gt ge "
         "and or shift_left shift_right_logical shift_right_arithmetic "
         "population_count clz real imag reduce_sum reduce_prod reduce_max "
         "reduce_min reduce_and reduce_or reduce_xor argmax argmin cummax cummin "
@@ -681,7 +686,12 @@ def test_not_invertible_variants_say_why():
     )
     _raises(lambda x: lax.integer_pow(x, 0), x, lax.integer_pow_p, "exponent 0")
     _raises(lambda x: x @ np.ones((3, 2), np.float32), x, lax.dot_general_p, "square")
-    _raises(lambda x: jnp.maximum(x, 0.0), x, lax.max_p, "`max` is not invertible")
+    _raises(
+        lambda x: jnp.maximum(x.astype(jnp.int32), 0),
+        x,
+        lax.max_p,
+        "`max` is not invertible: it discards the smaller operand (an integer",
+    )
     if hasattr(lax, "tile_p"):
         _raises(lambda x: jnp.tile(x, (2, 1)), x, lax.tile_p, "copies")
 

@@ -101,6 +101,7 @@ class _InverseFunction:
         example_args: Sequence[Any] | None,
         mode: str,
         strict: bool = False,
+        solvers: bool = True,
     ) -> None:
         transform = {"x": "inverse", "both": "inverse_and_ildj", "ildj": "ildj"}[mode]
         check_callable(fn, transform)
@@ -119,6 +120,7 @@ class _InverseFunction:
         self.example_args = None if example_args is None else tuple(example_args)
         self.mode = mode
         self.strict = bool(strict)
+        self.solvers = bool(solvers)
         name = getattr(fn, "__name__", "fn")
         self.__name__ = f"{transform}_{name}"
         self.__qualname__ = self.__name__
@@ -225,7 +227,9 @@ class _InverseFunction:
         mask: list[bool] = []
         for i, arg in enumerate(full):
             mask.extend([i in unknown] * len(jtu.tree_leaves(arg)))
-        return _compile(staged, tuple(mask), specs, y_leaves, self.mode, self.strict)
+        return _compile(
+            staged, tuple(mask), specs, y_leaves, self.mode, self.strict, self.solvers
+        )
 
     def _check_output(self, staged: Staged, y_tree: Any, y_leaves: list[Any]) -> None:
         same = (
@@ -263,6 +267,7 @@ def _compile(
     y_leaves: list[Any],
     mode: str,
     strict: bool = False,
+    solvers: bool = True,
 ) -> _Compiled:
     """Trace the engine into the inverse Jaxpr for `mode` (cached per signature).
 
@@ -271,7 +276,7 @@ def _compile(
     With `strict`, the Jaxpr also returns, per backward step that may give
     NaN, how many elements it did.
     """
-    key = (mask, tuple(_spec(y) for y in y_leaves), mode, strict)
+    key = (mask, tuple(_spec(y) for y in y_leaves), mode, strict, solvers)
     with _compiled_lock:
         per_staged = _compiled_cache.setdefault(staged, {})
         hit = per_staged.get(key)
@@ -287,7 +292,13 @@ def _compile(
         ys, known = args[:n_y], iter(args[n_y:])
         invals = [None if m else next(known) for m in mask]
         sol = walker.solve(
-            jaxpr, consts, invals, list(ys), nan_checks=strict, want_ildj=mode != "x"
+            jaxpr,
+            consts,
+            invals,
+            list(ys),
+            nan_checks=strict,
+            want_ildj=mode != "x",
+            solvers=solvers,
         )
         xs = [v for v, m in zip(sol.invals, mask, strict=True) if m]
         messages[:] = [message for _, message in sol.nan_checks]
@@ -339,6 +350,7 @@ def inverse(
     *,
     example_args: Sequence[Any] | None = None,
     strict: bool = False,
+    solvers: bool = True,
 ) -> Callable[..., PyTree]:
     """Return a function that computes the inverse of `fn`.
 
@@ -362,6 +374,9 @@ def inverse(
             `y`'s structure, shapes and dtypes.
         strict: raise instead of returning NaN where the outputs do not
             determine an input element (see below).
+        solvers: allow the numerical solver for elementwise blocks that no
+            formula inverts (see below); `False` keeps to exact formulas and
+            raises `NotInvertibleError` where none exists.
 
     Returns:
         The inverse function `(y, *known_args) -> x`.
@@ -394,6 +409,36 @@ def inverse(
         map may not produce, is refused rather than answered.
         TypeError: if `y` does not match what `fn` returns.
 
+    Clamps:
+        `jnp.clip`, `jnp.maximum(x, c)`, `jnp.minimum(x, c)` and `lax.clamp`
+        with known bounds are the identity on their unsaturated range: a
+        result strictly inside the bounds comes back as itself, a result at a
+        bound as the bound (its principal branch: every value beyond it maps
+        there too), a result beyond the bounds as NaN. Their ildj is 0.
+
+    Elementwise blocks:
+        When no single equation can be solved, but a known result is an
+        elementwise function `y = g(x)` of one unknown value (the unknown used
+        several times, as in softsign `x / (1 + |x|)` or `log(x) - log1p(-x)`,
+        or a formula chosen by a predicate of the unknown, as in
+        `jnp.where(x > 20, x, jnp.log1p(jnp.exp(x)))`), the block is solved
+        element by element:
+
+        - piecewise: each combination of cases (`jnp.where`, `select_n`,
+          `maximum`, `minimum` of the unknown; at most 16) is inverted by
+          formulas, and each element keeps the candidate whose predicates
+          select the cases it came from (exact);
+        - otherwise numerically (with `solvers=True`): bracketing, then
+          Newton's method safeguarded by bisection, to the dtype's precision.
+          Its derivatives come from the implicit function theorem, not from
+          the iterations. It returns one preimage, so a second output that
+          also constrains `x` is refused, as for a principal branch.
+
+        Either way an element with no preimage (a `y` outside the image, or
+        at a jump of a discontinuous map) comes back as NaN, as does an element
+        with two different preimages; the block's ildj is
+        `-sum(log|g'(x)|)`. `explain_inverse` names the method per equation.
+
     Example:
         >>> f = lambda x: jnp.exp(jnp.tanh(x))
         >>> print(f"{jaxinterp.inverse(f)(f(0.5)):.4f}")
@@ -403,7 +448,7 @@ def inverse(
         >>> jaxinterp.inverse(affine, argnums=0)(y, 0.5, 1.0).round(4)
         Array([0., 1., 2.], dtype=float32)
     """
-    return _InverseFunction(fn, argnums, example_args, "x", strict)
+    return _InverseFunction(fn, argnums, example_args, "x", strict, solvers)
 
 
 def inverse_and_ildj(
@@ -412,6 +457,7 @@ def inverse_and_ildj(
     *,
     example_args: Sequence[Any] | None = None,
     strict: bool = False,
+    solvers: bool = True,
 ) -> Callable[..., tuple[PyTree, Any]]:
     """Return a function computing the inverse of `fn` and its log-det-Jacobian.
 
@@ -425,7 +471,7 @@ def inverse_and_ildj(
         >>> print(f"{ildj:.4f}")
         -2.0794
     """
-    return _InverseFunction(fn, argnums, example_args, "both", strict)
+    return _InverseFunction(fn, argnums, example_args, "both", strict, solvers)
 
 
 def ildj(
@@ -434,6 +480,7 @@ def ildj(
     *,
     example_args: Sequence[Any] | None = None,
     strict: bool = False,
+    solvers: bool = True,
 ) -> Callable[..., Any]:
     """Return a function computing only the inverse log-det-Jacobian of `fn`.
 
@@ -444,4 +491,4 @@ def ildj(
         >>> print(f"{jaxinterp.ildj(jnp.exp)(jnp.array([1.0, 2.0])):.4f}")
         -0.6931
     """
-    return _InverseFunction(fn, argnums, example_args, "ildj", strict)
+    return _InverseFunction(fn, argnums, example_args, "ildj", strict, solvers)

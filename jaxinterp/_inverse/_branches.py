@@ -108,6 +108,55 @@ def _integer_pow_principal(
     return NONNEG if int(params["y"]) % 2 == 0 else None
 
 
+def _bound(value: Any, low: bool) -> float:
+    """The least (`low`) or greatest element of a concrete bound, or an
+    infinite end when the bound is known only at run time."""
+    b = _concrete(value)
+    if b is None or b.size == 0:
+        return -INF if low else INF
+    return float(np.min(b) if low else np.max(b))
+
+
+def _clamp_range(
+    name: str,
+) -> Callable[[dict[str, Any], Sequence[Any]], Interval | None]:
+    """Where a clamp's rule chooses: a result at a bound has many preimages,
+    and the rule returns the bound, so the choices lie between the known
+    bounds (other results have one preimage, themselves)."""
+
+    def interval(params: dict[str, Any], ins: Sequence[Any]) -> Interval | None:
+        if name == "clamp":
+            lo, _, hi = ins
+            return (_bound(lo, True), _bound(hi, False))
+        a, b = ins
+        if (a is None) == (b is None):
+            return None
+        known = b if a is None else a
+        return (_bound(known, True), _bound(known, False))
+
+    return interval
+
+
+def _clamp_image(
+    name: str,
+) -> Callable[[dict[str, Any], Sequence[Any]], Interval | None]:
+    """The values a clamp can produce: within its known bounds."""
+
+    def interval(params: dict[str, Any], ins: Sequence[Any]) -> Interval | None:
+        if name == "clamp":
+            lo, _, hi = ins
+            return (_bound(lo, True), _bound(hi, False))
+        a, b = ins
+        if (a is None) == (b is None):
+            return None
+        known = b if a is None else a
+        if name == "max":
+            return (_bound(known, True), INF)
+        return (-INF, _bound(known, False))
+
+    return interval
+
+
 def _const(interval: Interval) -> Callable[[dict[str, Any], Sequence[Any]], Interval]:
     return lambda params, ins: interval
 
@@ -122,6 +171,9 @@ PRINCIPAL: dict[str, Callable[[dict[str, Any], Sequence[Any]], Interval | None]]
     "tan": _const((-_HALF_PI, _HALF_PI)),
     "integer_pow": _integer_pow_principal,
     "pow": _pow_principal,
+    "max": _clamp_range("max"),
+    "min": _clamp_range("min"),
+    "clamp": _clamp_range("clamp"),
 }
 
 
@@ -212,6 +264,9 @@ def _pow_image(params: dict[str, Any], ins: Sequence[Any]) -> Interval | None:
 _IMAGE_FNS: dict[str, Callable[[dict[str, Any], Sequence[Any]], Interval | None]] = {
     "integer_pow": _integer_pow_image,
     "pow": _pow_image,
+    "max": _clamp_image("max"),
+    "min": _clamp_image("min"),
+    "clamp": _clamp_image("clamp"),
 }
 
 # Steps that only move, copy or select values: a tainted value keeps its
@@ -241,6 +296,12 @@ VALUE_PRESERVING = frozenset(
         "split",
     }
 )
+
+
+# Clamps return their result itself where it is not at a bound: a value chosen
+# earlier passes through them, so their solution's interval joins the
+# intervals of the values they were given with their own.
+CLAMPS = frozenset({"max", "min", "clamp"})
 
 
 # Rules whose results, given the known operands, are a bijection of the

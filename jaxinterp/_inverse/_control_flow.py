@@ -47,6 +47,7 @@ def _invert_closed(
     out_branches: Sequence[br.Interval | None] | None = None,
     *,
     want_ildj: bool = True,
+    solvers: bool = True,
 ) -> tuple[list[Any], Any, list[br.Interval | None]]:
     """Solve `closed` for its unknown inputs.
 
@@ -60,6 +61,7 @@ def _invert_closed(
         outvals,
         out_branches=out_branches or None,
         want_ildj=want_ildj,
+        solvers=solvers,
     )
     return sol.invals, sol.ildj, sol.branches
 
@@ -97,6 +99,7 @@ def _inline_body_rule(get_body: Callable[[dict[str, Any]], Any], what: str) -> A
                 outvals,
                 ctx.result_branches,
                 want_ildj=ctx.want_ildj,
+                solvers=ctx.solvers,
             )
         except NotInvertibleError as err:
             raise _with_context(what, err) from None
@@ -190,7 +193,12 @@ def _hijax_inverse(
     kept = [v for v, k in zip(invals, keep, strict=True) if k]
     try:
         solved, ildj, branches = _invert_closed(
-            h.body, kept, outvals, ctx.result_branches, want_ildj=ctx.want_ildj
+            h.body,
+            kept,
+            outvals,
+            ctx.result_branches,
+            want_ildj=ctx.want_ildj,
+            solvers=ctx.solvers,
         )
     except NotInvertibleError as err:
         raise _with_context(f"a `{h.kind}` function", err) from None
@@ -248,6 +256,7 @@ def _jitted_inverse(
     baked: dict[int, Any],
     out_branches: tuple[br.Interval | None, ...],
     wanted: bool,
+    solvers: bool = True,
 ) -> tuple[Any, list[br.Interval | None]]:
     """The inverse of a `jit` body as a `jax.jit` of (outvals, traced knowns),
     and the list its first trace fills with the solved operands' branch
@@ -261,7 +270,7 @@ def _jitted_inverse(
     # JAX caches the trace per function: one function per (mask, ildj wanted,
     # branch intervals of the results). Tracing fills `branches_in`.
     per_body = _jit_cache.setdefault(closed, {})
-    key = (mask, wanted, out_branches)
+    key = (mask, wanted, solvers, out_branches)
     got = None if baked else per_body.get(key)
     if got is not None:
         return got
@@ -273,7 +282,7 @@ def _jitted_inverse(
         assert body is not None, "the jit body outlived its inverse"
         invals = _merge_known(mask, baked, known)
         solved, ildj, branches = _invert_closed(
-            body, invals, outvals, out_branches, want_ildj=wanted
+            body, invals, outvals, out_branches, want_ildj=wanted, solvers=solvers
         )
         branches_in[:] = branches
         dtype = _ildj_dtype(outvals)
@@ -312,7 +321,7 @@ def _jit_inverse(
     baked, known = _split_known(invals)
     out_branches = tuple(ctx.result_branches)
     fn, branches = _jitted_inverse(
-        p.jaxpr, mask, p.name, baked, out_branches, ctx.want_ildj
+        p.jaxpr, mask, p.name, baked, out_branches, ctx.want_ildj, ctx.solvers
     )
     try:
         xs, ildj = fn(list(outvals), known)
@@ -349,7 +358,12 @@ def _cond_inverse(
         def inv(outs: list[Any], known_ops: list[Any]) -> tuple[list[Any], Any]:
             invals = _merge_known(mask, baked, known_ops)
             solved, ildj, got = _invert_closed(
-                closed, invals, outs, out_branches, want_ildj=ctx.want_ildj
+                closed,
+                invals,
+                outs,
+                out_branches,
+                want_ildj=ctx.want_ildj,
+                solvers=ctx.solvers,
             )
             for k, b in enumerate(got):
                 op_branches[k] = br.union(op_branches[k], b)
@@ -464,7 +478,12 @@ def _scan_inverse(
         nxt = iter(carry_next)
         outs_t = [None if k else next(nxt) for k in c_known] + list(y_t)
         sol = _walker.solve(
-            body, body_consts, invals_t, outs_t, want_ildj=ctx.want_ildj
+            body,
+            body_consts,
+            invals_t,
+            outs_t,
+            want_ildj=ctx.want_ildj,
+            solvers=ctx.solvers,
         )
         step_branches[:] = sol.branches
         carry_in = sol.invals[n_consts : n_consts + n_carry]
@@ -576,6 +595,7 @@ def _while_inverse(
             [*body_consts, *([None] * n_carry)],
             carry,
             want_ildj=ctx.want_ildj,
+            solvers=ctx.solvers,
         )
         undo_branches[:] = sol.branches[nb:]
         return list(sol.invals[nb:]), total + jnp.asarray(sol.ildj).astype(dtype)

@@ -398,6 +398,68 @@ def _select_n_inverse(
 
 
 # ---------------------------------------------------------------------------
+# Saturating clamps: `max(x, lo)`, `min(x, hi)`, `clamp(lo, x, hi)` with known
+# bounds. On the unsaturated range they are the identity; a result at a bound
+# has many preimages, and the bound itself is chosen (their principal branch,
+# `_branches.py`); a result outside the bounds has none and gives NaN. The
+# ildj is 0 (the identity's), also at the bounds.
+
+_CLAMP_REFUSAL = {
+    "max": "it discards the smaller operand",
+    "min": "it discards the larger operand",
+    "clamp": "it maps everything outside its bounds to the bounds",
+}
+
+
+def _clamp_solution(name: str, y: Any, lo: Any, hi: Any) -> Any:
+    if not _is_float(y):
+        raise NotInvertibleError(
+            f"`{name}` is not invertible: {_CLAMP_REFUSAL[name]} (an integer "
+            "result has no NaN for values outside its image)."
+        )
+    inside: Any = True
+    if lo is not None:
+        inside = y >= lo
+    if hi is not None:
+        inside = inside & (y <= hi)
+    return jnp.where(inside, y, jnp.asarray(jnp.nan, jnp.result_type(y)))
+
+
+def _max_min_inverse(name: str) -> Any:
+    def rule(ctx: InverseContext, outvals: Sequence[Any], a: Any, b: Any) -> Any:
+        if (a is None) == (b is None):
+            return None  # both unknown: an elementwise block (`_blocks.py`)
+        (y,) = outvals
+        known = b if a is None else a
+        lo, hi = (known, None) if name == "max" else (None, known)
+        x = _clamp_solution(name, y, lo, hi)
+        return ([x, b] if a is None else [a, x]), 0.0
+
+    rule.__name__ = f"_{name}_inverse"
+    rule.__doc__ = (
+        f"`{name}(x, c)` with `c` known: `x = y` on the unsaturated range, "
+        "`c` at the bound (its principal branch), NaN beyond it."
+    )
+    return rule
+
+
+inverse_rules.register(lax.max_p)(_max_min_inverse("max"))
+inverse_rules.register(lax.min_p)(_max_min_inverse("min"))
+
+
+@inverse_rules.register(lax.clamp_p)
+def _clamp_inverse(
+    ctx: InverseContext, outvals: Sequence[Any], lo: Any, x: Any, hi: Any
+) -> Any:
+    """`clamp(lo, x, hi)` with known bounds: `x = y` on `[lo, hi]` (a bound at a
+    bound: the principal branch), NaN outside."""
+    if x is not None or lo is None or hi is None:
+        return None
+    (y,) = outvals
+    return [lo, _clamp_solution("clamp", y, lo, hi), hi], 0.0
+
+
+# ---------------------------------------------------------------------------
 # Not invertible: the reason is reported if the operand is really needed.
 
 _NOT_INVERTIBLE: dict[str, str] = {
@@ -407,9 +469,6 @@ _NOT_INVERTIBLE: dict[str, str] = {
     "ceil": "it rounds its operand",
     "round": "it rounds its operand",
     "is_finite": "it returns a boolean",
-    "max": "it discards the smaller operand",
-    "min": "it discards the larger operand",
-    "clamp": "it maps everything outside its bounds to the bounds",
     "rem": "it discards the quotient",
     "eq": "it returns a boolean",
     "ne": "it returns a boolean",

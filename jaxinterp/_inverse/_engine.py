@@ -33,7 +33,7 @@ from .._errors import (
 )
 from .._interpreter import BackwardWalker, Env
 from .._registry import RuleRegistry
-from . import _branches as br
+from . import _blocks as bl, _branches as br
 from ._rules import InverseContext, describe_elements, inverse_rules
 
 _Literal = compat.Literal
@@ -65,6 +65,8 @@ class Solution:
             results: an int32 scalar, message).
         uncovered: (variable, boolean mask of the elements no piece
             covers) for each value only partly recovered from pieces.
+        methods: per equation solved as part of an elementwise block, how
+            (`piecewise` or `elementwise solve`, see `_blocks.py`).
     """
 
     invals: list[Any]
@@ -75,6 +77,7 @@ class Solution:
     branches: list[br.Interval | None] = dataclasses.field(default_factory=list)
     nan_checks: list[tuple[Any, str]] = dataclasses.field(default_factory=list)
     uncovered: list[tuple[Any, Any]] = dataclasses.field(default_factory=list)
+    methods: dict[int, str] = dataclasses.field(default_factory=dict)
 
 
 class InverseWalker(BackwardWalker):
@@ -114,6 +117,8 @@ class InverseWalker(BackwardWalker):
         out_branches: Sequence[br.Interval | None] | None = None,
         nan_checks: bool = False,
         want_ildj: bool = True,
+        solvers: bool = True,
+        blocks: bool = True,
     ) -> Solution:
         """Find the unknown inputs of `jaxpr` (and any outputs not given).
 
@@ -129,6 +134,10 @@ class InverseWalker(BackwardWalker):
             nan_checks: count, per backward step, the elements it returns
                 as NaN although its results are not (see `Solution`).
             want_ildj: whether the ildj is wanted (rules may skip it if not).
+            solvers: whether an elementwise block with no formula may be
+                solved numerically (see `_blocks.py`).
+            blocks: whether to solve elementwise blocks at all (off for the
+                engine's own runs on one case of a piecewise block).
 
         Returns:
             A `Solution`.
@@ -202,6 +211,7 @@ class InverseWalker(BackwardWalker):
 
         status = [UNUSED] * n
         reasons: dict[int, str] = {}
+        methods: dict[int, str] = {}
         pieces: dict[Any, list[Any]] = {}
         piece_branch: dict[Any, br.Interval] = {}
         ildj_terms: list[Any] = []
@@ -231,7 +241,41 @@ class InverseWalker(BackwardWalker):
                 taint[v] = interval
                 chooser[v] = origin
 
-        while stack or deferred:
+        def solve_block() -> bool:
+            """Solve an elementwise block; whether one was found."""
+            found = self._block_step(
+                eqns, producer, env, reasons, taint, pieces, want_ildj, solvers
+            )
+            if found is None:
+                return False
+            block, x_val, block_ildj, method = found
+            ildj_terms.append(block_ildj)
+            origin = None
+            if method == bl.ELEMENTWISE_SOLVE:
+                origin = bl.SolverOrigin(eqns[block.top])
+            values = block.run(x_val, [env[v] for v in block.known])
+            new_vars = [block.x, *(v for e in block.eqns for v in e.outvars)]
+            for v in new_vars:
+                if v not in env:
+                    env[v] = values[v]
+                    if origin is not None:
+                        mark(v, br.REALS, origin)
+            for j in block.indices:
+                done[j] = 1
+                status[j] = INVERTED
+                methods[j] = method
+                reasons.pop(j, None)
+                release(j)
+            for v in new_vars:
+                learned(v)
+            return True
+
+        while True:
+            if not stack and not deferred:
+                # Stuck: an elementwise block of one unknown may still be solved.
+                if not blocks or not reasons or not solve_block():
+                    break
+                continue
             if not stack:
                 allowed = deferred.pop()
                 if done[allowed]:
@@ -322,6 +366,7 @@ class InverseWalker(BackwardWalker):
                 eqn,
                 want_ildj=want_ildj,
                 result_branches=result_branches if tainted_results else (),
+                solvers=solvers,
             )
             try:
                 user_ctx, eqn_ctx = compat.eqn_contexts(eqn)
@@ -377,6 +422,9 @@ class InverseWalker(BackwardWalker):
                 # given; rounding a chosen branch bounds nothing.
                 if branch is br.ROUNDED and any(b is not br.ROUNDED for _, b in used):
                     branch = br.REALS
+                elif eqn.primitive.name in br.CLAMPS:
+                    for _, b in used:
+                        branch = br.union(branch, b)
             else:
                 if used and all(b is br.ROUNDED for _, b in used):
                     # Exact steps from a rounded value: still within rounding.
@@ -409,6 +457,8 @@ class InverseWalker(BackwardWalker):
                 release(i)
                 continue
             solved, ildj = res[0], res[1]
+            if eqn.primitive.name in br.CLAMPS:
+                methods[i] = "clamp"
             reported = res[2] if len(res) > 2 else None
             ildj_terms.append(ildj)
             if nan_checks and _may_leave_undetermined(eqn):
@@ -452,6 +502,7 @@ class InverseWalker(BackwardWalker):
             branches,
             checks,
             uncovered,
+            methods,
         )
         if strict:
             missing = [
@@ -462,6 +513,66 @@ class InverseWalker(BackwardWalker):
             if missing:
                 raise not_invertible_error(jaxpr, solution, missing)
         return solution
+
+    def _block_step(
+        self,
+        eqns: Sequence[Any],
+        producer: dict[Any, int],
+        env: Env,
+        reasons: dict[int, str],
+        taint: dict[Any, br.Interval],
+        pieces: dict[Any, list[Any]],
+        want_ildj: bool,
+        solvers: bool,
+    ) -> tuple[bl.Block, Any, Any, str] | None:
+        """Solve the first elementwise block ending at a blocked equation:
+        (the block, its unknown's value, its ildj, the method), or `None`."""
+        for top in sorted(reasons, reverse=True):
+            block = bl.find_block(top, eqns, producer, env.__contains__)
+            if block is None or block.x in pieces:
+                continue
+            # Solving from values that depend on a branch choice could pick
+            # a preimage of a value the rest of the program cannot produce.
+            if taint and (block.y in taint or any(v in taint for v in block.known)):
+                continue
+            y = env[block.y]
+            known = [env[v] for v in block.known]
+            try:
+                x = bl.solve_piecewise(block, y, known, self._invert_case)
+                method = bl.PIECEWISE
+                if x is None:
+                    if not solvers:
+                        reasons[top] = bl.SOLVERS_OFF
+                        continue
+                    x = bl.solve_numerically(block, y, known)
+                    method = bl.ELEMENTWISE_SOLVE
+                ildj = bl.block_ildj(block, x, known) if want_ildj else 0.0
+            except JaxinterpError:
+                raise
+            except Exception as err:
+                eqn = eqns[top]
+                raise RuleError(
+                    f"{eqn_context(self.name, eqn)}, solving the elementwise block "
+                    f"that ends there raised {type(err).__name__}: {err}"
+                ) from err
+            return block, x, ildj, method
+        return None
+
+    def _invert_case(self, closed: Any, invals: Sequence[Any], y: Any) -> Any | None:
+        """One case of a piecewise block, inverted by formulas alone."""
+        sol = self.solve(
+            compat.open_jaxpr(closed),
+            compat.jaxpr_consts(closed),
+            invals,
+            [y],
+            strict=False,
+            want_ildj=False,
+            blocks=False,
+        )
+        x = sol.invals[0]
+        if x is None or sol.branches[0] is not None:
+            return None
+        return x
 
     def _forward(self, eqn: Any, invals: list[Any]) -> list[Any]:
         user_ctx, eqn_ctx = compat.eqn_contexts(eqn)
@@ -592,6 +703,8 @@ def _chooser_kind(origin: Any) -> str:
     (in the body of a call-like equation), `rounding` or `own`."""
     if origin is None:
         return "enclosing"
+    if isinstance(origin, bl.SolverOrigin):
+        return "solver"
     if origin.primitive.name in br.BRANCH_AWARE:
         return "inside"
     if origin.primitive.name in br.ROUNDING:
@@ -613,6 +726,8 @@ def _branch_clash(eqn: Any, origin: Any, v: Any) -> NotInvertibleError:
             "its rule picks one of many preimages",
             "own": f"{at} is not injective and its rule picks one preimage (its "
             "principal branch)",
+            "solver": f"the numerical solver for the elementwise block ending at "
+            f"{at} returns one preimage, and the map may not be injective",
         }[kind]
     return NotInvertibleError(
         f"`inverse` cannot recover a value of type {v.aval.str_short()} "
@@ -644,11 +759,10 @@ def _check_image(
             chose = "an enclosing equation's principal branch"
         else:
             at = f"`{origin.primitive.name}` at {source_line(origin)}"
-            chose = (
-                f"a principal branch chosen inside {at}"
-                if kind == "inside"
-                else f"the principal branch of {at}"
-            )
+            chose = {
+                "inside": f"a principal branch chosen inside {at}",
+                "solver": f"the preimage the numerical solver found for {at}",
+            }.get(kind, f"the principal branch of {at}")
         can = (
             f"whose results lie in {br.describe(img)}"
             if img is not None

@@ -59,7 +59,11 @@ def explain_inverse(
     Each top-level equation of `fn`'s Jaxpr is marked `inverted` (solved
     backwards), `forward` (computed from known values), `BLOCKING` (its
     results are known but its unknown operands cannot be solved for; the
-    user's source line and the reason follow) or `unused`.
+    user's source line and the reason follow) or `unused`. An inverted
+    equation that is not solved by its own formula says how it was solved:
+    `(piecewise)` or `(elementwise solve)` for the equations of an elementwise
+    block (one unknown used several times, or a formula chosen by a predicate
+    of the unknown), `(clamp)` for a clamp inverted on its unsaturated range.
 
     Args:
         fn: the function.
@@ -117,6 +121,9 @@ def explain_inverse(
         outs = " ".join(names.typed(v) for v in eqn.outvars)
         ins = " ".join(names(v) for v in eqn.invars)
         line = f"  [{_MARKS[state]}] {outs} = {eqn.primitive.name} {ins}"
+        method = sol.methods.get(i)
+        if method is not None:
+            line += f"  ({method})"
         if state == BLOCKING:
             line += f"\n      at {source_line(eqn)}: {sol.reasons[i]}"
         lines.append(line)

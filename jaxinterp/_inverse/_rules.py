@@ -43,12 +43,15 @@ class InverseContext:
     Attributes:
         want_ildj: whether the ildj is wanted (`inverse` alone does not need
             it: a rule may return `0.0` then, and skip computing it).
+        solvers: whether elementwise blocks without a formula may be solved
+            numerically (`inverse(..., solvers=False)` turns it off); rules
+            that invert a body with the engine pass it on.
         result_branches: internal to jaxinterp's call-like rules: per result,
             the interval a value chosen on a principal branch lies in, else
             `None` (empty when no result depends on such a choice).
     """
 
-    __slots__ = ("_in", "_out", "result_branches", "want_ildj")
+    __slots__ = ("_in", "_out", "result_branches", "solvers", "want_ildj")
 
     def __init__(
         self,
@@ -57,10 +60,12 @@ class InverseContext:
         *,
         want_ildj: bool = True,
         result_branches: Sequence[Any] = (),
+        solvers: bool = True,
     ) -> None:
         self._in = in_avals
         self._out = out_avals
         self.want_ildj = want_ildj
+        self.solvers = solvers
         self.result_branches = tuple(result_branches)
 
     @classmethod
@@ -70,12 +75,14 @@ class InverseContext:
         *,
         want_ildj: bool = True,
         result_branches: Sequence[Any] = (),
+        solvers: bool = True,
     ) -> InverseContext:
         """The context for inverting `eqn` (its avals are read when asked)."""
         ctx = cls.__new__(cls)
         ctx._in = _Avals(eqn.invars)
         ctx._out = _Avals(eqn.outvars)
         ctx.want_ildj = want_ildj
+        ctx.solvers = solvers
         ctx.result_branches = tuple(result_branches)
         return ctx
 

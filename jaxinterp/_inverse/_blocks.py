@@ -1,0 +1,375 @@
+"""Elementwise blocks: what `inverse` does when no single equation can be solved.
+
+The engine solves one equation at a time. A map like softsign, `x / (1 + |x|)`,
+uses its unknown twice, so neither `div` nor `add` can be solved alone; a
+numerically stable sigmoid, `where(x >= 0, 1 / (1 + exp(-x)), ...)`, chooses a
+formula by a predicate of the unknown, which `select_n`'s rule cannot know.
+When the engine is stuck, it looks for a *block*: a known result `y` whose
+unknown ancestors are all elementwise operations (of the same shape as `y`) of
+one unknown value `x`. Then `y = g(x)` elementwise, and it is solved:
+
+- **piecewise**, exactly: for each combination of the cases the block's
+  `select_n`s (with a predicate that depends on `x`), `max`es and `min`s can
+  take, the block with those cases fixed is inverted by the engine (formulas
+  only); an element keeps the candidate whose predicates select the cases it
+  was solved with. No candidate: NaN (`y` outside the image); two different
+  ones: NaN (the map is not injective there).
+- **elementwise solve**, numerically (`_solve.py`), when some case has no
+  formula. The solver returns one preimage, so the engine treats it like a
+  principal-branch choice: a second constraint on `x` is refused.
+
+The block's ildj is `-sum(log|g'(x)|)`, `g'` by forward-mode differentiation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .. import _jax_compat as compat
+from . import _solve
+
+_Literal = compat.Literal
+
+# Methods, as `explain_inverse` names them.
+PIECEWISE = "piecewise"
+ELEMENTWISE_SOLVE = "elementwise solve"
+
+# First-order primitives that act element by element on operands of one shape.
+_ELEMENTWISE = frozenset(
+    """
+    neg sign floor ceil round is_finite exp exp2 log log1p expm1 tanh logistic
+    sin cos tan asin acos atan sinh cosh asinh acosh atanh sqrt rsqrt cbrt
+    square integer_pow erf erfc erf_inv lgamma digamma abs
+    add sub mul div pow max min atan2 rem nextafter add_any
+    eq ne lt le gt ge and or not xor select_n clamp
+    convert_element_type reduce_precision copy copy_p stop_gradient
+    """.split()
+)
+
+# Call-like primitives that count as elementwise when everything they run is.
+_CALLS = frozenset(
+    p.name
+    for p in (
+        compat.jit_p,
+        compat.closed_call_p,
+        compat.core_call_p,
+        compat.custom_jvp_call_p,
+        compat.custom_vjp_call_p,
+        compat.remat_p,
+        compat.call_hi_primitive_p,
+    )
+    if p is not None
+)
+
+# At most this many case combinations are tried by the piecewise method.
+MAX_CASES = 16
+
+
+def _scalar_broadcast(eqn: Any) -> bool:
+    """A `broadcast_in_dim` of a scalar: elementwise inside a called body."""
+    return eqn.primitive.name == "broadcast_in_dim" and all(
+        type(v) is _Literal or not v.aval.shape for v in eqn.invars
+    )
+
+
+def _elementwise_call(eqn: Any) -> bool:
+    for inner in compat.iter_eqns(_body_jaxprs(eqn)):
+        name = inner.primitive.name
+        if name not in _ELEMENTWISE and name not in _CALLS:
+            if not _scalar_broadcast(inner):
+                return False
+    return True
+
+
+def _body_jaxprs(eqn: Any) -> Any:
+    """A Jaxpr holding `eqn`'s bodies as equations' bodies, for `iter_eqns`."""
+    return _Bodies(compat.sub_jaxprs(eqn))
+
+
+class _Bodies:
+    """Quacks like a Jaxpr whose `eqns` are the equations of several bodies."""
+
+    def __init__(self, bodies: Sequence[Any]) -> None:
+        self.eqns = [e for body in bodies for e in body.eqns]
+
+
+def is_elementwise(eqn: Any, shape: tuple[int, ...]) -> bool:
+    """Whether `eqn` maps operands of `shape` (or scalars) to results of
+    `shape` element by element."""
+    name = eqn.primitive.name
+    if name in _CALLS:
+        if not _elementwise_call(eqn):
+            return False
+    elif name not in _ELEMENTWISE:
+        return False
+    if any(v.aval.shape != shape for v in eqn.outvars):
+        return False
+    return all(type(v) is _Literal or v.aval.shape in (shape, ()) for v in eqn.invars)
+
+
+@dataclasses.dataclass
+class Site:
+    """A place where the block picks a case by a value of the unknown."""
+
+    key: Any  # sites with one key (one `select_n` predicate) agree
+    n_cases: int
+
+
+# Where an equation sits: its position in the block, then in each `jit` body.
+Path = tuple[int, ...]
+
+
+@dataclasses.dataclass
+class Block:
+    """`y = g(x, *known)`: the equations `eqns` (in program order), elementwise.
+
+    `jit` equations in the block (`jnp.where` and `jnp.clip` are jitted
+    functions) are evaluated body by body, so that their cases are sites too.
+    """
+
+    top: int  # index of the equation producing `y`
+    indices: list[int]  # indices of `eqns` in the Jaxpr
+    eqns: list[Any]
+    x: Any
+    y: Any
+    known: list[Any]  # the known variables the block reads
+    sites: dict[Path, Site]
+
+    def run(
+        self,
+        x: Any,
+        known: Sequence[Any],
+        choice: dict[Any, int] | None = None,
+        selected: dict[Any, Any] | None = None,
+    ) -> dict[Any, Any]:
+        """Evaluate the block: the values of its variables. With `choice`, the
+        sites take those cases; with `selected`, each site's key is mapped to
+        which case its predicate picks (an int32 array)."""
+        env: dict[Any, Any] = {self.x: x}
+        env.update(zip(self.known, known, strict=True))
+        self._run(self.eqns, env, (), choice, selected)
+        return env
+
+    def _run(
+        self,
+        eqns: Sequence[Any],
+        env: dict[Any, Any],
+        path: Path,
+        choice: dict[Any, int] | None,
+        selected: dict[Any, Any] | None,
+    ) -> None:
+        def read(v: Any) -> Any:
+            return v.val if type(v) is _Literal else env[v]
+
+        for k, eqn in enumerate(eqns):
+            ins = [read(v) for v in eqn.invars]
+            here = (*path, k)
+            site = self.sites.get(here)
+            if site is not None and selected is not None:
+                selected.setdefault(site.key, _picked(eqn.primitive.name, ins))
+            if site is not None and choice is not None:
+                offset = 1 if eqn.primitive.name == "select_n" else 0
+                outs = [ins[choice[site.key] + offset]]
+            elif eqn.primitive is compat.jit_p:
+                body = compat.jit_params(eqn.params).jaxpr
+                inner = dict(zip(body.jaxpr.constvars, body.consts, strict=True))
+                inner.update(zip(body.jaxpr.invars, ins, strict=True))
+                self._run(body.jaxpr.eqns, inner, here, choice, selected)
+                outs = [
+                    v.val if type(v) is _Literal else inner[v]
+                    for v in body.jaxpr.outvars
+                ]
+            else:
+                user_ctx, eqn_ctx = compat.eqn_contexts(eqn)
+                with user_ctx, eqn_ctx:
+                    outs = compat.bind_eqn(eqn.primitive, ins, eqn.params)
+            env.update(zip(eqn.outvars, outs, strict=True))
+
+    def g(self, x: Any, *known: Any) -> Any:
+        return self.run(x, known)[self.y]
+
+
+def _picked(name: str, ins: Sequence[Any]) -> Any:
+    """Which operand (case) a piecewise equation picks, as int32."""
+    if name == "select_n":
+        return lax.convert_element_type(ins[0], jnp.int32)
+    a, b = ins
+    first = a >= b if name == "max" else a <= b
+    return jnp.where(first, 0, 1).astype(jnp.int32)
+
+
+def find_block(
+    top: int,
+    eqns: Sequence[Any],
+    producer: dict[Any, int],
+    known: Callable[[Any], bool],
+) -> Block | None:
+    """The block ending at equation `top` (whose one result is known), or
+    `None` if its unknown ancestors are not an elementwise function of one
+    floating value of the result's shape."""
+    eqn = eqns[top]
+    if len(eqn.outvars) != 1:
+        return None
+    y = eqn.outvars[0]
+    shape = y.aval.shape
+    if not jnp.issubdtype(y.aval.dtype, jnp.floating):
+        return None
+    if not is_elementwise(eqn, shape):
+        return None
+    region = {top}
+    leaves: set[Any] = set()
+    todo = [v for v in eqn.invars if type(v) is not _Literal and not known(v)]
+    while todo:
+        v = todo.pop()
+        p = producer.get(v)
+        if p is None:
+            leaves.add(v)
+            continue
+        if p in region:
+            continue
+        inner = eqns[p]
+        if len(inner.outvars) != 1 or not is_elementwise(inner, shape):
+            leaves.add(v)
+            continue
+        region.add(p)
+        todo.extend(u for u in inner.invars if type(u) is not _Literal and not known(u))
+    if len(leaves) != 1:
+        return None
+    (x,) = leaves
+    if x.aval.shape != shape or not jnp.issubdtype(x.aval.dtype, jnp.floating):
+        return None
+    indices = sorted(region)
+    block_eqns = [eqns[i] for i in indices]
+    # A chain (each unknown read once) is the single-equation rules' to
+    # solve; their refusals stand (`where` with a constant mask, `x * 0`).
+    reads = [
+        v
+        for inner in block_eqns
+        for v in inner.invars
+        if type(v) is not _Literal and not known(v)
+    ]
+    if len(reads) == len(set(reads)):
+        return None
+    known_vars: list[Any] = []
+    seen: set[Any] = set()
+    for inner in block_eqns:
+        for v in inner.invars:
+            if type(v) is not _Literal and known(v) and v not in seen:
+                seen.add(v)
+                known_vars.append(v)
+    sites: dict[Path, Site] = {}
+    _sites(block_eqns, {x}, (), sites)
+    return Block(top, indices, block_eqns, x, y, known_vars, sites)
+
+
+def _sites(
+    eqns: Sequence[Any], unknown: set[Any], path: Path, found: dict[Path, Site]
+) -> None:
+    """Record in `found` the sites among `eqns` (and in their `jit` bodies):
+    the `select_n`s whose predicate, and the `max`es and `min`s whose
+    operands, depend on the unknown (`unknown`: the variables that do)."""
+    for k, eqn in enumerate(eqns):
+        here = (*path, k)
+        name = eqn.primitive.name
+        depends = [type(v) is not _Literal and v in unknown for v in eqn.invars]
+        if name == "select_n" and depends[0]:
+            found[here] = Site((path, eqn.invars[0]), len(eqn.invars) - 1)
+        elif name in ("max", "min") and any(depends):
+            found[here] = Site(here, 2)
+        elif eqn.primitive is compat.jit_p and any(depends):
+            body = compat.jit_params(eqn.params).jaxpr.jaxpr
+            inner = {v for v, d in zip(body.invars, depends, strict=True) if d}
+            _sites(body.eqns, inner, here, found)
+        if any(depends):
+            unknown.update(eqn.outvars)
+
+
+def _case_choices(block: Block) -> list[dict[Any, int]] | None:
+    keys: dict[Any, int] = {}
+    for site in block.sites.values():
+        keys.setdefault(site.key, site.n_cases)
+    count = 1
+    for n in keys.values():
+        count *= n
+    if count > MAX_CASES:
+        return None
+    return [
+        dict(zip(keys, combo, strict=True))
+        for combo in itertools.product(*(range(n) for n in keys.values()))
+    ]
+
+
+def solve_piecewise(
+    block: Block,
+    y: Any,
+    known: Sequence[Any],
+    invert: Callable[[Any, Sequence[Any], Any], Any | None],
+) -> Any | None:
+    """`x` by inverting each case exactly (`invert(closed, invals, y)` runs
+    the engine on a Jaxpr), or `None` if some case has no formula."""
+    choices = _case_choices(block)
+    if not block.sites or choices is None:
+        return None
+    x_spec = jax.ShapeDtypeStruct(block.x.aval.shape, block.x.aval.dtype)
+    specs = [jax.ShapeDtypeStruct(jnp.shape(k), jnp.result_type(k)) for k in known]
+    candidates = []
+    for choice in choices:
+
+        def case(x: Any, *kn: Any, choice: dict[Any, int] = choice) -> Any:
+            return block.run(x, kn, choice=choice)[block.y]
+
+        closed = jax.make_jaxpr(case)(x_spec, *specs)
+        x_c = invert(closed, [None, *known], y)
+        if x_c is None:
+            return None
+        selected: dict[Any, Any] = {}
+        block.run(x_c, known, selected=selected)
+        consistent = jnp.ones(jnp.shape(y), bool)
+        for key, picked in selected.items():
+            consistent = consistent & (picked == choice[key])
+        candidates.append((x_c, consistent & ~jnp.isnan(x_c)))
+    dtype = jnp.result_type(y)
+    x = jnp.full(jnp.shape(y), jnp.nan, dtype)
+    found = jnp.zeros(jnp.shape(y), bool)
+    for x_c, ok in reversed(candidates):
+        x = jnp.where(ok, x_c, x)
+        found = found | ok
+    eps = jnp.finfo(dtype).eps
+    tol = 8 * eps * jnp.maximum(jnp.abs(x), jnp.finfo(dtype).tiny)
+    ambiguous = jnp.zeros(jnp.shape(y), bool)
+    for x_c, ok in candidates:
+        ambiguous = ambiguous | (ok & ~(jnp.abs(x_c - x) <= tol))
+    return jnp.where(found & ~ambiguous, x, jnp.nan)
+
+
+def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
+    """`x` by the elementwise solver (NaN where no root is found)."""
+    return _solve.solver(block.g)(y, *known)
+
+
+def block_ildj(block: Block, x: Any, known: Sequence[Any]) -> Any:
+    """`-sum(log|g'(x)|)`: the block's inverse log-det-Jacobian."""
+    slope = _solve.derivative(block.g, x, known)
+    return -jnp.sum(jnp.log(jnp.abs(slope)))
+
+
+SOLVERS_OFF = (
+    "its unknown operand is an elementwise function of one value that no "
+    "formula inverts, and numerical solvers are off (`solvers=False`)"
+)
+
+
+class SolverOrigin:
+    """Stands for the equation ending a block solved numerically, in the
+    engine's record of which step chose a preimage."""
+
+    def __init__(self, top: Any) -> None:
+        self.primitive = top.primitive
+        self.source_info = top.source_info

@@ -1,0 +1,237 @@
+"""A numerical solver for elementwise equations `g(x, *known) = y`.
+
+`inverse` uses it when no formula recovers a value: the unknown is used more
+than once, every operation between it and a known result is elementwise, so
+each element is a scalar equation of one unknown. Per element:
+
+1. start from the best of a few points where `g` is defined (`y` itself, 0,
+   +-1/2, +-1, +-2);
+2. bracket a root: step away from the start, doubling the step while the
+   residual keeps its sign and halving it where `g` is undefined (NaN), until
+   the residual changes sign;
+3. safeguarded Newton inside the bracket: a Newton step when it stays inside
+   and halves the residual, else bisection (geometric when the bracket spans
+   orders of magnitude), until the bracket is a few ulps wide;
+4. check the residual: an element whose `g(x)` is not within rounding of `y`
+   (a `y` outside the image, a jump of a discontinuous `g`) is NaN, never a
+   plausible wrong number; so is one where many `x` give `y`: on a plateau
+   (`g'(x) == 0`: a constant branch, a saturated clamp) or at an extremum
+   (`g(x - d)` and `g(x + d)` both above or both below `g(x)`, for `d` from
+   `16 eps |x|` to `sqrt(eps) |x|`).
+
+All elements are solved at once (the loops run until every element is done),
+so the solver composes with `jax.jit` and `jax.vmap`. Derivatives come from the
+implicit function theorem (`jax.custom_jvp`), not from the iterations:
+`dx = (dy - dg/dknown . dknown) / g'(x)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+# Where the search starts (besides `y` itself): small numbers first, so that a
+# map defined on (0, 1) or on the positive reals has a point to start from.
+_STARTS = (0.0, 0.5, -0.5, 1.0, -1.0, 2.0, -2.0)
+
+Elementwise = Callable[..., Any]  # g(x, *known) -> y, elementwise in x
+
+
+def solver(g: Elementwise) -> Callable[..., Any]:
+    """`solve(y, *known)`: `x` with `g(x, *known) == y` elementwise (NaN where
+    none is found), differentiable in `y` and `known` by the implicit function
+    theorem."""
+
+    @jax.custom_jvp
+    def solve(y: Any, *known: Any) -> Any:
+        return _find_roots(lambda x: g(x, *known), y)
+
+    @solve.defjvp
+    def _solve_jvp(primals: Sequence[Any], tangents: Sequence[Any]) -> Any:
+        y, *known = primals
+        dy, *dknown = tangents
+        x = solve(y, *known)
+        slope = derivative(g, x, known)
+        if known:
+            _, dg = jax.jvp(lambda *k: g(x, *k), tuple(known), tuple(dknown))
+            dy = dy - dg
+        return x, dy / slope
+
+    return solve
+
+
+def derivative(g: Elementwise, x: Any, known: Sequence[Any]) -> Any:
+    """`g'(x)`, elementwise (`g` is elementwise in `x`)."""
+    return jax.jvp(lambda x_: g(x_, *known), (x,), (jnp.ones_like(x),))[1]
+
+
+def _finite(v: Any) -> Any:
+    return ~jnp.isnan(v)
+
+
+def _find_roots(g: Callable[[Any], Any], y: Any) -> Any:
+    dtype = jnp.result_type(y)
+    finfo = jnp.finfo(dtype)
+    eps, tiny = finfo.eps, finfo.tiny
+
+    def residual(x: Any) -> Any:
+        return g(x) - y
+
+    # 1. A start where the residual is a number (NaN marks a point outside
+    # the domain; +-inf still tells which side the root is on).
+    starts = [y, *(jnp.full_like(y, s) for s in _STARTS)]
+    best_x = jnp.full_like(y, jnp.nan)
+    best_f = jnp.full_like(y, jnp.inf)
+    for s in starts:
+        fs = residual(s)
+        better = _finite(fs) & ~(jnp.abs(fs) >= jnp.abs(best_f)) & jnp.isfinite(s)
+        best_x = jnp.where(better, s, best_x)
+        best_f = jnp.where(better, fs, best_f)
+    started = ~jnp.isnan(best_x)
+    best_x = jnp.where(started, best_x, 0.0)
+
+    # The direction in which the residual moves towards zero, from the slope
+    # at the start (a monotone `g` has one sign of slope throughout).
+    _, slope = jax.jvp(g, (best_x,), (jnp.ones_like(best_x),))
+    slope_sign = jnp.sign(jnp.where(jnp.isnan(slope), 0.0, slope))
+    direction = -jnp.sign(best_f) * slope_sign
+    direction = jnp.where(direction == 0, 1.0, direction).astype(dtype)
+
+    # 2. Bracket: step away from `a` until the residual changes sign.
+    exp_range = int(finfo.maxexp - finfo.minexp)
+    max_expand = 2 * exp_range + 2 * int(finfo.nmant) + 8
+    is_root = best_f == 0
+
+    def expand_cond(state: tuple[Any, ...]) -> Any:
+        i, _, _, _, _, _, active, _ = state
+        return (i < max_expand) & jnp.any(active)
+
+    def expand_body(state: tuple[Any, ...]) -> tuple[Any, ...]:
+        i, a, fa, b, fb, step, active, flips = state
+        xb = a + direction * step * jnp.where(flips > 0, -1.0, 1.0).astype(dtype)
+        f_new = residual(xb)
+        undefined = jnp.isnan(f_new) | ~jnp.isfinite(xb)
+        crossed = ~undefined & ((jnp.sign(f_new) != jnp.sign(fa)) | (f_new == 0))
+        # Moving away from zero: the slope at the start misled (turn once).
+        worse = ~undefined & ~crossed & (jnp.abs(f_new) > jnp.abs(fa))
+        turn = active & worse & (flips == 0)
+        go_on = active & ~undefined & ~crossed & ~worse
+        shrink = active & undefined
+        new_step = jnp.where(go_on, step * 2, jnp.where(shrink | turn, step / 2, step))
+        new_step = jnp.where(turn, jnp.maximum(jnp.abs(a), 1.0), new_step)
+        tiny_step = new_step <= eps * jnp.maximum(jnp.abs(a), tiny)
+        give_up = active & ((shrink & tiny_step) | (worse & (flips > 0)))
+        a = jnp.where(go_on, xb, a)
+        fa = jnp.where(go_on, f_new, fa)
+        b = jnp.where(active & crossed, xb, b)
+        fb = jnp.where(active & crossed, f_new, fb)
+        flips = jnp.where(turn, flips + 1, flips)
+        still = active & ~crossed & ~give_up
+        return i + 1, a, fa, b, fb, new_step, still, flips
+
+    # First step: twice Newton's, at most the start's magnitude (or 1).
+    newton_step = 2 * jnp.abs(best_f / slope)
+    step0 = jnp.maximum(jnp.abs(best_x), 1.0)
+    step0 = jnp.where(
+        jnp.isfinite(newton_step) & (newton_step > 0),
+        jnp.minimum(newton_step, step0),
+        step0,
+    )
+    nan = jnp.full_like(y, jnp.nan)
+    state = (
+        jnp.int32(0),
+        best_x,
+        best_f,
+        jnp.where(is_root, best_x, nan),
+        jnp.where(is_root, best_f, nan),
+        step0,
+        started & ~is_root,
+        jnp.zeros(jnp.shape(y), jnp.int32),
+    )
+    _, a, fa, b, fb, _, _, _ = lax.while_loop(expand_cond, expand_body, state)
+    bracketed = ~jnp.isnan(b)
+
+    # 3. Safeguarded Newton between `neg` (residual < 0) and `pos` (> 0).
+    neg = jnp.where(fa < 0, a, b)
+    pos = jnp.where(fa < 0, b, a)
+    max_refine = 4 * (int(finfo.nmant) + 16)
+
+    def width_small(neg: Any, pos: Any) -> Any:
+        scale = jnp.maximum(jnp.maximum(jnp.abs(neg), jnp.abs(pos)), tiny)
+        return jnp.abs(pos - neg) <= 4 * eps * scale
+
+    def value_and_slope(x: Any) -> tuple[Any, Any]:
+        gx, dgx = jax.jvp(g, (x,), (jnp.ones_like(x),))
+        return gx - y, dgx
+
+    x0 = jnp.where(jnp.abs(fa) <= jnp.abs(fb), a, b)
+    x0 = jnp.where(bracketed, x0, 0.0)
+    f0, d0 = value_and_slope(x0)
+
+    def refine_cond(state: tuple[Any, ...]) -> Any:
+        i, *_, active = state
+        return (i < max_refine) & jnp.any(active)
+
+    def refine_body(state: tuple[Any, ...]) -> tuple[Any, ...]:
+        i, x, fx, dfx, neg, pos, bisect, active = state
+        lo, hi = jnp.minimum(neg, pos), jnp.maximum(neg, pos)
+        newton = x - fx / dfx
+        use_newton = ~bisect & (newton > lo) & (newton < hi)
+        same_sign = (lo > 0) | (hi < 0)
+        ratio_big = same_sign & (jnp.abs(hi) > 8 * jnp.abs(lo))
+        mag = jnp.exp(0.5 * (jnp.log(jnp.abs(lo)) + jnp.log(jnp.abs(hi))))
+        geometric = jnp.sign(hi) * mag
+        arithmetic = lo / 2 + hi / 2
+        mid = jnp.where(ratio_big, geometric, arithmetic)
+        mid = jnp.where((mid > lo) & (mid < hi), mid, arithmetic)
+        x_new = jnp.where(use_newton, newton, mid)
+        f_new, d_new = value_and_slope(x_new)
+        neg = jnp.where(active & (f_new < 0), x_new, neg)
+        pos = jnp.where(active & (f_new > 0), x_new, pos)
+        slow = ~(jnp.abs(f_new) <= 0.5 * jnp.abs(fx))
+        take = active & (jnp.abs(f_new) <= jnp.abs(fx)) | active & jnp.isnan(fx)
+        x = jnp.where(take, x_new, x)
+        fx = jnp.where(take, f_new, fx)
+        dfx = jnp.where(take, d_new, dfx)
+        done = (f_new == 0) | width_small(neg, pos) | jnp.isnan(f_new)
+        return i + 1, x, fx, dfx, neg, pos, slow, active & ~done
+
+    state = (
+        jnp.int32(0),
+        x0,
+        f0,
+        d0,
+        neg,
+        pos,
+        jnp.zeros(jnp.shape(y), bool),
+        bracketed & (f0 != 0) & ~width_small(neg, pos),
+    )
+    _, x, fx, dfx, neg, pos, _, _ = lax.while_loop(refine_cond, refine_body, state)
+    # The bracket's ends: keep whichever fits best.
+    for end in (neg, pos):
+        f_end = residual(end)
+        better = jnp.abs(f_end) < jnp.abs(fx)
+        x = jnp.where(better, end, x)
+        fx = jnp.where(better, f_end, fx)
+
+    # 4. Accept only a root within rounding: of `y`, and of `x` through g'.
+    _, slope = jax.jvp(g, (x,), (jnp.ones_like(x),))
+    scale = jnp.abs(y) + jnp.abs(x * jnp.where(jnp.isfinite(slope), slope, 0.0))
+    ok = bracketed & (jnp.abs(fx) <= 16 * eps * scale + 16 * tiny)
+    # ... and not where many `x` share `y`: on a plateau (a constant branch,
+    # a saturated clamp: `g'(x) == 0`) or at an extremum (both neighbours on
+    # one side of `g(x)`, for steps of three sizes; a neighbour outside the
+    # domain, NaN, does not count).
+    at = g(x)
+    extremum = jnp.zeros(jnp.shape(y), bool)
+    magnitude = jnp.where(x == 0, 1.0, jnp.abs(x))
+    for rel in (jnp.sqrt(eps), eps**0.75, 16 * eps):
+        below, above = g(x - rel * magnitude), g(x + rel * magnitude)
+        extremum = extremum | ((below > at) & (above > at))
+        extremum = extremum | ((below < at) & (above < at))
+    single = (slope != 0) & ~extremum
+    return jnp.where(ok & single, x, jnp.nan)
