@@ -265,28 +265,44 @@ def find_block(
                 seen.add(v)
                 known_vars.append(v)
     sites: dict[Path, Site] = {}
-    _sites(block_eqns, {x}, (), sites)
+    _sites(block_eqns, {x}, (), sites, {})
     return Block(top, indices, block_eqns, x, y, known_vars, sites)
 
 
 def _sites(
-    eqns: Sequence[Any], unknown: set[Any], path: Path, found: dict[Path, Site]
+    eqns: Sequence[Any],
+    unknown: set[Any],
+    path: Path,
+    found: dict[Path, Site],
+    keys: dict[Any, Any],
 ) -> None:
     """Record in `found` the sites among `eqns` (and in their `jit` bodies):
     the `select_n`s whose predicate, and the `max`es and `min`s whose
-    operands, depend on the unknown (`unknown`: the variables that do)."""
+    operands, depend on the unknown (`unknown`: the variables that do).
+
+    Sites whose predicate is one value share a key, also across `jit` bodies
+    (`keys` maps a body's inputs to the keys of the operands they stand for):
+    the three `jnp.where(x >= 0, ...)` of a double-`where` formula pick their
+    cases together.
+    """
     for k, eqn in enumerate(eqns):
         here = (*path, k)
         name = eqn.primitive.name
         depends = [type(v) is not _Literal and v in unknown for v in eqn.invars]
         if name == "select_n" and depends[0]:
-            found[here] = Site((path, eqn.invars[0]), len(eqn.invars) - 1)
+            which = eqn.invars[0]
+            found[here] = Site(keys.get(which, which), len(eqn.invars) - 1)
         elif name in ("max", "min") and any(depends):
             found[here] = Site(here, 2)
         elif eqn.primitive is compat.jit_p and any(depends):
             body = compat.jit_params(eqn.params).jaxpr.jaxpr
             inner = {v for v, d in zip(body.invars, depends, strict=True) if d}
-            _sites(body.eqns, inner, here, found)
+            inner_keys = {
+                b: keys.get(v, v)
+                for b, v in zip(body.invars, eqn.invars, strict=True)
+                if type(v) is not _Literal
+            }
+            _sites(body.eqns, inner, here, found, inner_keys)
         if any(depends):
             unknown.update(eqn.outvars)
 
@@ -330,10 +346,12 @@ def solve_piecewise(
         if x_c is None:
             return None
         selected: dict[Any, Any] = {}
-        block.run(x_c, known, selected=selected)
+        y_c = block.run(x_c, known, selected=selected)[block.y]
         consistent = jnp.ones(jnp.shape(y), bool)
         for key, picked in selected.items():
             consistent = consistent & (picked == choice[key])
+        # ... and a preimage: the block maps it back to `y` (within rounding).
+        consistent = consistent & _maps_back(block, x_c, y_c, y, known)
         candidates.append((x_c, consistent & ~jnp.isnan(x_c)))
     dtype = jnp.result_type(y)
     x = jnp.full(jnp.shape(y), jnp.nan, dtype)
@@ -347,6 +365,17 @@ def solve_piecewise(
     for x_c, ok in candidates:
         ambiguous = ambiguous | (ok & ~(jnp.abs(x_c - x) <= tol))
     return jnp.where(found & ~ambiguous, x, jnp.nan)
+
+
+def _maps_back(block: Block, x: Any, y_x: Any, y: Any, known: Sequence[Any]) -> Any:
+    """Where `g(x) = y_x` is `y` within rounding (of `y`, and of `x` through
+    `g'(x)`)."""
+    eps = jnp.finfo(jnp.result_type(y)).eps
+    slope = _solve.derivative(block.g, x, known)
+    scale = jnp.abs(y) + jnp.abs(x * jnp.where(jnp.isfinite(slope), slope, 0.0))
+    return (
+        jnp.abs(y_x - y) <= 16 * eps * scale + 16 * jnp.finfo(jnp.result_type(y)).tiny
+    )
 
 
 def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:

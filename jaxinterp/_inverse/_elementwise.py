@@ -301,12 +301,14 @@ _register_binary(lax.div_p, _div_lhs, _div_rhs)
 
 def _pow_lhs(y: Any, b: Any) -> tuple[Any, Any]:
     """`y = a**b` for `a`: the root `|y|**(1/b)`, negated where `b` is an odd
-    integer and `y < 0` (the only case where a negative base is real)."""
+    integer and `y < 0` (the only case where a negative base is real). Any
+    other `y < 0` has no real preimage: NaN."""
     inv_b = lax.reciprocal(b)
     root = lax.pow(lax.abs(y), inv_b)
     odd = (lax.round(b) == b) & (lax.rem(lax.abs(b), jnp.ones_like(b) * 2) == 1)
+    negative = jnp.where(odd, -root, jnp.asarray(jnp.nan, jnp.result_type(root)))
     solved = undetermined(
-        jnp.where(odd & (y < 0), -root, root),
+        jnp.where(y < 0, negative, root),
         b,
         lambda k: k == 0,
         "`pow` with a known exponent with zeros loses the base there (a**0 = 1)",

@@ -250,15 +250,22 @@ class InverseWalker(BackwardWalker):
                 return False
             block, x_val, block_ildj, method = found
             ildj_terms.append(block_ildj)
-            origin = None
+            # Both methods check that `x` maps back to `y` (else NaN), so they
+            # may start from a value chosen on a branch; what they find is
+            # then a choice too, as is a numerical solve's preimage.
+            chosen_from = [v for v in (block.y, *block.known) if v in taint]
+            tainted = method == bl.ELEMENTWISE_SOLVE or bool(chosen_from)
+            origin: Any = None
             if method == bl.ELEMENTWISE_SOLVE:
                 origin = bl.SolverOrigin(eqns[block.top])
+            elif chosen_from:
+                origin = chooser[chosen_from[0]]
             values = block.run(x_val, [env[v] for v in block.known])
             new_vars = [block.x, *(v for e in block.eqns for v in e.outvars)]
             for v in new_vars:
                 if v not in env:
                     env[v] = values[v]
-                    if origin is not None:
+                    if tainted:
                         mark(v, br.REALS, origin)
             for j in block.indices:
                 done[j] = 1
@@ -530,10 +537,6 @@ class InverseWalker(BackwardWalker):
         for top in sorted(reasons, reverse=True):
             block = bl.find_block(top, eqns, producer, env.__contains__)
             if block is None or block.x in pieces:
-                continue
-            # Solving from values that depend on a branch choice could pick
-            # a preimage of a value the rest of the program cannot produce.
-            if taint and (block.y in taint or any(v in taint for v in block.known)):
                 continue
             y = env[block.y]
             known = [env[v] for v in block.known]

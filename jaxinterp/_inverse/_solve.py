@@ -15,9 +15,10 @@ each element is a scalar equation of one unknown. Per element:
 4. check the residual: an element whose `g(x)` is not within rounding of `y`
    (a `y` outside the image, a jump of a discontinuous `g`) is NaN, never a
    plausible wrong number; so is one where many `x` give `y`: on a plateau
-   (`g'(x) == 0`: a constant branch, a saturated clamp) or at an extremum
-   (`g(x - d)` and `g(x + d)` both above or both below `g(x)`, for `d` from
-   `16 eps |x|` to `sqrt(eps) |x|`).
+   (`g'(x) == 0` and `g` flat on a side of `x`: a constant branch, a
+   saturated clamp) or at an extremum (`g(x - d)` and `g(x + d)` both above or both
+   below `g(x)` beyond rounding, for `d` from `16 eps |x|` to
+   `sqrt(eps) |x|`).
 
 All elements are solved at once (the loops run until every element is done),
 so the solver composes with `jax.jit` and `jax.vmap`. Derivatives come from the
@@ -223,15 +224,21 @@ def _find_roots(g: Callable[[Any], Any], y: Any) -> Any:
     scale = jnp.abs(y) + jnp.abs(x * jnp.where(jnp.isfinite(slope), slope, 0.0))
     ok = bracketed & (jnp.abs(fx) <= 16 * eps * scale + 16 * tiny)
     # ... and not where many `x` share `y`: on a plateau (a constant branch,
-    # a saturated clamp: `g'(x) == 0`) or at an extremum (both neighbours on
-    # one side of `g(x)`, for steps of three sizes; a neighbour outside the
-    # domain, NaN, does not count).
+    # a saturated clamp: `g'(x) == 0` and `g` flat on a side) or at an
+    # extremum (both neighbours on one side of `g(x)`, beyond rounding, for
+    # steps of three sizes; a neighbour outside the domain, NaN, counts as
+    # neither).
     at = g(x)
+    noise = 4 * eps * jnp.abs(at) + tiny
     extremum = jnp.zeros(jnp.shape(y), bool)
-    magnitude = jnp.where(x == 0, 1.0, jnp.abs(x))
+    flat_below = flat_above = jnp.ones(jnp.shape(y), bool)
+    magnitude = jnp.maximum(jnp.abs(x), 1.0)
     for rel in (jnp.sqrt(eps), eps**0.75, 16 * eps):
-        below, above = g(x - rel * magnitude), g(x + rel * magnitude)
-        extremum = extremum | ((below > at) & (above > at))
-        extremum = extremum | ((below < at) & (above < at))
-    single = (slope != 0) & ~extremum
+        below = g(x - rel * magnitude) - at
+        above = g(x + rel * magnitude) - at
+        extremum = extremum | ((below > noise) & (above > noise))
+        extremum = extremum | ((below < -noise) & (above < -noise))
+        flat_below = flat_below & ~(jnp.abs(below) > noise)
+        flat_above = flat_above & ~(jnp.abs(above) > noise)
+    single = ((slope != 0) | ~(flat_below | flat_above)) & ~extremum
     return jnp.where(ok & single, x, jnp.nan)

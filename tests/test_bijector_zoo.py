@@ -1,0 +1,508 @@
+"""A zoo of elementwise bijectors, written the ways bijector libraries write
+them: numerically stable piecewise formulas (`jnp.where` on the unknown),
+saturating clamps, the unknown used several times, maps with no closed-form
+inverse. Each is checked against a hand-written inverse (or, where none
+exists, against `x` itself and the round trip), its ildj against
+`-slogdet(jax.jacfwd(f)(x))`, and under `jax.jit`, `jax.vmap` and `jax.grad`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+from jax import lax
+from jax.scipy import special
+
+import jaxinterp
+from jaxinterp import NotInvertibleError, ildj, inverse, inverse_and_ildj
+
+SQRT2 = math.sqrt(2.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Bijector:
+    name: str
+    forward: Callable[[Any], Any]
+    inverse: Callable[[Any], Any] | None  # hand-written; None: no closed form
+    low: float
+    high: float
+    # How `explain_inverse` says the hardest step is solved (None: inside a
+    # `jit`, whose line reports no method).
+    method: str | None
+
+    def __str__(self) -> str:
+        return self.name
+
+    def sample(self, n: int = 9) -> Any:
+        return jnp.linspace(self.low, self.high, n, dtype=jnp.float32)
+
+
+def _stable_sigmoid(x):
+    return jnp.where(x >= 0, 1 / (1 + jnp.exp(-x)), jnp.exp(x) / (1 + jnp.exp(x)))
+
+
+def _cardano(y):  # the real root of x**3 + x = y
+    d = jnp.sqrt(y**2 / 4 + 1 / 27)
+    return jnp.cbrt(y / 2 + d) + jnp.cbrt(y / 2 - d)
+
+
+def _yeo_johnson(x, lam=0.5):
+    # The double `where` of careful libraries: each branch sees safe inputs.
+    positive = x >= 0
+    pos = ((jnp.where(positive, x, 0.0) + 1) ** lam - 1) / lam
+    neg = -((1 - jnp.where(positive, 0.0, x)) ** (2 - lam) - 1) / (2 - lam)
+    return jnp.where(positive, pos, neg)
+
+
+def _yeo_johnson_inverse(y, lam=0.5):
+    positive = y >= 0
+    pos = (jnp.where(positive, y, 0.0) * lam + 1) ** (1 / lam) - 1
+    neg = 1 - (1 - (2 - lam) * jnp.where(positive, 0.0, y)) ** (1 / (2 - lam))
+    return jnp.where(positive, pos, neg)
+
+
+def _normal_cdf_regimes(x):
+    # Two regimes, as CDFs are written for accuracy in the lower tail.
+    return jnp.where(x < -1, 0.5 * lax.erfc(-x / SQRT2), 0.5 * (1 + lax.erf(x / SQRT2)))
+
+
+PIECEWISE = "piecewise"
+SOLVE = "elementwise solve"
+FORMULA = "formula"
+CLAMP = "clamp"
+
+ZOO = [
+    # One formula per step: the engine's own rules.
+    Bijector("exp", jnp.exp, jnp.log, -3, 3, FORMULA),
+    Bijector(
+        "affine", lambda x: 2.5 * x - 1.0, lambda y: (y + 1.0) / 2.5, -3, 3, FORMULA
+    ),
+    Bijector("tanh", jnp.tanh, jnp.arctanh, -2, 2, FORMULA),
+    Bijector("sigmoid", jax.nn.sigmoid, special.logit, -5, 5, FORMULA),
+    Bijector("asinh", jnp.arcsinh, jnp.sinh, -5, 5, FORMULA),
+    Bijector(
+        "sinh_arcsinh",
+        lambda x: jnp.sinh((jnp.arcsinh(x) + 0.3) * 1.5),
+        lambda y: jnp.sinh(jnp.arcsinh(y) / 1.5 - 0.3),
+        -3,
+        3,
+        FORMULA,
+    ),
+    Bijector(
+        "soft_clip_sigmoid",
+        lambda x: -2.0 + 5.0 * jax.nn.sigmoid(x),
+        lambda y: special.logit((y + 2.0) / 5.0),
+        -4,
+        4,
+        FORMULA,
+    ),
+    Bijector(
+        "scaled_tanh",
+        lambda x: 3 * jnp.tanh(x / 3),
+        lambda y: 3 * jnp.arctanh(y / 3),
+        -4,
+        4,
+        FORMULA,
+    ),
+    Bijector("odd_cube", lambda x: x**3, jnp.cbrt, -2, 2, FORMULA),
+    # Saturating clamps added for numerical safety.
+    Bijector(
+        "clipped_sigmoid",
+        lambda x: jnp.clip(jax.nn.sigmoid(x), 1e-6, 1 - 1e-6),
+        special.logit,
+        -5,
+        5,
+        FORMULA,
+    ),
+    Bijector(
+        "exp_of_clip",
+        lambda x: jnp.exp(jnp.clip(x, -10.0, 10.0)),
+        jnp.log,
+        -5,
+        5,
+        FORMULA,
+    ),
+    Bijector(
+        "floor_at_tiny",
+        lambda x: jnp.maximum(jnp.exp(x), 1e-20),
+        jnp.log,
+        -5,
+        5,
+        CLAMP,
+    ),
+    Bijector(
+        "ceiling",
+        lambda x: jnp.minimum(x * 2.0, 100.0),
+        lambda y: y / 2.0,
+        -5,
+        5,
+        CLAMP,
+    ),
+    Bijector(
+        "lax_clamp",
+        lambda x: lax.clamp(-50.0, x + 1.0, 50.0),
+        lambda y: y - 1.0,
+        -5,
+        5,
+        CLAMP,
+    ),
+    # Piecewise: a formula chosen by a predicate of the unknown.
+    Bijector("stable_sigmoid", _stable_sigmoid, special.logit, -6, 6, SOLVE),
+    Bijector(
+        "softplus_threshold",
+        lambda x: jnp.where(x > 3.0, x, jnp.log1p(jnp.exp(x))),
+        lambda y: jnp.where(y > 3.0, y, jnp.log(jnp.expm1(y))),
+        -4,
+        6,
+        PIECEWISE,
+    ),
+    Bijector(
+        "leaky_relu_where",
+        lambda x: jnp.where(x >= 0, x, 0.1 * x),
+        lambda y: jnp.where(y >= 0, y, y / 0.1),
+        -3,
+        3,
+        PIECEWISE,
+    ),
+    Bijector(
+        "leaky_relu_max",
+        lambda x: jnp.maximum(x, 0.2 * x),
+        lambda y: jnp.where(y >= 0, y, y / 0.2),
+        -3,
+        3,
+        PIECEWISE,
+    ),
+    Bijector(
+        "jax_nn_leaky_relu",
+        lambda x: jax.nn.leaky_relu(x, 0.05),
+        lambda y: jnp.where(y >= 0, y, y / 0.05),
+        -3,
+        3,
+        None,
+    ),
+    Bijector(
+        "elu",
+        lambda x: jnp.where(x > 0, x, jnp.expm1(x)),
+        lambda y: jnp.where(y > 0, y, jnp.log1p(y)),
+        -3,
+        3,
+        PIECEWISE,
+    ),
+    Bijector(
+        "relu_plus_linear",
+        lambda x: jnp.maximum(x, 0.0) + 0.5 * x,
+        lambda y: jnp.where(y >= 0, y / 1.5, y / 0.5),
+        -3,
+        3,
+        SOLVE,  # each case uses `x` twice: no formula
+    ),
+    Bijector(
+        "signed_log1p",
+        lambda x: jnp.where(x > 0, jnp.log1p(x), -jnp.log1p(-x)),
+        lambda y: jnp.where(y > 0, jnp.expm1(y), -jnp.expm1(-y)),
+        -5,
+        5,
+        PIECEWISE,
+    ),
+    Bijector("yeo_johnson", _yeo_johnson, _yeo_johnson_inverse, -3, 3, PIECEWISE),
+    Bijector(
+        "normal_cdf_regimes",
+        _normal_cdf_regimes,
+        special.ndtri,
+        -3,
+        3,
+        PIECEWISE,
+    ),
+    Bijector(
+        "signed_square",
+        lambda x: jnp.where(x >= 0, x * x, -(x * x)),
+        lambda y: jnp.sign(y) * jnp.sqrt(jnp.abs(y)),
+        -3,
+        3,
+        SOLVE,
+    ),
+    # The unknown used several times.
+    Bijector(
+        "softsign",
+        lambda x: x / (1 + jnp.abs(x)),
+        lambda y: y / (1 - jnp.abs(y)),
+        -5,
+        5,
+        SOLVE,
+    ),
+    Bijector(
+        "logit", lambda x: jnp.log(x) - jnp.log1p(-x), jax.nn.sigmoid, 0.02, 0.98, SOLVE
+    ),
+    Bijector(
+        "softplus_stable",
+        lambda x: jnp.maximum(x, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(x))),
+        lambda y: y + jnp.log(-jnp.expm1(-y)),
+        -4,
+        4,
+        SOLVE,
+    ),
+    Bijector(
+        "inverse_softplus",
+        lambda x: x + jnp.log(-jnp.expm1(-x)),
+        jax.nn.softplus,
+        0.1,
+        5,
+        SOLVE,
+    ),
+    Bijector(
+        "symlog",
+        lambda x: jnp.sign(x) * jnp.log1p(jnp.abs(x)),
+        lambda y: jnp.sign(y) * jnp.expm1(jnp.abs(y)),
+        -5,
+        5,
+        SOLVE,
+    ),
+    Bijector("cubic", lambda x: x**3 + x, _cardano, -3, 3, SOLVE),
+    Bijector("x_plus_half_sin", lambda x: x + 0.5 * jnp.sin(x), None, -6, 6, SOLVE),
+    Bijector("exp_plus_x", lambda x: jnp.exp(x) + x, None, -4, 3, SOLVE),
+    Bijector("x_plus_tanh", lambda x: x + jnp.tanh(x), None, -4, 4, SOLVE),
+    Bijector(
+        "lambert_w_tail", lambda x: x * jnp.exp(0.3 * x**2 / 2), None, -3, 3, SOLVE
+    ),
+    Bijector(
+        "gompertz_cdf",
+        lambda x: 1 - jnp.exp(-0.5 * jnp.expm1(1.5 * x)),
+        lambda y: jnp.log1p(-jnp.log1p(-y) / 0.5) / 1.5,
+        0.05,
+        2,
+        FORMULA,
+    ),
+    Bijector(
+        "shifted_gompertz_cdf",
+        lambda x: -jnp.expm1(-x) * jnp.exp(-0.7 * jnp.exp(-x)),
+        None,
+        0.1,
+        4,
+        SOLVE,
+    ),
+]
+
+
+def _ids(b: Bijector) -> str:
+    return b.name
+
+
+def _reference_x(b: Bijector, x: Any, y: Any) -> Any:
+    return x if b.inverse is None else b.inverse(y)
+
+
+def _slogdet_ildj(f, x):
+    return -jnp.linalg.slogdet(jax.jacfwd(f)(x))[1]
+
+
+def _close(actual, expected, rtol=2e-4, atol=2e-5):
+    np.testing.assert_allclose(
+        np.asarray(actual), np.asarray(expected), rtol=rtol, atol=atol
+    )
+
+
+@pytest.mark.parametrize("b", ZOO, ids=_ids)
+def test_inverse_and_ildj_match_the_references(b):
+    x = b.sample()
+    y = b.forward(x)
+    got_x, got_ildj = inverse_and_ildj(b.forward)(y)
+    _close(got_x, _reference_x(b, x, y))
+    _close(b.forward(got_x), y)
+    _close(got_ildj, _slogdet_ildj(b.forward, x), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("b", ZOO, ids=_ids)
+def test_jit_vmap_and_grad(b):
+    x = b.sample(6)
+    y = b.forward(x)
+    inv = inverse(b.forward)
+    _close(jax.jit(inv)(y), _reference_x(b, x, y))
+    batch = jnp.stack([y, b.forward(x[::-1])])
+    _close(jax.vmap(inv)(batch), jnp.stack([inv(y), inv(batch[1])]))
+    # d x / d y: the hand-written inverse's, else 1 / f'(x) elementwise.
+    # (A `jnp.where` in a hand-written inverse can make its gradient NaN.)
+    want = 1 / jax.vmap(jax.grad(b.forward))(x)
+    if b.inverse is not None:
+        hand = jax.grad(lambda t: jnp.sum(b.inverse(t)))(y)
+        want = jnp.where(jnp.isnan(hand), want, hand)
+    _close(jax.grad(lambda t: jnp.sum(inv(t)))(y), want, rtol=2e-3, atol=1e-4)
+    # The gradient of the ildj: through x(y) and the log-slope.
+    want = jax.grad(lambda t: _slogdet_ildj(b.forward, inv(t)))(y)
+    got = jax.grad(ildj(b.forward))(y)
+    _close(got, want, rtol=5e-3, atol=5e-3)
+
+
+@pytest.mark.parametrize(
+    "b", [b for b in ZOO if b.method not in (FORMULA, None)], ids=_ids
+)
+def test_explain_names_the_method(b):
+    report = jaxinterp.explain_inverse(b.forward, b.sample())
+    assert report.endswith("Invertible: every unknown input is recovered."), report
+    assert f"({b.method})" in report, report
+
+
+@given(st.data())
+def test_random_points_round_trip(data):
+    b = data.draw(st.sampled_from(ZOO), label="bijector")
+    values = data.draw(
+        st.lists(st.floats(b.low, b.high, width=32), min_size=1, max_size=6),
+        label="x",
+    )
+    x = jnp.asarray(values, jnp.float32)
+    y = b.forward(x)
+    got = inverse(b.forward)(y)
+    _close(b.forward(got), y, rtol=1e-4, atol=1e-5)
+    _close(got, _reference_x(b, x, y), rtol=2e-3, atol=2e-4)
+
+
+# ---------------------------------------------------------------------------
+# Known arguments, and what the blocks refuse or return as NaN.
+
+
+def test_known_parameters_and_their_gradients():
+    def softsign_scaled(x, scale):
+        return x / (scale + jnp.abs(x))
+
+    def hand(y, scale):
+        return y * scale / (1 - jnp.abs(y))
+
+    x, scale = jnp.linspace(-4, 4, 7), jnp.float32(1.7)
+    y = softsign_scaled(x, scale)
+    inv = inverse(softsign_scaled, argnums=0)
+    _close(inv(y, scale), hand(y, scale))
+    _close(
+        jax.grad(lambda s: jnp.sum(inv(y, s)))(scale),
+        jax.grad(lambda s: jnp.sum(hand(y, s)))(scale),
+        rtol=2e-3,
+    )
+    want = jax.grad(
+        lambda s: _slogdet_ildj(lambda t: softsign_scaled(t, s), hand(y, s))
+    )
+    got = jax.grad(lambda s: ildj(softsign_scaled, argnums=0)(y, s))
+    _close(got(scale), want(scale), rtol=5e-3, atol=5e-3)
+
+
+def test_leaky_relu_with_a_known_slope():
+    def leaky(x, alpha):
+        return jnp.where(x >= 0, x, alpha * x)
+
+    x = jnp.linspace(-3, 3, 7)
+    for alpha in (0.1, 0.5):
+        y = leaky(x, alpha)
+        _close(inverse(leaky, argnums=0)(y, alpha), x)
+
+
+def test_a_value_outside_the_image_is_nan():
+    softsign = ZOO[[b.name for b in ZOO].index("softsign")].forward
+    got = inverse(softsign)(jnp.array([0.5, 1.5, -2.0]))
+    _close(got[0], 1.0)
+    assert np.isnan(np.asarray(got[1:])).all(), got
+    elu = ZOO[[b.name for b in ZOO].index("elu")].forward
+    got = inverse(elu)(jnp.array([-1.5, 0.5]))  # elu > -1
+    assert np.isnan(got[0]) and np.isclose(got[1], 0.5), got
+
+
+def test_a_map_that_takes_a_value_twice_gives_nan_there():
+    def absolute(x):  # two injective cases that overlap: not a bijection
+        return jnp.where(x > 0, x, -x)
+
+    got = inverse(absolute)(jnp.array([2.0, -1.0]))
+    assert np.isnan(np.asarray(got)).all(), got
+
+
+def test_a_constant_branch_gives_nan_not_a_number():
+    def flat_then_rising(x):
+        return jnp.where(x > 0, x + jnp.sin(x), 0.0 * x)
+
+    got = inverse(flat_then_rising)(jnp.array([0.0, 2.0]))
+    assert np.isnan(got[0]), got
+    _close(flat_then_rising(got[1]), 2.0)
+
+
+def test_solvers_off_refuses_with_the_line():
+    def softsign(x):
+        return x / (1 + jnp.abs(x))
+
+    line = softsign.__code__.co_firstlineno + 1
+    with pytest.raises(NotInvertibleError) as info:
+        inverse(softsign, solvers=False)(jnp.ones(3) * 0.5)
+    message = str(info.value)
+    assert f"test_bijector_zoo.py:{line}" in message, message
+    assert "numerical solvers are off (`solvers=False`)" in message, message
+
+
+def test_solvers_off_keeps_exact_piecewise_inverses():
+    b = ZOO[[b.name for b in ZOO].index("softplus_threshold")]
+    x = b.sample()
+    _close(inverse(b.forward, solvers=False)(b.forward(x)), x)
+
+
+def test_a_second_output_constraining_a_solved_value_is_refused():
+    def f(x):
+        return x / (1 + jnp.abs(x)), jnp.sum(x)
+
+    x = jnp.linspace(-2, 2, 5)
+    with pytest.raises(NotInvertibleError, match="numerical solver"):
+        inverse(f, example_args=(x,))(f(x))
+
+
+def test_blocks_inside_jit_scan_and_cond():
+    def softsign(x):
+        return x / (1 + jnp.abs(x))
+
+    def leaky(x):
+        return jnp.where(x >= 0, x, 0.1 * x)
+
+    def f(x, flag):
+        y = jax.jit(softsign)(x)
+        y = lax.cond(flag, jnp.tanh, softsign, y)
+        # A piecewise inverse is exact: it may determine a loop carry.
+        y, _ = lax.scan(lambda c, _: (leaky(c) * 2.0 - 0.1, None), y, None, length=3)
+        return y
+
+    x = jnp.linspace(-2, 2, 5) + 0.13  # no element at the kink of `leaky`
+    for flag in (True, False):
+        y = f(x, flag)
+        got_x, got_ildj = inverse_and_ildj(f, argnums=0)(y, flag)
+        _close(got_x, x, rtol=1e-3, atol=1e-4)
+        want = _slogdet_ildj(lambda t, flag=flag: f(t, flag), x)
+        _close(got_ildj, want, rtol=2e-3, atol=2e-3)
+
+
+def test_a_numerical_solve_may_not_determine_a_loop_carry():
+    # The solver returns one preimage; a loop's earlier steps could not check
+    # it against their image, so this is refused like a principal branch.
+    def f(x):
+        step = lambda c, _: (c / (1 + jnp.abs(c)) + 0.5, None)  # noqa: E731
+        return lax.scan(step, x, None, length=2)[0]
+
+    with pytest.raises(NotInvertibleError, match="determines a loop carry"):
+        inverse(f)(f(jnp.linspace(-1, 1, 3)))
+
+
+def test_float64(tmp_path):
+    from helpers import run_python
+
+    out = run_python(
+        """
+import jax, jax.numpy as jnp, numpy as np
+from jaxinterp import inverse_and_ildj
+f = lambda x: x / (1 + jnp.abs(x)) + 0.1 * x
+x = jnp.linspace(-30.0, 30.0, 13)
+assert x.dtype == jnp.float64
+got, ildj = inverse_and_ildj(f)(f(x))
+ref = -jnp.linalg.slogdet(jax.jacfwd(f)(x))[1]
+print(float(jnp.max(jnp.abs(got - x))), float(abs(ildj - ref)))
+""",
+        env={"JAX_ENABLE_X64": "1"},
+    )
+    err_x, err_ildj = map(float, out.split())
+    assert err_x < 1e-12 and err_ildj < 1e-10, out
