@@ -212,6 +212,53 @@ def aval_of(value: Any) -> Any:
     return jax.typeof(value)
 
 
+def _avals_stage_as_they_are() -> bool:
+    """Whether `jax.make_jaxpr` takes abstract values as arguments, keeping
+    every attribute (weak type, sharding, varying manual axes, memory space).
+
+    True from JAX 0.7 to 0.12 (checked); probed once, so a release that stops
+    accepting them falls back to `jax.ShapeDtypeStruct`s.
+    """
+    global _avals_stage
+    if _avals_stage is None:
+        probe = ShapedArray((2,), np.dtype("float32"), weak_type=True)
+        try:
+            staged = jax.make_jaxpr(lambda v: v)(probe)
+            _avals_stage = list(staged.in_avals) == [probe]
+        except Exception:  # pragma: no cover - a release refusing avals
+            _avals_stage = False
+    return _avals_stage
+
+
+_avals_stage: bool | None = None
+
+
+def staging_spec(aval: Any) -> Any:
+    """What to pass `jax.make_jaxpr` to stage an argument of type `aval`.
+
+    The argument's Jaxpr variable then has `aval` itself as `jax.make_jaxpr`
+    gives it for a value of that type: dtype, shape and weak type, and
+    also the sharding of an array on a mesh with explicit axes
+    (`float32[8@a,4@b]`), the varying manual axes of a value inside a
+    `shard_map` body (`float32[2]{V:d}`, `vma`), and its memory space.
+    The aval itself where JAX takes it (`_avals_stage_as_they_are`);
+    otherwise a `jax.ShapeDtypeStruct` with the attributes it accepts.
+    """
+    if _avals_stage_as_they_are() or is_ref_aval(aval):
+        return aval
+    options: dict[str, Any] = {"weak_type": aval.weak_type}
+    sharding = getattr(aval, "sharding", None)
+    if sharding is not None:
+        options["sharding"] = sharding
+    vma = getattr(aval, "vma", None)
+    if vma:
+        options["vma"] = vma
+    try:
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, **options)
+    except TypeError:  # pragma: no cover - a keyword this release lacks
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+
+
 def is_tracer(value: Any) -> bool:
     """Whether `value` is a JAX tracer (a value of some ongoing trace)."""
     return isinstance(value, Tracer)
