@@ -250,9 +250,11 @@ def staging_spec(aval: Any) -> Any:
     sharding = getattr(aval, "sharding", None)
     if sharding is not None:
         options["sharding"] = sharding
-    vma = getattr(aval, "vma", None)
-    if vma:
-        options["vma"] = vma
+    mat = getattr(aval, "manual_axis_type", None)
+    if mat is not None:  # JAX >= 0.10
+        options["manual_axis_type"] = mat
+    elif getattr(aval, "vma", None):
+        options["vma"] = aval.vma
     try:
         return jax.ShapeDtypeStruct(aval.shape, aval.dtype, **options)
     except TypeError:  # pragma: no cover - a keyword this release lacks
@@ -900,6 +902,50 @@ def shard_map(
         check_vma=p.check,
         axis_names=set(p.axis_names),
     )
+
+
+def varying_axes(aval: Any) -> frozenset[Any]:
+    """The manual mesh axes a value of type `aval` varies over (inside a
+    `shard_map` body; empty elsewhere).
+
+    `aval.vma` up to JAX 0.9; `aval.manual_axis_type.varying` from 0.10.
+    """
+    mat = getattr(aval, "manual_axis_type", None)
+    if mat is not None:
+        return frozenset(getattr(mat, "varying", ()))
+    return frozenset(getattr(aval, "vma", None) or ())
+
+
+def varies_over_manual_axes(eqn: Any) -> bool:
+    """Whether a result of `eqn` varies over manual mesh axes: it is computed
+    per shard in a `shard_map` body, so no concrete value outside one can
+    stand for it."""
+    return any(varying_axes(v.aval) for v in eqn.outvars)
+
+
+def has_explicit_axes(sharding: Any) -> bool:
+    """Whether `sharding` is a `NamedSharding` on a mesh with an Explicit axis
+    (`jax.sharding.AxisType.Explicit`): arrays placed with it carry the
+    sharding in their type (`float32[8@a,4@b]`)."""
+    mesh = getattr(sharding, "mesh", None)
+    axis_types = getattr(mesh, "axis_types", None) or ()
+    explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
+    return explicit is not None and any(t == explicit for t in axis_types)
+
+
+def place_as(value: Any, sharding: Any) -> Any:
+    """`value` placed with `sharding` inside a traced function.
+
+    On a mesh with Explicit axes the sharding is part of the type, so the
+    value is resharded (`jax.sharding.reshard`, JAX >= 0.7); otherwise it is
+    returned as it is, for a `jax.jit`'s `out_shardings` to place.
+    """
+    reshard = getattr(jax.sharding, "reshard", None)
+    if reshard is None or not has_explicit_axes(sharding):
+        return value
+    if jax.typeof(value).sharding.spec == sharding.spec:
+        return value
+    return reshard(value, sharding)
 
 
 # --------------------------------------------------------------------------
