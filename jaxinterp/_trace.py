@@ -251,7 +251,8 @@ def stage(
     types, the shardings of arrays on meshes with explicit axes, the varying
     manual axes of values inside a `shard_map` body, memory spaces. The result
     is cached per (function, static arguments, pytree structure, those full
-    types), so staging the same signature twice traces once. The cache holds functions weakly and is bounded.
+    types), so staging the same signature twice traces once. The cache holds
+    functions weakly and is bounded.
 
     Args:
         fn: the function to stage.

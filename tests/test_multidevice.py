@@ -193,8 +193,9 @@ def _():
                 want = jax.make_jaxpr(f)(v)
                 for arg in (v, sds):
                     got = stage(f, arg).closed_jaxpr
-                    assert list(got.in_avals) == list(want.in_avals), (name, spec, got)
-                    assert list(got.out_avals) == list(want.out_avals), (name, spec, got)
+                    what = (name, spec, got)
+                    assert list(got.in_avals) == list(want.in_avals), what
+                    assert list(got.out_avals) == list(want.out_avals), what
     # The cache keys on the sharding: the same function, shape and dtype
     # placed two ways stages twice, each as `jax.make_jaxpr` does.
     f = SHARDED_FNS["sin"]

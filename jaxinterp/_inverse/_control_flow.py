@@ -290,7 +290,9 @@ def _jitted_inverse(
 
     inverse_body.__name__ = inverse_body.__qualname__ = f"inverse_{name}"
     # The ildj's sharding is left to JAX (`None`).
-    options = {} if shardings is None else {"out_shardings": (list(shardings), None)}
+    options: dict[str, Any] = {}
+    if shardings is not None:
+        options["out_shardings"] = (list(shardings), None)
     got = (jax.jit(inverse_body, **options), branches_in)
     if not baked:
         per_body[key] = got

@@ -72,8 +72,12 @@ def _shard_map_inverse(
     wanted = ctx.want_ildj
     axes = _ildj_axes(p, mask) if wanted else ()
     known = [v for v in invals if v is not None]
-    known_specs = [s for s, unknown in zip(p.in_specs, mask, strict=True) if not unknown]
-    solved_specs = tuple(s for s, unknown in zip(p.in_specs, mask, strict=True) if unknown)
+    known_specs = [
+        s for s, unknown in zip(p.in_specs, mask, strict=True) if not unknown
+    ]
+    solved_specs = tuple(
+        s for s, unknown in zip(p.in_specs, mask, strict=True) if unknown
+    )
     out_branches = tuple(ctx.result_branches)
     n_out = len(outvals)
     branches_in: list[br.Interval | None] = []
