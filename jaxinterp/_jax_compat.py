@@ -948,6 +948,46 @@ def place_as(value: Any, sharding: Any) -> Any:
     return reshard(value, sharding)
 
 
+class PmapParams(NamedTuple):
+    jaxpr: Any  # ClosedJaxpr: the per-device body, with no consts
+    axis_name: Any
+    axis_size: int
+    in_axes: tuple[int | None, ...]
+    out_axes: tuple[int | None, ...]
+    devices: Any
+    backend: str | None
+    name: str
+
+
+def pmap_params(params: Any) -> PmapParams:
+    """The params of an `xla_pmap` equation (what `jax.pmap` stages before
+    JAX 0.10; later releases stage a `jit` of a `shard_map`)."""
+    params = params_of(params)
+    return PmapParams(
+        jaxpr=as_closed(params["call_jaxpr"]),
+        axis_name=params["axis_name"],
+        axis_size=int(params["axis_size"]),
+        in_axes=tuple(params["in_axes"]),
+        out_axes=tuple(params["out_axes"]),
+        devices=params.get("devices"),
+        backend=params.get("backend"),
+        name=str(params.get("name", "pmap")),
+    )
+
+
+def pmap(fn: Any, p: PmapParams, in_axes: Any, out_axes: Any) -> Any:
+    """A `jax.pmap` of `fn` on the devices and axis of an `xla_pmap` equation."""
+    return jax.pmap(
+        fn,
+        axis_name=p.axis_name,
+        in_axes=in_axes,
+        out_axes=out_axes,
+        devices=p.devices,
+        backend=p.backend,
+        axis_size=p.axis_size,
+    )
+
+
 # --------------------------------------------------------------------------
 # Hijax primitives (JAX >= 0.11).
 #
