@@ -212,6 +212,55 @@ def aval_of(value: Any) -> Any:
     return jax.typeof(value)
 
 
+def _avals_stage_as_they_are() -> bool:
+    """Whether `jax.make_jaxpr` takes abstract values as arguments, keeping
+    every attribute (weak type, sharding, varying manual axes, memory space).
+
+    True from JAX 0.7 to 0.12 (checked); probed once, so a release that stops
+    accepting them falls back to `jax.ShapeDtypeStruct`s.
+    """
+    global _avals_stage
+    if _avals_stage is None:
+        probe = ShapedArray((2,), np.dtype("float32"), weak_type=True)
+        try:
+            staged = jax.make_jaxpr(lambda v: v)(probe)
+            _avals_stage = list(staged.in_avals) == [probe]
+        except Exception:  # pragma: no cover - a release refusing avals
+            _avals_stage = False
+    return _avals_stage
+
+
+_avals_stage: bool | None = None
+
+
+def staging_spec(aval: Any) -> Any:
+    """What to pass `jax.make_jaxpr` to stage an argument of type `aval`.
+
+    The argument's Jaxpr variable then has `aval` itself as `jax.make_jaxpr`
+    gives it for a value of that type: dtype, shape and weak type, and
+    also the sharding of an array on a mesh with explicit axes
+    (`float32[8@a,4@b]`), the varying manual axes of a value inside a
+    `shard_map` body (`float32[2]{V:d}`, `vma`), and its memory space.
+    The aval itself where JAX takes it (`_avals_stage_as_they_are`);
+    otherwise a `jax.ShapeDtypeStruct` with the attributes it accepts.
+    """
+    if _avals_stage_as_they_are() or is_ref_aval(aval):
+        return aval
+    options: dict[str, Any] = {"weak_type": aval.weak_type}
+    sharding = getattr(aval, "sharding", None)
+    if sharding is not None:
+        options["sharding"] = sharding
+    mat = getattr(aval, "manual_axis_type", None)
+    if mat is not None:  # JAX >= 0.10
+        options["manual_axis_type"] = mat
+    elif getattr(aval, "vma", None):
+        options["vma"] = aval.vma
+    try:
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, **options)
+    except TypeError:  # pragma: no cover - a keyword this release lacks
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+
+
 def is_tracer(value: Any) -> bool:
     """Whether `value` is a JAX tracer (a value of some ongoing trace)."""
     return isinstance(value, Tracer)
@@ -852,6 +901,90 @@ def shard_map(
         out_specs=p.out_specs,
         check_vma=p.check,
         axis_names=set(p.axis_names),
+    )
+
+
+def varying_axes(aval: Any) -> frozenset[Any]:
+    """The manual mesh axes a value of type `aval` varies over (inside a
+    `shard_map` body; empty elsewhere).
+
+    `aval.vma` up to JAX 0.9; `aval.manual_axis_type.varying` from 0.10.
+    """
+    mat = getattr(aval, "manual_axis_type", None)
+    if mat is not None:
+        return frozenset(getattr(mat, "varying", ()))
+    return frozenset(getattr(aval, "vma", None) or ())
+
+
+def varies_over_manual_axes(eqn: Any) -> bool:
+    """Whether a result of `eqn` varies over manual mesh axes: it is computed
+    per shard in a `shard_map` body, so no concrete value outside one can
+    stand for it."""
+    return any(varying_axes(v.aval) for v in eqn.outvars)
+
+
+def has_explicit_axes(sharding: Any) -> bool:
+    """Whether `sharding` is a `NamedSharding` on a mesh with an Explicit axis
+    (`jax.sharding.AxisType.Explicit`): arrays placed with it carry the
+    sharding in their type (`float32[8@a,4@b]`)."""
+    mesh = getattr(sharding, "mesh", None)
+    axis_types = getattr(mesh, "axis_types", None) or ()
+    explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
+    return explicit is not None and any(t == explicit for t in axis_types)
+
+
+def place_as(value: Any, sharding: Any) -> Any:
+    """`value` placed with `sharding` inside a traced function.
+
+    On a mesh with Explicit axes the sharding is part of the type, so the
+    value is resharded (`jax.sharding.reshard`, JAX >= 0.7); otherwise it is
+    returned as it is, for a `jax.jit`'s `out_shardings` to place.
+    """
+    reshard = getattr(jax.sharding, "reshard", None)
+    if reshard is None or not has_explicit_axes(sharding):
+        return value
+    if jax.typeof(value).sharding.spec == sharding.spec:
+        return value
+    return reshard(value, sharding)
+
+
+class PmapParams(NamedTuple):
+    jaxpr: Any  # ClosedJaxpr: the per-device body, with no consts
+    axis_name: Any
+    axis_size: int
+    in_axes: tuple[int | None, ...]
+    out_axes: tuple[int | None, ...]
+    devices: Any
+    backend: str | None
+    name: str
+
+
+def pmap_params(params: Any) -> PmapParams:
+    """The params of an `xla_pmap` equation (what `jax.pmap` stages before
+    JAX 0.10; later releases stage a `jit` of a `shard_map`)."""
+    params = params_of(params)
+    return PmapParams(
+        jaxpr=as_closed(params["call_jaxpr"]),
+        axis_name=params["axis_name"],
+        axis_size=int(params["axis_size"]),
+        in_axes=tuple(params["in_axes"]),
+        out_axes=tuple(params["out_axes"]),
+        devices=params.get("devices"),
+        backend=params.get("backend"),
+        name=str(params.get("name", "pmap")),
+    )
+
+
+def pmap(fn: Any, p: PmapParams, in_axes: Any, out_axes: Any) -> Any:
+    """A `jax.pmap` of `fn` on the devices and axis of an `xla_pmap` equation."""
+    return jax.pmap(
+        fn,
+        axis_name=p.axis_name,
+        in_axes=in_axes,
+        out_axes=out_axes,
+        devices=p.devices,
+        backend=p.backend,
+        axis_size=p.axis_size,
     )
 
 

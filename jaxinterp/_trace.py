@@ -208,14 +208,14 @@ def normalize_argnums(
 
 
 def spec_of(aval: Any) -> Any:
-    """The `jax.ShapeDtypeStruct` (weak type included) of an abstract value.
+    """What `jax.make_jaxpr` stages an argument of type `aval` from.
 
-    The type of a mutable reference (`jax.new_ref`) is returned as it is:
-    `jax.make_jaxpr` traces it as a reference argument.
+    Every attribute of the type is kept: weak type, the sharding of an array
+    on a mesh with explicit axes, the varying manual axes of a value in a
+    `shard_map` body, the memory space; the type of a mutable reference
+    (`jax.new_ref`) stays a reference (see `compat.staging_spec`).
     """
-    if compat.is_ref_aval(aval):
-        return aval
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+    return compat.staging_spec(aval)
 
 
 def _fn_name(fn: Any) -> str:
@@ -247,9 +247,12 @@ def stage(
     Python scalars keep JAX's weak typing. Arguments may be arrays or
     `jax.ShapeDtypeStruct`s.
 
-    The result is cached per (function, static arguments, pytree structure,
-    abstract values including weak types), so staging the same signature twice
-    traces once. The cache holds functions weakly and is bounded.
+    The Jaxpr's inputs have the types `jax.make_jaxpr` gives them: weak
+    types, the shardings of arrays on meshes with explicit axes, the varying
+    manual axes of values inside a `shard_map` body, memory spaces. The result
+    is cached per (function, static arguments, pytree structure, those full
+    types), so staging the same signature twice traces once. The cache holds
+    functions weakly and is bounded.
 
     Args:
         fn: the function to stage.
@@ -317,10 +320,11 @@ def stage_flat(
 
 
 def _leaf_aval(leaf: Any) -> Any:
-    if isinstance(leaf, jax.ShapeDtypeStruct):
-        return compat.ShapedArray(
-            leaf.shape, leaf.dtype, weak_type=getattr(leaf, "weak_type", False)
-        )
+    """The full type of an argument (`jax.typeof`: a `jax.ShapeDtypeStruct`'s
+    sharding included), which keys the staging cache. An abstract value (what
+    `spec_of` gives) is its own type."""
+    if isinstance(leaf, compat.ShapedArray) or compat.is_ref_aval(leaf):
+        return leaf
     try:
         return compat.aval_of(leaf)
     except TypeError as err:
@@ -351,9 +355,7 @@ def _trace(
 
     functools.update_wrapper(flat_fn, fn, updated=())
     flat_fn.__signature__ = inspect.Signature()  # type: ignore[attr-defined]
-    specs = [
-        jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in in_avals
-    ]
+    specs = [spec_of(a) for a in in_avals]
     # Tracing deeply nested `jit`s needs as much stack as walking them.
     with compat.recursion_limit(compat.DEEP_RECURSION_LIMIT):
         closed = jax.make_jaxpr(flat_fn)(*specs)

@@ -116,6 +116,7 @@ def _():
 y = jnp.arange(8.0) / 2.0
 pm = jax.pmap(lambda v: jnp.sin(v) + lax.psum(v, "j"), axis_name="j")
 pm_cos = jax.pmap(lambda v: jnp.cos(v) + lax.psum(v, "j"), axis_name="j")
+pm_exp = jax.pmap(lambda v: jnp.exp(v) * 2.0 - 1.0, axis_name="j")
 
 
 @check("pmap_bitwise")
@@ -137,6 +138,275 @@ def _():
     if results["pmap_is_primitive"]:
         return
     np.testing.assert_allclose(SinToCos().transform(pm)(y), pm_cos(y), rtol=1e-6)
+
+
+# --------------------------------------------------------------------------
+# Explicit and Auto meshes (issue 13): shardings in types, shard_map bodies,
+# inverses through sharded constructs.
+
+from jax.sharding import AxisType
+
+set_mesh = getattr(jax, "set_mesh", None) or jax.sharding.use_mesh
+explicit_2d = jax.make_mesh((4, 2), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
+auto_2d = jax.make_mesh((4, 2), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
+explicit_1d = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Explicit,))
+auto_1d = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Auto,))
+data = jnp.arange(32.0).reshape(8, 4) / 8.0
+PLACEMENTS = [
+    (explicit_2d, P("a", "b")),
+    (explicit_2d, P("a")),
+    (auto_2d, P("a", "b")),
+    (explicit_1d, P("d")),
+    (auto_1d, P("d")),
+]
+SHARDED_FNS = {
+    "zeros_like": jnp.zeros_like,
+    "sin": lambda v: jnp.sin(v) * 2.0,
+    "sum0": lambda v: jnp.sum(v, axis=0),
+    "transpose": lambda v: v.T + 1.0,
+    "softplus": jax.nn.softplus,
+}
+
+
+def explicit(mesh):
+    return all(t == AxisType.Explicit for t in mesh.axis_types)
+
+
+def placed(mesh, spec, value=data):
+    return jax.device_put(value, NamedSharding(mesh, spec))
+
+
+def same_sharding(got, want, what):
+    ok = got.sharding == want.sharding or got.sharding.is_equivalent_to(
+        want.sharding, got.ndim
+    )
+    assert ok, f"{what}: {got.sharding} != {want.sharding}"
+
+
+@check("stage_keeps_explicit_sharding")
+def _():
+    for mesh, spec in PLACEMENTS:
+        with set_mesh(mesh):
+            v = placed(mesh, spec)
+            sds = jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding)
+            for name, f in SHARDED_FNS.items():
+                want = jax.make_jaxpr(f)(v)
+                for arg in (v, sds):
+                    got = stage(f, arg).closed_jaxpr
+                    what = (name, spec, got)
+                    assert list(got.in_avals) == list(want.in_avals), what
+                    assert list(got.out_avals) == list(want.out_avals), what
+    # The cache keys on the sharding: the same function, shape and dtype
+    # placed two ways stages twice, each as `jax.make_jaxpr` does.
+    f = SHARDED_FNS["sin"]
+    with set_mesh(explicit_2d):
+        for spec in (P("a", "b"), P("b", "a"), P()):
+            v = placed(explicit_2d, spec)
+            got = stage(f, v).closed_jaxpr.in_avals
+            assert list(got) == list(jax.make_jaxpr(f)(v).in_avals), (spec, got)
+
+
+@check("evaluate_keeps_shardings")
+def _():
+    for mesh, spec in PLACEMENTS:
+        with set_mesh(mesh):
+            v = placed(mesh, spec)
+            for name, f in SHARDED_FNS.items():
+                for how, wrap in (("eager", lambda g: g), ("jit", jax.jit)):
+                    got, want = wrap(evaluate(f))(v), wrap(f)(v)
+                    what = f"{name} {how} on {spec} {mesh.axis_types}"
+                    if name == "zeros_like" and not explicit(mesh):
+                        # Eager `jnp.zeros_like` places its result like its
+                        # argument by hand; on an Auto mesh the Jaxpr has no
+                        # trace of that (the type carries no sharding), and
+                        # `evaluate` gives what the Jaxpr does under `jax.jit`.
+                        want = jax.jit(f)(v)
+                    assert_tree_equal(got, want, what)
+                    same_sharding(got, want, what)
+
+
+SHARD_BODIES = {
+    "psum": lambda b: b * 2.0 + lax.psum(b, "d"),
+    "all_gather": lambda b: b + lax.all_gather(b, "d", tiled=True)[: b.shape[0]],
+    "ppermute": lambda b: lax.ppermute(b, "d", [(i, (i + 1) % 8) for i in range(8)]),
+    "axis_index": lambda b: b + lax.axis_index("d").astype(b.dtype),
+    "pmax_relu": lambda b: jax.nn.relu(b - 1.0) + lax.pmax(b, "d"),
+}
+line = jnp.arange(16.0) / 4.0 - 1.0
+
+
+@check("shard_map_explicit_mesh")
+def _():
+    with set_mesh(explicit_1d):
+        v = placed(explicit_1d, P("d"), line)
+        for name, body in SHARD_BODIES.items():
+            sm_e = jax.shard_map(body, in_specs=P("d"), out_specs=P("d"))
+            got, want = evaluate(sm_e)(v), sm_e(v)
+            assert_tree_equal(got, want, name)
+            same_sharding(got, want, name)
+            got = jax.jit(evaluate(sm_e))(v)
+            assert_tree_equal(got, want, name)
+            same_sharding(got, want, name)
+
+
+@check("shard_map_rebuilt_same_params")
+def _():
+    compat = jaxinterp._jax_compat
+    for check_vma in (True, False):
+        for mesh, spec in ((auto_1d, P("d")), (auto_2d, P(("a", "b")))):
+            axes = spec[0] if isinstance(spec[0], tuple) else (spec[0],)
+            body = lambda b: jnp.sin(b) + lax.psum(b, axes)
+            f = jax.shard_map(
+                body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=check_vma
+            )
+            want = compat.shard_map_params(jax.make_jaxpr(f)(line).jaxpr.eqns[0])
+            eqns = jax.make_jaxpr(evaluate(f))(line).jaxpr.eqns
+            assert [e.primitive for e in eqns] == [shard_map_p], eqns
+            got = compat.shard_map_params(eqns[0])
+            for field in ("mesh", "in_specs", "out_specs", "check", "axis_names"):
+                assert getattr(got, field) == getattr(want, field), (
+                    field, getattr(got, field), getattr(want, field))
+            assert_tree_equal(evaluate(f)(line), f(line))
+
+
+@check("collectives_pass_through")
+def _():
+    for check_vma in (True, False):
+        for name, body in SHARD_BODIES.items():
+            f = jax.shard_map(
+                body, mesh=auto_1d, in_specs=P("d"), out_specs=P("d"),
+                check_vma=check_vma,
+            )
+            assert_tree_equal(evaluate(f)(line), f(line), f"{name} {check_vma}")
+            assert_tree_equal(jax.jit(evaluate(f))(line), jax.jit(f)(line), name)
+            want_prims = primitive_names(jax.make_jaxpr(f)(line))
+            got_prims = primitive_names(jax.make_jaxpr(evaluate(f))(line))
+            assert got_prims == want_prims, (name, got_prims, want_prims)
+
+
+@check("interpret_inside_shard_map_body")
+def _():
+    for name, body in SHARD_BODIES.items():
+        for interp in (evaluate, SinToCos(higher_order="opaque").transform):
+            f = jax.shard_map(body, mesh=auto_1d, in_specs=P("d"), out_specs=P("d"))
+            g = jax.shard_map(
+                interp(body), mesh=auto_1d, in_specs=P("d"), out_specs=P("d")
+            )
+            assert_tree_equal(g(line), f(line), name)
+            assert_tree_equal(jax.jit(g)(line), jax.jit(f)(line), name)
+
+    # Staged inside a body, inputs keep their varying manual axes.
+    seen = {}
+
+    def body(b):
+        seen["stage"] = list(stage(SHARD_BODIES["psum"], b).closed_jaxpr.in_avals)
+        seen["jax"] = list(jax.make_jaxpr(SHARD_BODIES["psum"])(b).in_avals)
+        return b
+
+    jax.shard_map(body, mesh=auto_1d, in_specs=P("d"), out_specs=P("d"))(line)
+    assert seen["stage"] == seen["jax"], seen
+
+
+# The forward log|det J| of `f` at `v`, from its dense Jacobian.
+def log_abs_det(f, v):
+    jac = jax.jacfwd(f)(v).reshape(v.size, v.size)
+    return jnp.linalg.slogdet(jac)[1]
+
+
+@check("inverse_jit_shardings")
+def _():
+    for mesh, spec in PLACEMENTS:
+        with set_mesh(mesh):
+            x_in = placed(mesh, spec)
+            for out_spec in (P("a") if "a" in mesh.axis_names else P(), P()):
+                g = jax.jit(
+                    lambda v: jnp.exp(v) * 2.0,
+                    in_shardings=NamedSharding(mesh, spec),
+                    out_shardings=NamedSharding(mesh, out_spec),
+                )
+                y_out = g(x_in)
+                for how, wrap in (("eager", lambda h: h), ("jit", jax.jit)):
+                    got = wrap(jaxinterp.inverse(g))(y_out)
+                    what = f"{spec} -> {out_spec} {how} {mesh.axis_types}"
+                    np.testing.assert_allclose(got, x_in, rtol=1e-5, err_msg=what)
+                    same_sharding(got, x_in, what)
+
+
+@check("inverse_shard_map")
+def _():
+    cases = [
+        (auto_1d, P("d"), line),
+        (auto_2d, P("a"), data),  # replicated over `b`: counted once
+        (auto_2d, P("a", "b"), data),
+        (auto_1d, P(), line),  # replicated everywhere
+    ]
+    for mesh, spec, v in cases:
+        for check_vma in (True, False):
+            f = jax.shard_map(
+                lambda b: jnp.exp(b) * 3.0 - 1.0, mesh=mesh, in_specs=spec,
+                out_specs=spec, check_vma=check_vma,
+            )
+            what = f"{spec} check_vma={check_vma}"
+            y_v = f(v)
+            for how, wrap in (("eager", lambda h: h), ("jit", jax.jit)):
+                got, ildj = wrap(jaxinterp.inverse_and_ildj(f))(y_v)
+                np.testing.assert_allclose(got, v, rtol=1e-5, atol=1e-6, err_msg=what)
+                want = -log_abs_det(f, v)
+                np.testing.assert_allclose(ildj, want, rtol=1e-5, err_msg=what)
+                same_sharding(got, y_v, what)
+            # The inverse is a shard_map again.
+            names = primitive_names(jax.make_jaxpr(jaxinterp.inverse(f))(y_v))
+            assert "shard_map" in names, names
+    # A known operand goes in with its own spec.
+    f = jax.shard_map(
+        lambda b, s: b * s + lax.axis_index("d").astype(b.dtype),
+        mesh=auto_1d, in_specs=(P("d"), P()), out_specs=P("d"),
+    )
+    scale = jnp.float32(1.5)
+    got, ildj = jaxinterp.inverse_and_ildj(f, argnums=0)(f(line, scale), scale)
+    np.testing.assert_allclose(got, line, rtol=1e-6)
+    np.testing.assert_allclose(
+        ildj, -log_abs_det(lambda v: f(v, scale), line), rtol=1e-5
+    )
+
+
+@check("inverse_shard_map_mixed_axes")
+def _():
+    f = jax.shard_map(
+        lambda u, w: (jnp.exp(u), jnp.exp(w)), mesh=auto_2d,
+        in_specs=(P("a"), P("b")), out_specs=(P("a"), P("b")),
+    )
+    u, w = jnp.arange(8.0) / 8, jnp.arange(2.0) / 2
+    got = jaxinterp.inverse(f)(f(u, w))
+    np.testing.assert_allclose(got[0], u, rtol=1e-6)
+    np.testing.assert_allclose(got[1], w, rtol=1e-6)
+    try:
+        jaxinterp.ildj(f)(f(u, w))
+    except jaxinterp.NotInvertibleError as err:
+        text = str(err)
+        assert "shard_map" in text and "different mesh axes" in text, text
+        assert "['a'], ['b']" in text, text
+    else:
+        raise AssertionError("the ildj of shards over different axes was not refused")
+
+
+@check("inverse_pmap")
+def _():
+    # A `jit` of a `shard_map` (JAX >= 0.10) or an `xla_pmap` (before).
+    got, ildj = jaxinterp.inverse_and_ildj(pm_exp)(pm_exp(y))
+    np.testing.assert_allclose(got, y, rtol=1e-6)
+    np.testing.assert_allclose(ildj, -log_abs_det(pm_exp, y), rtol=1e-5)
+    got = jax.jit(jaxinterp.inverse(pm_exp))(pm_exp(y))
+    np.testing.assert_allclose(got, y, rtol=1e-6)
+    # Two values per device, and a known operand broadcast to every device.
+    scaled = jax.pmap(lambda v, s: jnp.exp(v) * s, axis_name="j", in_axes=(0, None))
+    v = jnp.arange(16.0).reshape(8, 2) / 8.0
+    s = jnp.float32(2.0)
+    got, ildj = jaxinterp.inverse_and_ildj(scaled, argnums=0)(scaled(v, s), s)
+    np.testing.assert_allclose(got, v, rtol=1e-6)
+    np.testing.assert_allclose(
+        ildj, -log_abs_det(lambda u: scaled(u, s), v), rtol=1e-5
+    )
 
 
 print("RESULTS" + json.dumps(results))
@@ -168,6 +438,15 @@ def test_eight_devices(results):
         "scan_in_shard_map_in_jit",
         "jit_shardings_kept",
         "pmap_bitwise",
+        "stage_keeps_explicit_sharding",
+        "evaluate_keeps_shardings",
+        "shard_map_explicit_mesh",
+        "shard_map_rebuilt_same_params",
+        "collectives_pass_through",
+        "interpret_inside_shard_map_body",
+        "inverse_jit_shardings",
+        "inverse_shard_map",
+        "inverse_shard_map_mixed_axes",
     ],
 )
 def test_multidevice(results, check):
@@ -181,3 +460,7 @@ def test_pmap_reached(results):
             "re-binds without reaching inside"
         )
     assert results["pmap_reached"] == "ok", results["pmap_reached"]
+
+
+def test_inverse_pmap(results):
+    assert results["inverse_pmap"] == "ok", results["inverse_pmap"]

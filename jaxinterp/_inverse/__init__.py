@@ -10,5 +10,6 @@ from . import (
     _elementwise as _elementwise,
     _linalg as _linalg,
     _rules as _rules,
+    _sharded as _sharded,
     _structural as _structural,
 )

@@ -257,6 +257,7 @@ def _jitted_inverse(
     out_branches: tuple[br.Interval | None, ...],
     wanted: bool,
     solvers: bool = True,
+    shardings: tuple[Any, ...] | None = None,
 ) -> tuple[Any, list[br.Interval | None]]:
     """The inverse of a `jit` body as a `jax.jit` of (outvals, traced knowns),
     and the list its first trace fills with the solved operands' branch
@@ -265,12 +266,14 @@ def _jitted_inverse(
     `mask` marks the unknown operands; `baked` holds the concrete known ones
     (see `_split_known`). Such an inverse is specific to those values and is
     not cached; it is traced once per signature anyway, since `inverse`
-    caches its whole Jaxpr.
+    caches its whole Jaxpr. `shardings` (one per unknown operand, `None`
+    where unspecified) are the solved operands' `out_shardings`: those the
+    forward `jit` gave its operands as `in_shardings`.
     """
     # JAX caches the trace per function: one function per (mask, ildj wanted,
     # branch intervals of the results). Tracing fills `branches_in`.
     per_body = _jit_cache.setdefault(closed, {})
-    key = (mask, wanted, solvers, out_branches)
+    key = (mask, wanted, solvers, out_branches, shardings)
     got = None if baked else per_body.get(key)
     if got is not None:
         return got
@@ -286,15 +289,38 @@ def _jitted_inverse(
         )
         branches_in[:] = branches
         dtype = _ildj_dtype(outvals)
-        return [s for s, unknown in zip(solved, mask, strict=True) if unknown], (
-            jnp.asarray(ildj).astype(dtype)
-        )
+        xs = [s for s, unknown in zip(solved, mask, strict=True) if unknown]
+        if shardings is not None:
+            xs = [
+                x if s is None else compat.place_as(x, s)
+                for x, s in zip(xs, shardings, strict=True)
+            ]
+        return xs, jnp.asarray(ildj).astype(dtype)
 
     inverse_body.__name__ = inverse_body.__qualname__ = f"inverse_{name}"
-    got = (jax.jit(inverse_body), branches_in)
+    # The ildj's sharding is left to JAX (`None`).
+    options: dict[str, Any] = {}
+    if shardings is not None:
+        options["out_shardings"] = (list(shardings), None)
+    got = (jax.jit(inverse_body, **options), branches_in)
     if not baked:
         per_body[key] = got
     return got
+
+
+def _solved_shardings(
+    p: compat.JitParams, mask: Sequence[bool]
+) -> tuple[Any, ...] | None:
+    """The `in_shardings` the forward `jit` gives its unknown operands (`None`
+    where unspecified), or `None` when it specifies none of them."""
+    if len(p.in_shardings) != len(mask):
+        return None
+    shardings = tuple(
+        s if isinstance(s, jax.sharding.Sharding) else None
+        for s, unknown in zip(p.in_shardings, mask, strict=True)
+        if unknown
+    )
+    return shardings if any(s is not None for s in shardings) else None
 
 
 @inverse_rules.register(compat.jit_p)
@@ -321,7 +347,14 @@ def _jit_inverse(
     baked, known = _split_known(invals)
     out_branches = tuple(ctx.result_branches)
     fn, branches = _jitted_inverse(
-        p.jaxpr, mask, p.name, baked, out_branches, ctx.want_ildj, ctx.solvers
+        p.jaxpr,
+        mask,
+        p.name,
+        baked,
+        out_branches,
+        ctx.want_ildj,
+        ctx.solvers,
+        _solved_shardings(p, mask),
     )
     try:
         xs, ildj = fn(list(outvals), known)

@@ -584,9 +584,13 @@ class InverseWalker(BackwardWalker):
                 if any(compat.is_tracer(x) for x in invals):
                     return compat.bind_eqn(eqn.primitive, invals, eqn.params)
                 # Only constants in: fold them now, so rules downstream see
-                # concrete values (gather indices, `select_n` predicates).
-                with jax.ensure_compile_time_eval():
-                    return compat.bind_eqn(eqn.primitive, invals, eqn.params)
+                # concrete values (gather indices, `select_n` predicates);
+                # not a value varying over manual mesh axes (`pvary` of a
+                # constant in a `shard_map` body), which only a trace holds.
+                if not compat.varies_over_manual_axes(eqn):
+                    with jax.ensure_compile_time_eval():
+                        return compat.bind_eqn(eqn.primitive, invals, eqn.params)
+                return compat.bind_eqn(eqn.primitive, invals, eqn.params)
         except JaxinterpError:
             raise
         except Exception as err:
