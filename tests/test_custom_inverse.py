@@ -47,8 +47,9 @@ def test_value_and_gradient_unchanged():
 
 def test_plain_inverse_fails_custom_inverse_succeeds():
     x = jnp.array([-1.5, 0.2, 2.0])
+    # (`inverse` solves it numerically unless told to keep to formulas.)
     with pytest.raises(NotInvertibleError, match=re.escape("`add`")):
-        inverse(lambda x: x**3 + x)(x**3 + x)
+        inverse(lambda x: x**3 + x, solvers=False)(x**3 + x)
     f = make_odd_cube()
     tree_allclose(inverse(f)(f(x)), x, rtol=1e-5)
 
@@ -124,7 +125,7 @@ def test_explain_inverse_marks_each_equation():
 
 def test_explain_inverse_reports_blocking_line():
     def f(x):
-        return x + jnp.sin(x)
+        return x * jnp.sum(x)
 
     report = explain_inverse(f, jnp.ones(3))
     assert "[BLOCKING]" in report

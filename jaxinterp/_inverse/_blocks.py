@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,6 +41,15 @@ _Literal = compat.Literal
 # Methods, as `explain_inverse` names them.
 PIECEWISE = "piecewise"
 ELEMENTWISE_SOLVE = "elementwise solve"
+LINEAR_SOLVE = "linear solve"
+
+# Kinds of block.
+ELEMENTWISE = "elementwise"
+LINEAR = "linear"
+
+# The most unknowns a linear block is solved for densely (its matrix has
+# this many squared entries).
+MAX_LINEAR = 2048
 
 # First-order primitives that act element by element on operands of one shape.
 _ELEMENTWISE = frozenset(
@@ -114,6 +124,49 @@ def is_elementwise(eqn: Any, shape: tuple[int, ...]) -> bool:
     return all(type(v) is _Literal or v.aval.shape in (shape, ()) for v in eqn.invars)
 
 
+# Steps linear in their unknown operands whichever they are, and the
+# conditions on the others (`unknown`: one flag per operand).
+_LINEAR: dict[str, Callable[[Sequence[bool]], bool]] = {
+    **{
+        name: lambda unknown: True
+        for name in (
+            "add sub add_any neg reshape transpose squeeze expand_dims "
+            "broadcast_in_dim slice concatenate rev pad reduce_sum cumsum copy "
+            "copy_p split"
+        ).split()
+    },
+    "mul": lambda unknown: sum(unknown) == 1,
+    "dot_general": lambda unknown: sum(unknown) == 1,
+    "div": lambda unknown: unknown[0] and not unknown[1],
+    "select_n": lambda unknown: not unknown[0],
+    "dynamic_slice": lambda unknown: not any(unknown[1:]),
+    "dynamic_update_slice": lambda unknown: not any(unknown[2:]),
+    "gather": lambda unknown: not any(unknown[1:]),
+}
+
+
+def is_linear(eqn: Any, unknown: Sequence[bool]) -> bool:
+    """Whether `eqn`'s results are an affine function of its unknown operands
+    (`unknown`: one flag per operand), all of a real floating type."""
+    if not all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in eqn.outvars):
+        return False
+    name = eqn.primitive.name
+    if name == "convert_element_type":
+        return all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in eqn.invars)
+    if eqn.primitive is compat.jit_p:
+        body = compat.jit_params(eqn.params).jaxpr.jaxpr
+        inner = {v for v, u in zip(body.invars, unknown, strict=True) if u}
+        for e in body.eqns:
+            flags = [type(v) is not _Literal and v in inner for v in e.invars]
+            if any(flags):
+                if not is_linear(e, flags):
+                    return False
+                inner.update(e.outvars)
+        return True
+    check = _LINEAR.get(name)
+    return check is not None and check(unknown)
+
+
 @dataclasses.dataclass
 class Site:
     """A place where the block picks a case by a value of the unknown."""
@@ -141,6 +194,34 @@ class Block:
     y: Any
     known: list[Any]  # the known variables the block reads
     sites: dict[Path, Site]
+    linear: bool  # whether every step is linear in the unknown
+    kind: str  # ELEMENTWISE or LINEAR
+    # Every known result the block solves from (a linear block may end at
+    # several equations); `y` is the first.
+    ys: list[Any] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.ys:
+            self.ys = [self.y]
+
+    def merge(self, other: Block) -> Block:
+        """The linear block solving from both blocks' results (one unknown)."""
+        order = sorted(set(self.indices) | set(other.indices))
+        by_index = dict(zip(self.indices, self.eqns, strict=True))
+        by_index.update(zip(other.indices, other.eqns, strict=True))
+        known = list(self.known) + [v for v in other.known if v not in self.known]
+        return Block(
+            self.top,
+            order,
+            [by_index[i] for i in order],
+            self.x,
+            self.y,
+            known,
+            {},
+            True,
+            LINEAR,
+            [*self.ys, *other.ys],
+        )
 
     def run(
         self,
@@ -210,10 +291,12 @@ def find_block(
     eqns: Sequence[Any],
     producer: dict[Any, int],
     known: Callable[[Any], bool],
+    kind: str = ELEMENTWISE,
 ) -> Block | None:
     """The block ending at equation `top` (whose one result is known), or
-    `None` if its unknown ancestors are not an elementwise function of one
-    floating value of the result's shape."""
+    `None` if its unknown ancestors are not a function of one floating value
+    of the kind asked for: `ELEMENTWISE` (every step elementwise, of the
+    result's shape) or `LINEAR` (every step linear in the unknown)."""
     eqn = eqns[top]
     if len(eqn.outvars) != 1:
         return None
@@ -221,7 +304,16 @@ def find_block(
     shape = y.aval.shape
     if not jnp.issubdtype(y.aval.dtype, jnp.floating):
         return None
-    if not is_elementwise(eqn, shape):
+
+    def member(e: Any) -> bool:
+        if len(e.outvars) != 1:
+            return False
+        if kind == ELEMENTWISE:
+            return is_elementwise(e, shape)
+        unknown = [type(v) is not _Literal and not known(v) for v in e.invars]
+        return is_linear(e, unknown)
+
+    if not member(eqn):
         return None
     region = {top}
     leaves: set[Any] = set()
@@ -235,7 +327,7 @@ def find_block(
         if p in region:
             continue
         inner = eqns[p]
-        if len(inner.outvars) != 1 or not is_elementwise(inner, shape):
+        if not member(inner):
             leaves.add(v)
             continue
         region.add(p)
@@ -243,7 +335,9 @@ def find_block(
     if len(leaves) != 1:
         return None
     (x,) = leaves
-    if x.aval.shape != shape or not jnp.issubdtype(x.aval.dtype, jnp.floating):
+    if not jnp.issubdtype(x.aval.dtype, jnp.floating):
+        return None
+    if kind == ELEMENTWISE and x.aval.shape != shape:
         return None
     indices = sorted(region)
     block_eqns = [eqns[i] for i in indices]
@@ -265,8 +359,13 @@ def find_block(
                 seen.add(v)
                 known_vars.append(v)
     sites: dict[Path, Site] = {}
-    _sites(block_eqns, {x}, (), sites, {})
-    return Block(top, indices, block_eqns, x, y, known_vars, sites)
+    if kind == ELEMENTWISE:
+        _sites(block_eqns, {x}, (), sites, {})
+    linear = kind == LINEAR or all(
+        is_linear(e, [type(v) is not _Literal and not known(v) for v in e.invars])
+        for e in block_eqns
+    )
+    return Block(top, indices, block_eqns, x, y, known_vars, sites, linear, kind)
 
 
 def _sites(
@@ -378,6 +477,53 @@ def _maps_back(block: Block, x: Any, y_x: Any, y: Any, known: Sequence[Any]) -> 
     )
 
 
+def solve_linear_elementwise(block: Block, y: Any, known: Sequence[Any]) -> Any:
+    """`x = (y - g(0)) / g'(0)` for an elementwise block linear in `x`: exact;
+    NaN where the slope is 0."""
+    zero = jnp.zeros(jnp.shape(y), jnp.result_type(y))
+    offset = block.g(zero, *known)
+    slope = _solve.derivative(block.g, zero, known)
+    nan = jnp.asarray(jnp.nan, jnp.result_type(y))
+    return jnp.where(slope == 0, nan, (y - offset) / jnp.where(slope == 0, 1, slope))
+
+
+def linear_matrix(block: Block, known: Sequence[Any]) -> tuple[Any, Any]:
+    """The block as `ys = J x + c` on flattened values: `(J, c)`."""
+    shape, dtype = block.x.aval.shape, block.x.aval.dtype
+    size = math.prod(shape)
+
+    def flat(xf: Any) -> Any:
+        env = block.run(jnp.reshape(xf, shape), known)
+        return jnp.concatenate([jnp.ravel(env[v]) for v in block.ys])
+
+    zero = jnp.zeros((size,), dtype)
+    return jax.jacfwd(flat)(zero), flat(zero)
+
+
+def solve_linear(
+    block: Block, ys: Sequence[Any], known: Sequence[Any]
+) -> tuple[Any, Any]:
+    """`x`, and `-log|det J|`, for a linear block `ys = J x + c`: an LU solve
+    when `J` is square, least squares when there are more results than
+    unknowns (the results hold `x` redundantly; the ildj is then NaN: the map
+    has no log-det). NaN unless the residual is within rounding (`ys`
+    outside the image, or `J` singular)."""
+    jac, offset = linear_matrix(block, known)
+    rhs = jnp.concatenate([jnp.ravel(y) for y in ys]) - offset
+    m, n = jac.shape
+    if m == n:
+        x = jnp.linalg.solve(jac, rhs)
+        ildj = -jnp.linalg.slogdet(jac)[1]
+    else:
+        x = jnp.linalg.lstsq(jac, rhs)[0]
+        ildj = jnp.asarray(jnp.nan, jnp.result_type(rhs))
+    eps = jnp.finfo(jnp.result_type(rhs)).eps
+    scale = jnp.abs(jac) @ jnp.abs(x) + jnp.abs(rhs)
+    ok = jnp.all(jnp.abs(jac @ x - rhs) <= 8 * n * eps * scale)
+    x = jnp.where(ok, x, jnp.nan)
+    return jnp.reshape(x, block.x.aval.shape), ildj
+
+
 def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
     """`x` by the elementwise solver (NaN where no root is found)."""
     return _solve.solver(block.g)(y, *known)
@@ -387,6 +533,24 @@ def block_ildj(block: Block, x: Any, known: Sequence[Any]) -> Any:
     """`-sum(log|g'(x)|)`: the block's inverse log-det-Jacobian."""
     slope = _solve.derivative(block.g, x, known)
     return -jnp.sum(jnp.log(jnp.abs(slope)))
+
+
+def too_large(block: Block) -> str:
+    size = math.prod(block.x.aval.shape)
+    return (
+        f"its unknown operand is a linear function of one value of "
+        f"{size} elements ({block.x.aval.str_short()}), more than jaxinterp "
+        f"solves for densely ({MAX_LINEAR})"
+    )
+
+
+def too_few(block: Block) -> str:
+    results = ", ".join(v.aval.str_short() for v in block.ys)
+    return (
+        f"its unknown operand is a linear function of one value "
+        f"{block.x.aval.str_short()}, and the known results it reaches "
+        f"({results}) have fewer elements"
+    )
 
 
 SOLVERS_OFF = (

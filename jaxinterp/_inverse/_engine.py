@@ -13,6 +13,7 @@ per signature and removes dead code from the resulting Jaxpr.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -253,7 +254,7 @@ class InverseWalker(BackwardWalker):
             # Both methods check that `x` maps back to `y` (else NaN), so they
             # may start from a value chosen on a branch; what they find is
             # then a choice too, as is a numerical solve's preimage.
-            chosen_from = [v for v in (block.y, *block.known) if v in taint]
+            chosen_from = [v for v in (*block.ys, *block.known) if v in taint]
             tainted = method == bl.ELEMENTWISE_SOLVE or bool(chosen_from)
             origin: Any = None
             if method == bl.ELEMENTWISE_SOLVE:
@@ -535,31 +536,76 @@ class InverseWalker(BackwardWalker):
         """Solve the first elementwise block ending at a blocked equation:
         (the block, its unknown's value, its ildj, the method), or `None`."""
         for top in sorted(reasons, reverse=True):
-            block = bl.find_block(top, eqns, producer, env.__contains__)
+            known_now = env.__contains__
+            block = bl.find_block(top, eqns, producer, known_now) or bl.find_block(
+                top, eqns, producer, known_now, kind=bl.LINEAR
+            )
             if block is None or block.x in pieces:
                 continue
+            if block.kind == bl.LINEAR:
+                block = self._join_linear(block, eqns, producer, env, reasons)
             y = env[block.y]
             known = [env[v] for v in block.known]
+            ildj: Any = 0.0
             try:
-                x = bl.solve_piecewise(block, y, known, self._invert_case)
-                method = bl.PIECEWISE
+                if block.kind == bl.LINEAR:
+                    size = math.prod(block.x.aval.shape)
+                    if size > sum(math.prod(v.aval.shape) for v in block.ys):
+                        reasons[top] = bl.too_few(block)
+                        continue
+                    if size > bl.MAX_LINEAR:
+                        reasons[top] = bl.too_large(block)
+                        continue
+                    if not solvers:
+                        reasons[top] = bl.SOLVERS_OFF
+                        continue
+                    ys = [env[v] for v in block.ys]
+                    x, ildj = bl.solve_linear(block, ys, known)
+                    return block, x, ildj if want_ildj else 0.0, bl.LINEAR_SOLVE
+                if block.linear:
+                    x = bl.solve_linear_elementwise(block, y, known)
+                    method = bl.LINEAR_SOLVE
+                else:
+                    x = bl.solve_piecewise(block, y, known, self._invert_case)
+                    method = bl.PIECEWISE
                 if x is None:
                     if not solvers:
                         reasons[top] = bl.SOLVERS_OFF
                         continue
                     x = bl.solve_numerically(block, y, known)
                     method = bl.ELEMENTWISE_SOLVE
-                ildj = bl.block_ildj(block, x, known) if want_ildj else 0.0
+                if want_ildj:
+                    ildj = bl.block_ildj(block, x, known)
             except JaxinterpError:
                 raise
             except Exception as err:
                 eqn = eqns[top]
                 raise RuleError(
-                    f"{eqn_context(self.name, eqn)}, solving the elementwise block "
-                    f"that ends there raised {type(err).__name__}: {err}"
+                    f"{eqn_context(self.name, eqn)}, solving the block of "
+                    f"equations that ends there raised {type(err).__name__}: {err}"
                 ) from err
             return block, x, ildj, method
         return None
+
+    def _join_linear(
+        self,
+        block: bl.Block,
+        eqns: Sequence[Any],
+        producer: dict[Any, int],
+        env: Env,
+        reasons: dict[int, str],
+    ) -> bl.Block:
+        """`block` joined with the other blocked linear blocks of its unknown
+        (sums and differences of halves: each alone has too few results)."""
+        for other_top in sorted(reasons):
+            if other_top in block.indices:
+                continue
+            other = bl.find_block(
+                other_top, eqns, producer, env.__contains__, kind=bl.LINEAR
+            )
+            if other is not None and other.x is block.x:
+                block = block.merge(other)
+        return block
 
     def _invert_case(self, closed: Any, invals: Sequence[Any], y: Any) -> Any | None:
         """One case of a piecewise block, inverted by formulas alone."""
