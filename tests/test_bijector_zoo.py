@@ -506,3 +506,110 @@ print(float(jnp.max(jnp.abs(got - x))), float(abs(ildj - ref)))
     )
     err_x, err_ildj = map(float, out.split())
     assert err_x < 1e-12 and err_ildj < 1e-10, out
+
+
+# ---------------------------------------------------------------------------
+# Linear blocks: the unknown reaches the results along several linear paths.
+
+_V = jnp.array([0.6, 0.0, 0.8, 0.0])
+_D = jnp.array([1.5, 2.0, 0.5, 1.0])
+_U = jnp.array([[0.1, 0.2], [0.3, -0.1], [0.0, 0.2], [0.1, 0.1]])
+_W = jnp.array([[0.2, 0.1], [-0.1, 0.3], [0.1, 0.0], [0.0, 0.2]])
+
+
+def _householder(x):
+    return x - 2 * _V * jnp.dot(_V, x)
+
+
+def _diag_plus_low_rank(x):
+    return _D * x + _U @ (_W.T @ x) + 0.25
+
+
+def _haar(x):
+    a, b = x[::2], x[1::2]
+    return jnp.concatenate([(a + b) / jnp.sqrt(2.0), (a - b) / jnp.sqrt(2.0)])
+
+
+def _two_level_haar(x):
+    return _haar(jnp.concatenate([_haar(x[:4])[:4], x[4:]]))
+
+
+def _mixing(x):  # a rotation written by hand, then a shear
+    c, s = math.cos(0.3), math.sin(0.3)
+    u = jnp.stack([c * x[0] - s * x[1], s * x[0] + c * x[1], x[2], x[3]])
+    return u + 0.5 * jnp.roll(u, 1) * jnp.array([0.0, 1.0, 1.0, 1.0])
+
+
+LINEAR_ZOO = [
+    ("householder", _householder, jnp.array([0.3, -1.2, 2.0, 0.5])),
+    ("diag_plus_low_rank", _diag_plus_low_rank, jnp.array([0.3, -1.2, 2.0, 0.5])),
+    ("haar", _haar, jnp.array([0.3, -1.2, 2.0, 0.5])),
+    ("two_level_haar", _two_level_haar, jnp.linspace(-1.0, 2.0, 6)),
+    ("mixing", _mixing, jnp.array([0.3, -1.2, 2.0, 0.5])),
+]
+
+
+@pytest.mark.parametrize("name, f, x", LINEAR_ZOO, ids=[c[0] for c in LINEAR_ZOO])
+def test_linear_blocks(name, f, x):
+    y = f(x)
+    got_x, got_ildj = inverse_and_ildj(f)(y)
+    jac = jax.jacfwd(f)(x)
+    _close(got_x, jnp.linalg.solve(jac, y - f(jnp.zeros_like(x))), atol=1e-5)
+    _close(got_x, x, atol=1e-5)
+    _close(got_ildj, -jnp.linalg.slogdet(jac)[1], atol=1e-5)
+    inv = inverse(f)
+    _close(jax.jit(inv)(y), x, atol=1e-5)
+    _close(jax.vmap(inv)(jnp.stack([y, f(2 * x)])), jnp.stack([x, 2 * x]), atol=1e-5)
+    # The inverse is linear too: its gradient is a row sum of J^-1.
+    want = jnp.sum(jnp.linalg.inv(jac), axis=0)
+    _close(jax.grad(lambda t: jnp.sum(inv(t)))(y), want, atol=1e-5)
+    assert "(linear solve)" in jaxinterp.explain_inverse(f, x)
+
+
+def test_linear_block_with_known_parameters():
+    def dlr(x, d, u, w):
+        return d * x + u @ (w.T @ x)
+
+    x = jnp.array([0.3, -1.2, 2.0, 0.5])
+    y = dlr(x, _D, _U, _W)
+    inv = inverse(dlr, argnums=0)
+    _close(inv(y, _D, _U, _W), x, atol=1e-5)
+
+    def hand(y, d, u, w):
+        return jnp.linalg.solve(jnp.diag(d) + u @ w.T, y)
+
+    for k in (1, 2, 3):
+        args = [_D, _U, _W]
+        got = jax.grad(lambda a, k=k: jnp.sum(inv(y, *args[: k - 1], a, *args[k:])))
+        want = jax.grad(lambda a, k=k: jnp.sum(hand(y, *args[: k - 1], a, *args[k:])))
+        _close(got(args[k - 1]), want(args[k - 1]), rtol=1e-3, atol=1e-4)
+    got = jax.grad(lambda d: ildj(dlr, argnums=0)(y, d, _U, _W))(_D)
+    want = jax.grad(lambda d: -jnp.linalg.slogdet(jnp.diag(d) + _U @ _W.T)[1])(_D)
+    _close(got, want, rtol=1e-3, atol=1e-4)
+
+
+def test_redundant_linear_results_use_the_ones_that_determine_x():
+    def f(x):  # 3 results of 2 unknowns, none determining any alone
+        return jnp.stack([x[0] + x[1], x[0] - x[1], x[0] + 2 * x[1]])
+
+    x = jnp.array([0.3, -1.2])
+    got_x, got_ildj = inverse_and_ildj(f, example_args=(x,))(f(x))
+    _close(got_x, x, atol=1e-5)
+    assert np.isnan(got_ildj), "a map that is not square has no log-det"
+    assert "(linear solve)" in jaxinterp.explain_inverse(f, x)
+    # Results outside the image (inconsistent with each other): NaN.
+    bad = f(x).at[-1].add(1.0)
+    assert np.isnan(np.asarray(inverse(f, example_args=(x,))(bad))).all()
+
+
+def test_a_singular_linear_block_gives_nan():
+    def f(x):  # x[0] + x[1] twice: J is singular
+        return jnp.stack([x[0] + x[1], 2 * (x[0] + x[1])])
+
+    got = inverse(f)(jnp.array([1.0, 2.0]))
+    assert np.isnan(np.asarray(got)).all(), got
+
+
+def test_linear_blocks_are_solvers():
+    with pytest.raises(NotInvertibleError, match=r"solvers=False"):
+        inverse(_householder, solvers=False)(jnp.ones(4))

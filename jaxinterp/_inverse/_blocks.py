@@ -31,6 +31,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
@@ -199,10 +200,19 @@ class Block:
     # Every known result the block solves from (a linear block may end at
     # several equations); `y` is the first.
     ys: list[Any] = dataclasses.field(default_factory=list)
+    # Every unknown the block solves for (a linear block may have several);
+    # `x` is the first. `run` takes one value per unknown when there are
+    # several.
+    xs: list[Any] = dataclasses.field(default_factory=list)
+    # Unknowns of a linear block partly known already (from pieces): their
+    # known value (zeros elsewhere) and the flat indices still unknown.
+    partial: dict[Any, tuple[Any, np.ndarray]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.ys:
             self.ys = [self.y]
+        if not self.xs:
+            self.xs = [self.x]
 
     def merge(self, other: Block) -> Block:
         """The linear block solving from both blocks' results (one unknown)."""
@@ -210,6 +220,7 @@ class Block:
         by_index = dict(zip(self.indices, self.eqns, strict=True))
         by_index.update(zip(other.indices, other.eqns, strict=True))
         known = list(self.known) + [v for v in other.known if v not in self.known]
+        xs = list(self.xs) + [v for v in other.xs if v not in self.xs]
         return Block(
             self.top,
             order,
@@ -221,6 +232,8 @@ class Block:
             True,
             LINEAR,
             [*self.ys, *other.ys],
+            xs,
+            {**self.partial, **other.partial},
         )
 
     def run(
@@ -233,7 +246,9 @@ class Block:
         """Evaluate the block: the values of its variables. With `choice`, the
         sites take those cases; with `selected`, each site's key is mapped to
         which case its predicate picks (an int32 array)."""
-        env: dict[Any, Any] = {self.x: x}
+        env: dict[Any, Any] = (
+            dict(zip(self.xs, x, strict=True)) if len(self.xs) > 1 else {self.x: x}
+        )
         env.update(zip(self.known, known, strict=True))
         self._run(self.eqns, env, (), choice, selected)
         return env
@@ -332,11 +347,12 @@ def find_block(
             continue
         region.add(p)
         todo.extend(u for u in inner.invars if type(u) is not _Literal and not known(u))
-    if len(leaves) != 1:
+    if not leaves or (kind == ELEMENTWISE and len(leaves) != 1):
         return None
-    (x,) = leaves
-    if not jnp.issubdtype(x.aval.dtype, jnp.floating):
+    if not all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in leaves):
         return None
+    xs = sorted(leaves, key=lambda v: producer.get(v, -1))
+    x = xs[0]
     if kind == ELEMENTWISE and x.aval.shape != shape:
         return None
     indices = sorted(region)
@@ -365,7 +381,9 @@ def find_block(
         is_linear(e, [type(v) is not _Literal and not known(v) for v in e.invars])
         for e in block_eqns
     )
-    return Block(top, indices, block_eqns, x, y, known_vars, sites, linear, kind)
+    return Block(
+        top, indices, block_eqns, x, y, known_vars, sites, linear, kind, [y], xs
+    )
 
 
 def _sites(
@@ -487,41 +505,73 @@ def solve_linear_elementwise(block: Block, y: Any, known: Sequence[Any]) -> Any:
     return jnp.where(slope == 0, nan, (y - offset) / jnp.where(slope == 0, 1, slope))
 
 
-def linear_matrix(block: Block, known: Sequence[Any]) -> tuple[Any, Any]:
-    """The block as `ys = J x + c` on flattened values: `(J, c)`."""
-    shape, dtype = block.x.aval.shape, block.x.aval.dtype
-    size = math.prod(shape)
+def _unknown_indices(block: Block, v: Any) -> np.ndarray | None:
+    """The flat indices of `v` a linear block solves for (`None`: all)."""
+    got = block.partial.get(v)
+    return None if got is None else got[1]
 
-    def flat(xf: Any) -> Any:
-        env = block.run(jnp.reshape(xf, shape), known)
+
+def linear_matrix(block: Block, known: Sequence[Any]) -> tuple[Any, Any]:
+    """The block as `ys = J u + c` on flattened values, where `u` holds the
+    unknown elements of the block's unknowns: `(J, c)`."""
+    avals = [v.aval for v in block.xs]
+    sizes = [_size(block, v) for v in block.xs]
+    dtype = jnp.result_type(*(a.dtype for a in avals))
+
+    def flat(u: Any) -> Any:
+        parts = _place(block, u)
+        env = block.run(parts if len(parts) > 1 else parts[0], known)
         return jnp.concatenate([jnp.ravel(env[v]) for v in block.ys])
 
-    zero = jnp.zeros((size,), dtype)
+    zero = jnp.zeros((sum(sizes),), dtype)
     return jax.jacfwd(flat)(zero), flat(zero)
+
+
+def _size(block: Block, v: Any) -> int:
+    indices = _unknown_indices(block, v)
+    return math.prod(v.aval.shape) if indices is None else int(indices.size)
+
+
+def _place(block: Block, u: Any) -> list[Any]:
+    """The block's unknowns from the vector `u` of their unknown elements."""
+    parts, start = [], 0
+    for v in block.xs:
+        size = _size(block, v)
+        piece = u[start : start + size].astype(v.aval.dtype)
+        start += size
+        got = block.partial.get(v)
+        if got is None:
+            parts.append(jnp.reshape(piece, v.aval.shape))
+        else:
+            base, indices = got
+            flat = jnp.ravel(base).at[indices].set(piece)
+            parts.append(jnp.reshape(flat, v.aval.shape))
+    return parts
 
 
 def solve_linear(
     block: Block, ys: Sequence[Any], known: Sequence[Any]
 ) -> tuple[Any, Any]:
-    """`x`, and `-log|det J|`, for a linear block `ys = J x + c`: an LU solve
-    when `J` is square, least squares when there are more results than
-    unknowns (the results hold `x` redundantly; the ildj is then NaN: the map
-    has no log-det). NaN unless the residual is within rounding (`ys`
-    outside the image, or `J` singular)."""
+    """The unknowns (one value, or a list for several) and `-log|det J|`
+    for a linear block `ys = J u + c`: an LU solve when `J` is square, least
+    squares when there are more results than unknowns (the results hold the
+    unknowns redundantly; the ildj is then NaN: the map has no log-det). NaN
+    unless the residual is within rounding (`ys` outside the image, or `J`
+    singular)."""
     jac, offset = linear_matrix(block, known)
     rhs = jnp.concatenate([jnp.ravel(y) for y in ys]) - offset
     m, n = jac.shape
     if m == n:
-        x = jnp.linalg.solve(jac, rhs)
+        u = jnp.linalg.solve(jac, rhs)
         ildj = -jnp.linalg.slogdet(jac)[1]
     else:
-        x = jnp.linalg.lstsq(jac, rhs)[0]
+        u = jnp.linalg.lstsq(jac, rhs)[0]
         ildj = jnp.asarray(jnp.nan, jnp.result_type(rhs))
     eps = jnp.finfo(jnp.result_type(rhs)).eps
-    scale = jnp.abs(jac) @ jnp.abs(x) + jnp.abs(rhs)
-    ok = jnp.all(jnp.abs(jac @ x - rhs) <= 8 * n * eps * scale)
-    x = jnp.where(ok, x, jnp.nan)
-    return jnp.reshape(x, block.x.aval.shape), ildj
+    scale = jnp.abs(jac) @ jnp.abs(u) + jnp.abs(rhs)
+    ok = jnp.all(jnp.abs(jac @ u - rhs) <= 8 * n * eps * scale)
+    parts = _place(block, jnp.where(ok, u, jnp.nan))
+    return (parts if len(parts) > 1 else parts[0]), ildj
 
 
 def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
@@ -535,20 +585,40 @@ def block_ildj(block: Block, x: Any, known: Sequence[Any]) -> Any:
     return -jnp.sum(jnp.log(jnp.abs(slope)))
 
 
+def unknown_size(block: Block) -> int:
+    return sum(_size(block, v) for v in block.xs)
+
+
+def partly_known(shape: Sequence[int], dtype: Any, pieces: Sequence[Any]) -> Any:
+    """A value of `shape` holding `pieces` (see `_rules.Piece`), 0 elsewhere,
+    and the flat indices no piece covers."""
+    covered = np.zeros(tuple(shape), bool)
+    base = jnp.zeros(tuple(shape), dtype)
+    for piece in pieces:
+        covered[piece.index()] = True
+        base = base.at[piece.index()].set(jnp.asarray(piece.value, dtype))
+    return base, np.flatnonzero(~covered)
+
+
+def _describe_unknowns(block: Block) -> str:
+    if len(block.xs) == 1:
+        return f"one value {block.x.aval.str_short()}"
+    return "values " + ", ".join(v.aval.str_short() for v in block.xs)
+
+
 def too_large(block: Block) -> str:
-    size = math.prod(block.x.aval.shape)
     return (
-        f"its unknown operand is a linear function of one value of "
-        f"{size} elements ({block.x.aval.str_short()}), more than jaxinterp "
-        f"solves for densely ({MAX_LINEAR})"
+        f"its unknown operand is a linear function of "
+        f"{_describe_unknowns(block)}: {unknown_size(block)} unknowns, more "
+        f"than jaxinterp solves for densely ({MAX_LINEAR})"
     )
 
 
 def too_few(block: Block) -> str:
     results = ", ".join(v.aval.str_short() for v in block.ys)
     return (
-        f"its unknown operand is a linear function of one value "
-        f"{block.x.aval.str_short()}, and the known results it reaches "
+        f"its unknown operand is a linear function of "
+        f"{_describe_unknowns(block)}, and the known results it reaches "
         f"({results}) have fewer elements"
     )
 

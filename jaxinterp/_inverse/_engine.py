@@ -262,10 +262,11 @@ class InverseWalker(BackwardWalker):
             elif chosen_from:
                 origin = chooser[chosen_from[0]]
             values = block.run(x_val, [env[v] for v in block.known])
-            new_vars = [block.x, *(v for e in block.eqns for v in e.outvars)]
+            new_vars = [*block.xs, *(v for e in block.eqns for v in e.outvars)]
             for v in new_vars:
                 if v not in env:
                     env[v] = values[v]
+                    pieces.pop(v, None)
                     if tainted:
                         mark(v, br.REALS, origin)
             for j in block.indices:
@@ -540,16 +541,23 @@ class InverseWalker(BackwardWalker):
             block = bl.find_block(top, eqns, producer, known_now) or bl.find_block(
                 top, eqns, producer, known_now, kind=bl.LINEAR
             )
-            if block is None or block.x in pieces:
+            if block is None:
                 continue
             if block.kind == bl.LINEAR:
                 block = self._join_linear(block, eqns, producer, env, reasons)
+                for v in block.xs:
+                    if v in pieces:
+                        block.partial[v] = bl.partly_known(
+                            v.aval.shape, v.aval.dtype, pieces[v]
+                        )
+            elif block.x in pieces:
+                continue
             y = env[block.y]
             known = [env[v] for v in block.known]
             ildj: Any = 0.0
             try:
                 if block.kind == bl.LINEAR:
-                    size = math.prod(block.x.aval.shape)
+                    size = bl.unknown_size(block)
                     if size > sum(math.prod(v.aval.shape) for v in block.ys):
                         reasons[top] = bl.too_few(block)
                         continue
@@ -595,16 +603,21 @@ class InverseWalker(BackwardWalker):
         env: Env,
         reasons: dict[int, str],
     ) -> bl.Block:
-        """`block` joined with the other blocked linear blocks of its unknown
-        (sums and differences of halves: each alone has too few results)."""
-        for other_top in sorted(reasons):
-            if other_top in block.indices:
-                continue
-            other = bl.find_block(
-                other_top, eqns, producer, env.__contains__, kind=bl.LINEAR
-            )
-            if other is not None and other.x is block.x:
-                block = block.merge(other)
+        """`block` joined with the other blocked linear blocks that share an
+        unknown with it (sums and differences of halves: each alone has too
+        few results)."""
+        changed = True
+        while changed:
+            changed = False
+            for other_top in sorted(reasons):
+                if other_top in block.indices:
+                    continue
+                other = bl.find_block(
+                    other_top, eqns, producer, env.__contains__, kind=bl.LINEAR
+                )
+                if other is not None and set(other.xs) & set(block.xs):
+                    block = block.merge(other)
+                    changed = True
         return block
 
     def _invert_case(self, closed: Any, invals: Sequence[Any], y: Any) -> Any | None:
