@@ -578,8 +578,8 @@ def test_linear_block_with_known_parameters():
     def hand(y, d, u, w):
         return jnp.linalg.solve(jnp.diag(d) + u @ w.T, y)
 
+    args = [_D, _U, _W]
     for k in (1, 2, 3):
-        args = [_D, _U, _W]
         got = jax.grad(lambda a, k=k: jnp.sum(inv(y, *args[: k - 1], a, *args[k:])))
         want = jax.grad(lambda a, k=k: jnp.sum(hand(y, *args[: k - 1], a, *args[k:])))
         _close(got(args[k - 1]), want(args[k - 1]), rtol=1e-3, atol=1e-4)
@@ -613,3 +613,60 @@ def test_a_singular_linear_block_gives_nan():
 def test_linear_blocks_are_solvers():
     with pytest.raises(NotInvertibleError, match=r"solvers=False"):
         inverse(_householder, solvers=False)(jnp.ones(4))
+
+
+# ---------------------------------------------------------------------------
+# Embeddings: the unknown is copied into a larger array at known positions.
+
+
+def test_fill_triangular_by_scatter():
+    rows, cols = np.tril_indices(4)
+
+    def fill(t):  # NumPyro's `vec_to_tril_matrix` way
+        return jnp.zeros((4, 4)).at[rows, cols].set(t)
+
+    def hand(m):
+        return m[rows, cols]
+
+    t = jnp.linspace(-1.0, 2.0, 10)
+    got, got_ildj = inverse_and_ildj(fill, example_args=(t,))(fill(t))
+    _close(got, hand(fill(t)))
+    assert float(got_ildj) == 0.0  # a copy: no volume change
+    inv = inverse(fill, example_args=(t,))
+    _close(jax.vmap(inv)(jnp.stack([fill(t), fill(2 * t)])), jnp.stack([t, 2 * t]))
+    _close(jax.grad(lambda m: jnp.sum(inv(m) ** 2))(fill(t)), fill(2 * t))
+
+
+def test_scatter_add_into_a_known_operand():
+    def f(t, base):
+        return base.at[1:, 0].add(t)
+
+    base = jnp.arange(12.0).reshape(4, 3)
+    t = jnp.array([0.5, -1.0, 2.0])
+    _close(inverse(f, argnums=0, example_args=(t,))(f(t, base), base), t)
+
+
+def test_scatter_refuses_repeated_or_dropped_indices():
+    t = jnp.ones(2)
+    with pytest.raises(NotInvertibleError, match="repeated indices"):
+        inverse(lambda t: jnp.zeros(5).at[np.array([1, 1])].set(t), example_args=(t,))(
+            jnp.ones(5)
+        )
+    with pytest.raises(NotInvertibleError, match="out of bounds"):
+        inverse(
+            lambda t: jnp.zeros(5).at[np.array([1, 7])].set(t, mode="drop"),
+            example_args=(t,),
+        )(jnp.ones(5))
+
+
+def test_scatter_at_traced_indices_gives_nan_where_they_repeat():
+    def f(t, idx):
+        return jnp.zeros(5).at[idx].set(t)
+
+    t = jnp.array([1.0, 2.0, 3.0])
+    inv = inverse(f, argnums=0, example_args=(t,))
+    good = jnp.array([4, 0, 2])
+    _close(inv(f(t, good), good), t)
+    bad = jnp.array([4, 0, 4])
+    got = np.asarray(inv(f(t, bad), bad))
+    assert np.isnan(got[[0, 2]]).all() and got[1] == 2.0, got

@@ -536,3 +536,128 @@ if _tile_p is not None:
         raise NotInvertibleError(
             f"`tile` with reps {tuple(reps)} copies its operand; it is not a bijection."
         )
+
+
+# ---------------------------------------------------------------------------
+# Scatters of unknown updates into a known operand at known positions
+# (`jnp.zeros(n).at[idx].set(x)`: fill-triangular, padding into a mask).
+
+
+def _gather_like_scatter(
+    y: Any, indices: Any, dn: Any, updates_shape: Sequence[int], mode: Any
+) -> Any:
+    """The gather that reads back what a scatter with `dn` wrote."""
+    inserted = tuple(dn.inserted_window_dims)
+    operand_batching = tuple(getattr(dn, "operand_batching_dims", ()))
+    window = iter(dn.update_window_dims)
+    slice_sizes = []
+    for d in range(jnp.ndim(y)):
+        if d in inserted or d in operand_batching:
+            slice_sizes.append(1)
+        else:
+            slice_sizes.append(int(updates_shape[next(window)]))
+    gather_dn = lax.GatherDimensionNumbers(
+        offset_dims=tuple(dn.update_window_dims),
+        collapsed_slice_dims=inserted,
+        start_index_map=tuple(dn.scatter_dims_to_operand_dims),
+        **(
+            {
+                "operand_batching_dims": operand_batching,
+                "start_indices_batching_dims": tuple(
+                    dn.scatter_indices_batching_dims
+                ),
+            }
+            if operand_batching
+            else {}
+        ),
+    )
+    return lax.gather(
+        y,
+        indices,
+        gather_dn,
+        tuple(slice_sizes),
+        mode=lax.GatherScatterMode.FILL_OR_DROP,
+        fill_value=jnp.nan if jnp.issubdtype(jnp.result_type(y), jnp.inexact) else 0,
+    )
+
+
+def _landings(
+    operand_shape: Sequence[int], indices: Any, updates_shape: Sequence[int], dn: Any
+) -> Any:
+    """How many update elements each operand element receives."""
+    ones = jnp.ones(tuple(updates_shape), jnp.int32)
+    zeros = jnp.zeros(tuple(operand_shape), jnp.int32)
+    return lax.scatter_add(
+        zeros, indices, ones, dn, mode=lax.GatherScatterMode.FILL_OR_DROP
+    )
+
+
+def _scatter_rule(name: str) -> Any:
+    def rule(
+        ctx: InverseContext,
+        outvals: Sequence[Any],
+        operand: Any,
+        indices: Any,
+        updates: Any,
+        *,
+        dimension_numbers: Any,
+        **params: Any,
+    ) -> Any:
+        if updates is not None or operand is None or indices is None:
+            if operand is None and updates is not None and indices is not None:
+                raise NotInvertibleError(
+                    f"`{name}` overwrites the elements of its operand at the "
+                    "indices, so they cannot be recovered (only the updates can)"
+                )
+            return None
+        (y,) = outvals
+        dn = dimension_numbers
+        upd_aval = ctx.operand_aval(2)
+        updates_shape = tuple(upd_aval.shape)
+        if not _is_tracer(indices):
+            with jax.ensure_compile_time_eval():
+                counts = np.asarray(
+                    _landings(jnp.shape(y), indices, updates_shape, dn)
+                )
+            total = int(np.prod(updates_shape))
+            if counts.max(initial=0) > 1:
+                raise NotInvertibleError(
+                    f"`{name}` writes several updates to one position (repeated "
+                    "indices), so they cannot be told apart"
+                )
+            if int(counts.sum()) != total:
+                raise NotInvertibleError(
+                    f"`{name}` drops {total - int(counts.sum())} update "
+                    "element(s) whose indices are out of bounds"
+                )
+            landed = None
+        elif jnp.issubdtype(jnp.result_type(y), jnp.inexact):
+            counts = _landings(jnp.shape(y), indices, updates_shape, dn)
+            landed = _gather_like_scatter(
+                counts.astype(jnp.result_type(y)), indices, dn, updates_shape, None
+            )
+        else:
+            raise NotInvertibleError(
+                f"`{name}` of integers with traced indices is not inverted: "
+                "whether they are distinct is only known at run time, and "
+                "integers cannot hold the NaN that marks a failed check"
+            )
+        got = _gather_like_scatter(y, indices, dn, updates_shape, None)
+        if name == "scatter-add":
+            got = got - _gather_like_scatter(operand, indices, dn, updates_shape, None)
+        if landed is not None:
+            got = jnp.where(landed == 1, got, jnp.nan)
+        return [operand, indices, got.astype(upd_aval.dtype)], 0.0
+
+    rule.__name__ = f"_{name.replace('-', '_')}_inverse"
+    rule.__doc__ = (
+        f"`{name}` of unknown updates into a known operand at known distinct "
+        "in-bounds indices: the updates are read back with a gather (under "
+        "tracing, updates whose indices repeat or fall outside give NaN). The "
+        "map copies values, so its ildj is 0."
+    )
+    return rule
+
+
+inverse_rules.register(lax.scatter_p)(_scatter_rule("scatter"))
+inverse_rules.register(lax.scatter_add_p)(_scatter_rule("scatter-add"))
