@@ -613,6 +613,8 @@ def _scatter_rule(name: str) -> Any:
         (y,) = outvals
         dn = dimension_numbers
         upd_aval = ctx.operand_aval(2)
+        if upd_aval is None:  # a context without avals: the updates' shape
+            return None  # is not known
         updates_shape = tuple(upd_aval.shape)
         if not _is_tracer(indices):
             with jax.ensure_compile_time_eval():
