@@ -8,6 +8,8 @@ Run: `python benchmarks/bench_inverse.py` (add `--quick` for small sizes).
 * tracing: building the inverse Jaxpr of a chain of N equations against one
   re-trace of `f`'s Jaxpr through `jax.core.eval_jaxpr`, N = 1,000 and
   10,000, and the scaling to 100,000; a wide graph of k independent inputs;
+* blocks: `jit(inverse(f))` of maps solved as blocks (numerically, case by
+  case, by a linear solve) against their closed-form inverses under `jit`;
 * eager: repeated `inverse(f)(y)` calls against the hand-written inverse
   called eagerly.
 """
@@ -159,6 +161,57 @@ def bench_compiled(quick: bool) -> None:
         )
 
 
+def bench_blocks(quick: bool) -> None:
+    print("## blocks: jit(inverse(f)) / jit(closed-form inverse)")
+    n = 100_000 if quick else 1_000_000
+    x = jnp.linspace(-4.0, 4.0, n)
+
+    def softsign(x):
+        return x / (1 + jnp.abs(x))
+
+    def leaky(x):
+        return jnp.where(x >= 0, x, 0.1 * x)
+
+    def householder(x):
+        v = jnp.ones(x.shape[-1]) / jnp.sqrt(x.shape[-1])
+        return x - 2 * v * jnp.dot(v, x)
+
+    xh = jnp.linspace(-1.0, 1.0, 256)
+    cases = {
+        # (forward, closed form, y, target ratio)
+        "elementwise solve (softsign)": (
+            softsign,
+            lambda y: y / (1 - jnp.abs(y)),
+            softsign(x),
+            3.0,
+        ),
+        "piecewise (leaky ReLU)": (
+            leaky,
+            lambda y: jnp.where(y >= 0, y, y / 0.1),
+            leaky(x),
+            1.5,
+        ),
+        "linear solve (Householder, 256)": (
+            householder,
+            householder,  # a reflection is its own inverse
+            householder(xh),
+            None,
+        ),
+    }
+    for name, (fn, hand, y, target) in cases.items():
+        ours = jax.jit(jaxinterp.inverse(fn))
+        theirs = jax.jit(hand)
+        times = compare(
+            {"ours": lambda ours=ours, y=y: ours(y), "hand": lambda y=y: theirs(y)},
+            repeats=10 if quick else 30,
+        )
+        ratio = min(times["ours"]) / min(times["hand"])
+        if target is None:
+            print(f"{name}: time ratio {ratio:.2f} (dense solve against a formula)")
+        else:
+            report(f"{name}: time ratio", ratio, target)
+
+
 # ---------------------------------------------------------------------------
 # Tracing cost.
 
@@ -265,6 +318,7 @@ def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
     print_header("bench_inverse")
     bench_compiled(args.quick)
+    bench_blocks(args.quick)
     bench_tracing(args.quick)
     bench_eager(args.quick)
 

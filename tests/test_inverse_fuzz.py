@@ -53,6 +53,8 @@ NOT_GENERATED = {
     "eval_jaxpr": "JAX >= 0.12's merged `call`/`closed_call`, as above",
     "call_hi_primitive": "staged only under JAX's opt-in hijax flags; "
     "inverted in test_inverse_hijax.py",
+    "shard_map": "needs several devices: inverted in test_multidevice.py (8 "
+    "simulated CPU devices, in a subprocess)",
 }
 
 

@@ -82,6 +82,10 @@ _CALLS = frozenset(
 # At most this many case combinations are tried by the piecewise method.
 MAX_CASES = 16
 
+# At most this many values are tried as the one unknown of an elementwise
+# block whose region reaches several.
+_MAX_CUTS = 64
+
 
 def _scalar_broadcast(eqn: Any) -> bool:
     """A `broadcast_in_dim` of a scalar: elementwise inside a called body."""
@@ -330,23 +334,43 @@ def find_block(
 
     if not member(eqn):
         return None
-    region = {top}
-    leaves: set[Any] = set()
-    todo = [v for v in eqn.invars if type(v) is not _Literal and not known(v)]
-    while todo:
-        v = todo.pop()
-        p = producer.get(v)
-        if p is None:
-            leaves.add(v)
-            continue
-        if p in region:
-            continue
-        inner = eqns[p]
-        if not member(inner):
-            leaves.add(v)
-            continue
-        region.add(p)
-        todo.extend(u for u in inner.invars if type(u) is not _Literal and not known(u))
+
+    def grow(stop: Any = None) -> tuple[set[int], set[Any]]:
+        """The equations between `y` and the unknowns it depends on, not
+        going past `stop`, and those unknowns (the leaves)."""
+        region = {top}
+        leaves: set[Any] = set()
+        todo = [v for v in eqn.invars if type(v) is not _Literal and not known(v)]
+        while todo:
+            v = todo.pop()
+            p = producer.get(v)
+            if p is None or v is stop:
+                leaves.add(v)
+                continue
+            if p in region:
+                continue
+            inner = eqns[p]
+            if not member(inner):
+                leaves.add(v)
+                continue
+            region.add(p)
+            todo.extend(
+                u for u in inner.invars if type(u) is not _Literal and not known(u)
+            )
+        return region, leaves
+
+    region, leaves = grow()
+    if kind == ELEMENTWISE and len(leaves) > 1:
+        # Several unknowns reach `y` (the rest of the program feeds the
+        # elementwise part at more than one point): cut at the earliest value
+        # inside the region that all paths from `y` to them pass through.
+        for p in sorted(region)[:_MAX_CUTS]:
+            cut = eqns[p].outvars[0]
+            if p == top or cut.aval.shape != shape:
+                continue
+            region, leaves = grow(cut)
+            if leaves == {cut}:
+                break
     if not leaves or (kind == ELEMENTWISE and len(leaves) != 1):
         return None
     if not all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in leaves):

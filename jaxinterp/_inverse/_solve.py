@@ -13,7 +13,9 @@ each element is a scalar equation of one unknown. Per element:
    and halves the residual, else bisection (geometric when the bracket spans
    orders of magnitude), until the bracket is a few ulps wide;
 4. check the residual: an element whose `g(x)` is not within rounding of `y`
-   (a `y` outside the image, a jump of a discontinuous `g`) is NaN, never a
+   (or, once the bracket is a few ulps wide, within `sqrt(eps) * (1 + |y|)`
+   of it, for maps that round intermediates larger than `y`) is NaN (a `y`
+   outside the image, a jump of a discontinuous `g`), never a
    plausible wrong number; so is one where many `x` give `y`: on a plateau
    (`g'(x) == 0` and `g` flat on a side of `x`: a constant branch, a
    saturated clamp) or at an extremum (`g(x - d)` and `g(x + d)` both above or both
@@ -219,10 +221,16 @@ def _find_roots(g: Callable[[Any], Any], y: Any) -> Any:
         x = jnp.where(better, end, x)
         fx = jnp.where(better, f_end, fx)
 
-    # 4. Accept only a root within rounding: of `y`, and of `x` through g'.
+    # 4. Accept only a root within rounding: of `y`, and of `x` through g';
+    # or, where `g` rounds intermediates larger than `y`, a sign change of
+    # the residual across a few ulps of `x` with a residual below
+    # `sqrt(eps) * (1 + |y|)` (a jump of a discontinuous `g` is larger).
     _, slope = jax.jvp(g, (x,), (jnp.ones_like(x),))
     scale = jnp.abs(y) + jnp.abs(x * jnp.where(jnp.isfinite(slope), slope, 0.0))
-    ok = bracketed & (jnp.abs(fx) <= 16 * eps * scale + 16 * tiny)
+    close = jnp.abs(fx) <= 16 * eps * scale + 16 * tiny
+    tight = width_small(neg, pos) & ~jnp.isnan(neg) & ~jnp.isnan(pos)
+    small = jnp.abs(fx) <= jnp.sqrt(eps) * (1 + jnp.abs(y))
+    ok = bracketed & (close | (tight & small))
     # ... and not where many `x` share `y`: on a plateau (a constant branch,
     # a saturated clamp: `g'(x) == 0` and `g` flat on a side) or at an
     # extremum (both neighbours on one side of `g(x)`, beyond rounding, for
