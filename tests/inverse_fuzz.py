@@ -1357,6 +1357,29 @@ _take_op("repeat_missing", 2)
 _take_op("negative", 1)
 
 
+def _scatter_op(name: str, prim: str, method: str, fill: str) -> None:
+    @_op(name, [prim], 2, kind="any")
+    def draw(g: _Gen) -> Stmt | None:
+        """The operand copied into a larger array along axis 0 at distinct
+        positions (sometimes one repeated: refused)."""
+        v = g.operand(lambda v: len(v.shape) >= 1 and 1 <= v.shape[0] <= 6)
+        if v is None:
+            return None
+        n = v.shape[0]
+        total = n + g.ch.integer(0, 2)
+        rng = g.rng()
+        idx = [int(i) for i in rng.choice(total, n, replace=False)]
+        if n >= 2 and g.ch.boolean(0.2):
+            idx[-1] = idx[0]
+        shape = (total, *v.shape[1:])
+        expr = f"jnp.full({shape!r}, {fill}).at[jnp.array({idx!r})].{method}({{0}})"
+        return Stmt(name, (v.name,), expr)
+
+
+_scatter_op("scatter_into", "scatter", "set", "0.0")
+_scatter_op("scatter_add_into", "scatter-add", "add", "0.5")
+
+
 @_op("gather_points", ["gather"], 1, kind="any")
 def _gather_points(g: _Gen) -> Stmt | None:
     """`x[i, j]` gathers single elements: not whole slices (refused)."""
