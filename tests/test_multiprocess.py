@@ -48,7 +48,7 @@ from jax.experimental.multihost_utils import process_allgather
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 sys.path.insert(0, TESTS_DIR)
-from helpers import assert_tree_equal
+from helpers import assert_tree_equal, top_level_primitives
 import jaxinterp
 from jaxinterp import evaluate, stage
 
@@ -224,6 +224,17 @@ BODIES = {
 }
 
 
+# NumPy's value of each body's `shard_map` on `GLOBAL` (two rows a device), so
+# the collectives are seen to span both processes, not only local devices.
+BLOCKS = GLOBAL.reshape(8, 2, 4)
+NUMPY_VALUES = {
+    "psum": GLOBAL * 2.0 + np.tile(BLOCKS.sum(0), (8, 1)),
+    "all_gather": GLOBAL + np.tile(BLOCKS[0], (8, 1)),
+    "psum_scalar": np.sin(GLOBAL) + GLOBAL.sum(),
+    "axis_index": GLOBAL + np.repeat(np.arange(8.0), 2)[:, None],
+}
+
+
 def shard_map(body, mesh, **kwargs):
     specs = dict(in_specs=P("d"), out_specs=P("d"), **kwargs)
     return jax.shard_map(body, mesh=mesh, **specs)
@@ -237,9 +248,13 @@ def _():
             for bname, body in BODIES.items():
                 f = shard_map(body, mesh)
                 want = f(v)
+                np.testing.assert_allclose(
+                    gathered(want), NUMPY_VALUES[bname], rtol=1e-5, atol=1e-5
+                )
                 for how, wrap in (("eager", lambda h: h), ("jit", jax.jit)):
                     what = f"{bname} {how} on {name}"
-                    same(wrap(evaluate(f))(v), want, what, key=f"sm_{name}_{bname}_{how}")
+                    key = f"sm_{name}_{bname}_{how}"
+                    same(wrap(evaluate(f))(v), want, what, key=key)
                 # The interpreter inside the body, on each process's shards.
                 inner = shard_map(evaluate(body), mesh)
                 same(inner(v), want, f"{bname} inside on {name}")
@@ -301,6 +316,51 @@ def _():
                 same_sharding(back, v, what)
                 np.testing.assert_allclose(gathered(ildj), want_ildj, rtol=1e-5)
                 record(f"inv_jit_{name}_{how}", back)
+
+
+# `jax.pmap` takes and returns each process's local data (one row a local
+# device), and its collectives span both processes. Before JAX 0.10 it stages
+# as an `xla_pmap` equation, which `evaluate` re-binds as it is and which JAX
+# cannot run inside `jax.jit` across processes. From 0.10 it stages (by
+# `jax.make_jaxpr`, so by `jax.jit` and by jaxinterp) as a `jit` of a
+# `shard_map` over this process's devices only, between conversions of the
+# local data to a global array and back: `evaluate` gives what `jax.jit` gives.
+LOCAL = GLOBAL[:8].reshape(4, 2, 4) + 4.0 * process_id
+pm_flow = jax.pmap(FLOW, axis_name="j")
+pm_psum = jax.pmap(lambda v: jnp.sin(v) + lax.psum(v, "j"), axis_name="j")
+pmap_p = jaxinterp._jax_compat.pmap_p
+pmap_is_primitive = pmap_p is not None and pmap_p in top_level_primitives(
+    stage(pm_psum, LOCAL).jaxpr
+)
+results["pmap_is_primitive"] = pmap_is_primitive
+pmap_wraps = [("eager", lambda h: h)]
+if pmap_is_primitive:
+    results["pmap_jit"] = (
+        "skip: this JAX stages `jax.pmap` as `xla_pmap`, which it cannot run "
+        "inside `jax.jit` across processes"
+    )
+else:
+    pmap_wraps.append(("jit", jax.jit))
+
+
+@check("pmap")
+def _():
+    for how, wrap in pmap_wraps:
+        got = wrap(evaluate(pm_flow))(LOCAL)
+        assert_tree_equal(got, wrap(pm_flow)(LOCAL), f"flow {how}")
+        got = wrap(evaluate(pm_psum))(LOCAL)
+        want = (pm_psum if pmap_is_primitive else jax.jit(pm_psum))(LOCAL)
+        assert_tree_equal(got, want, f"psum {how}")
+    slope = jax.grad(lambda u: jnp.sum(FLOW(u)))(LOCAL)
+    want_ildj = -jnp.sum(jnp.log(jnp.abs(slope)))
+    y = pm_flow(LOCAL)
+    for how, wrap in pmap_wraps:
+        back, ildj = wrap(jaxinterp.inverse_and_ildj(pm_flow))(y)
+        np.testing.assert_allclose(back, LOCAL, rtol=1e-5, atol=1e-6, err_msg=how)
+        np.testing.assert_allclose(ildj, want_ildj, rtol=1e-5, err_msg=how)
+        results[f"pmap_inverse_{how}"] = "ok"
+    if not pmap_is_primitive:
+        results["pmap_jit"] = "ok"
 
 
 results["shared"] = shared
@@ -381,6 +441,7 @@ CHECKS = [
     "evaluate_shard_map",
     "inverse_shard_map",
     "inverse_sharded_jit",
+    "pmap",
 ]
 
 
@@ -404,6 +465,14 @@ def test_processes_agree(results):
     assert first.keys() == second.keys()
     for key in first:
         assert first[key] == second[key], key
+
+
+def test_pmap_under_jit(results):
+    for r in results:
+        if r["pmap_jit"].startswith("skip: "):
+            print(r["pmap_jit"])
+            pytest.skip(r["pmap_jit"][len("skip: ") :])
+    assert all(r["pmap_jit"] == "ok" for r in results), results[0]["pmap"]
 
 
 def test_explicit_mesh(results):
