@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, strategies as st
 from jax import lax
+from jax.experimental import multihost_utils
 
 import jaxinterp
 from jaxinterp import NotInvertibleError
@@ -527,6 +528,12 @@ def test_every_registered_primitive_has_a_row():
     # `xla_pmap` (`jax.pmap` before JAX 0.10) needs several devices: its
     # inverse is checked in test_multidevice.py.
     higher_order.add(jaxinterp._jax_compat.pmap_p)
+    # The host-local/global conversions of a multi-process `jax.pmap` need two
+    # processes: test_multiprocess.py checks their inverses.
+    higher_order |= {
+        multihost_utils.host_local_array_to_global_array_p,
+        multihost_utils.global_array_to_host_local_array_p,
+    }
     missing = sorted(
         p.name for p in inverse_rules.primitives() - covered - higher_order
     )

@@ -66,9 +66,20 @@ _caches.on_clear(_jit_cache.clear)
 def _jitted(closed: Any) -> Callable[..., list[Any]]:
     fn = _jit_cache.get(closed)
     if fn is None:
-        fn = jax.jit(jex_core.jaxpr_as_fun(closed))
+        fn = jex_core.jaxpr_as_fun(closed)
+        if not _pmap_across_processes(closed):
+            fn = jax.jit(fn)
         _jit_cache[closed] = fn
     return fn
+
+
+def _pmap_across_processes(closed: Any) -> bool:
+    """Whether `closed` runs an `xla_pmap` (`jax.pmap` before JAX 0.10) in a
+    multi-process program, which JAX cannot run inside `jax.jit`: such an
+    inverse runs equation by equation instead."""
+    if compat.pmap_p is None or jax.process_count() == 1:
+        return False
+    return any(eqn.primitive is compat.pmap_p for eqn in closed.jaxpr.eqns)
 
 
 _compiled_cache: weakref.WeakKeyDictionary[Staged, dict[Any, _Compiled]] = (

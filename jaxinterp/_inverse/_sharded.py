@@ -17,6 +17,7 @@ from typing import Any
 
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import multihost_utils
 from jax.sharding import PartitionSpec
 
 from .. import _jax_compat as compat
@@ -172,3 +173,27 @@ def _pmap_inverse(
 
 if compat.pmap_p is not None:
     inverse_rules.register(compat.pmap_p, _pmap_inverse)
+
+
+# In a multi-process program `jax.pmap` (JAX >= 0.10, a `jit` of a
+# `shard_map`) turns its process-local operands into global arrays on entry and
+# its results back on exit. Each conversion is undone by the other, with the
+# same mesh and spec; no value changes, so the ildj is zero.
+def _register_host_global(forward: Any, backward: Any) -> None:
+    def rule(ctx: InverseContext, outvals: Sequence[Any], x: Any, **params: Any) -> Any:
+        if x is not None or outvals[0] is None:
+            return None
+        return [backward.bind(outvals[0], **params)], 0.0
+
+    rule.__name__ = rule.__qualname__ = f"_{forward.name}_inverse"
+    inverse_rules.register(forward, rule)
+
+
+_register_host_global(
+    multihost_utils.host_local_array_to_global_array_p,
+    multihost_utils.global_array_to_host_local_array_p,
+)
+_register_host_global(
+    multihost_utils.global_array_to_host_local_array_p,
+    multihost_utils.host_local_array_to_global_array_p,
+)
