@@ -670,3 +670,18 @@ def test_scatter_at_traced_indices_gives_nan_where_they_repeat():
     bad = jnp.array([4, 0, 4])
     got = np.asarray(inv(f(t, bad), bad))
     assert np.isnan(got[[0, 2]]).all() and got[1] == 2.0, got
+
+
+def test_strict_raises_where_a_block_gives_nan():
+    def absolute(x):
+        return jnp.where(x > 0, x, -x)
+
+    line = absolute.__code__.co_firstlineno + 1
+    with pytest.raises(NotInvertibleError) as info:
+        inverse(absolute, strict=True)(jnp.array([2.0, 1.0]))
+    message = str(info.value)
+    assert f"test_bijector_zoo.py:{line}" in message, message
+    assert "2 element(s) of float32[2] have no single preimage" in message, message
+    softsign = ZOO[[b.name for b in ZOO].index("softsign")].forward
+    x = jnp.array([0.5, -2.0])
+    _close(inverse(softsign, strict=True)(softsign(x)), x)

@@ -251,6 +251,8 @@ class InverseWalker(BackwardWalker):
                 return False
             block, x_val, block_ildj, method = found
             ildj_terms.append(block_ildj)
+            if nan_checks:
+                checks.extend(_block_nan_checks(block, method, env, x_val))
             # Both methods check that `x` maps back to `y` (else NaN), so they
             # may start from a value chosen on a branch; what they find is
             # then a choice too, as is a numerical solve's preimage.
@@ -743,6 +745,29 @@ def _nan_checks(
             )
         )
     return found
+
+
+def _block_nan_checks(
+    block: bl.Block, method: str, env: Env, x_val: Any
+) -> list[tuple[Any, str]]:
+    """For `strict` inversion: how many elements a block made NaN from
+    NaN-free results (no preimage, or two), and what to say if not 0."""
+    given = [env[v] for v in block.ys]
+    clean = ~jnp.any(jnp.stack([jnp.any(jnp.isnan(y)) for y in given]))
+    values = x_val if len(block.xs) > 1 else [x_val]
+    count = sum(jnp.sum(jnp.isnan(v), dtype=jnp.int32) for v in values)
+    count = jnp.where(clean, count, 0)
+    top = block.eqns[block.indices.index(block.top)]
+    what = ", ".join(v.aval.str_short() for v in block.xs)
+    return [
+        (
+            count,
+            f"the block of equations ending at `{top.primitive.name}` at "
+            f"{source_line(top)} ({method}): {{count}} element(s) of {what} "
+            "have no single preimage (a result outside the image, or a map "
+            "that takes it more than once) and would come back as NaN",
+        )
+    ]
 
 
 def _uncovered(v: Any, have: Sequence[Any]) -> np.ndarray:
