@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import flags_off
 from hypothesis import given, strategies as st
 from jax import lax
 from jax.scipy import special
@@ -473,7 +474,8 @@ def test_blocks_inside_jit_scan_and_cond():
         y = f(x, flag)
         got_x, got_ildj = inverse_and_ildj(f, argnums=0)(y, flag)
         _close(got_x, x, rtol=1e-3, atol=1e-4)
-        want = _slogdet_ildj(lambda t, flag=flag: f(t, flag), x)
+        # (Plain JAX cannot batch a `Scan3` under the hijax future flags.)
+        want = flags_off(_slogdet_ildj, lambda t, flag=flag: f(t, flag), x)
         _close(got_ildj, want, rtol=2e-3, atol=2e-3)
 
 
