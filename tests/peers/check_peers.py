@@ -491,6 +491,13 @@ def table(rows: list[list[Any]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
+def innermost(path: str) -> str:
+    """`file.py (function)` of the innermost refusal of a `blocked_path`."""
+    last = path.split(" > ")[-1]
+    m = re.search(r"([\w.-]+\.py):\d+\S* \(([^)]*)\)", last)
+    return f"{m.group(1)} ({m.group(2)})" if m else ""
+
+
 def summarize(records: list[dict[str, Any]], cases: list[Any]) -> str:
     out = []
     counts = collections.Counter((r["library"], r["status"]) for r in records)
@@ -525,14 +532,18 @@ def summarize(records: list[dict[str, Any]], cases: list[Any]) -> str:
         for reason, rs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
             names = sorted({f"{r['library']}: {r['bijector']}" for r in rs})
             example = "; ".join(names[:3]) + (" ..." if len(names) > 3 else "")
-            reason_md = reason.replace("|", "\\|")
-            rows.append([len(rs), len(names), reason_md, example.replace("|", "\\|")])
-        out += [
-            f"Reasons ({status}):",
-            "",
-            table(rows, ["checks", "bijectors", "reason", "examples"]),
-            "",
-        ]
+            sites = sorted({innermost(r.get("blocked", "")) for r in rs} - {""})
+            where = "; ".join(sites[:3]) + (" ..." if len(sites) > 3 else "")
+            rows.append(
+                [len(rs), len(names), reason, where, example]
+                if status == "refused"
+                else [len(rs), len(names), reason, example]
+            )
+        rows = [[str(c).replace("|", "\\|") for c in row] for row in rows]
+        header = ["checks", "bijectors", "reason", "examples"]
+        if status == "refused":
+            header.insert(3, "blocked in")
+        out += [f"Reasons ({status}):", "", table(rows, header), ""]
     notes = [r for r in records if r["status"] == "pass" and r.get("note")]
     if notes:
         out += ["Passes judged by a witness (the library's value differs):", ""]
@@ -570,9 +581,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.path.join(".nox", "peers.json"))
     parser.add_argument("--timeout", type=int, default=120)
     parser.add_argument(
+        "--summarize",
+        metavar="REPORT",
+        help="print the tables of an existing JSON report and exit",
+    )
+    parser.add_argument(
         "--fail-on-wrong", action="store_true", help="exit 1 if any answer is wrong"
     )
     args = parser.parse_args(argv)
+    if args.summarize:
+        with open(args.summarize) as fh:
+            report = json.load(fh)
+        print(json.dumps(report["meta"]))
+        print(summarize(report["results"], []))
+        return 0
     libraries = args.library or list(LIBRARIES)
     cases, missing = load_cases(libraries)
     for m in missing:
