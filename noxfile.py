@@ -136,3 +136,22 @@ def fuzz(session: nox.Session) -> None:
     session.install("-e", ".[test]")
     args = session.posargs or ["--programs", "10000", "--seed", "0"]
     session.run("python", "tests/fuzz_inverse_main.py", *args)
+
+
+# Peer bijector libraries (`nox -s peers`): unpinned, so the newest releases
+# that resolve against jaxinterp's JAX range. TFP is used only through its
+# JAX substrate (`tensorflow_probability.substrates.jax`): no TensorFlow.
+PEER_LIBRARIES = ["numpyro", "distrax", "tfp-nightly"]
+
+
+@nox.session(python="3.12")
+def peers(session: nox.Session) -> None:
+    """Check `inverse` against NumPyro, distrax and TFP bijectors (tests/peers/).
+
+    Writes `.nox/peers.json` and prints per-library, per-check and per-reason
+    tables and every wrong answer (`-- --library tfp --only Softplus`, ...).
+    Exits 0 with findings; `-- --fail-on-wrong` exits 1 on a wrong answer.
+    """
+    session.install("-e", ".", *PEER_LIBRARIES)
+    out = os.path.join(".nox", "peers.json")
+    session.run("python", "tests/peers/check_peers.py", "--out", out, *session.posargs)
