@@ -242,6 +242,15 @@ ZOO = [
     Bijector(
         "logit", lambda x: jnp.log(x) - jnp.log1p(-x), jax.nn.sigmoid, 0.02, 0.98, SOLVE
     ),
+    Bijector(  # the pole at 1 is past the solver's first steps (NumPyro's
+        "logit_ratio",  # `SigmoidTransform().inv` is `jax.scipy.special.logit`)
+        lambda x: jnp.log(x / (1 - x)),
+        jax.nn.sigmoid,
+        0.02,
+        0.98,
+        SOLVE,
+    ),
+    Bijector("jax_logit", special.logit, jax.nn.sigmoid, 0.02, 0.98, None),
     Bijector(
         "softplus_stable",
         lambda x: jnp.maximum(x, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(x))),

@@ -119,15 +119,17 @@ def _find_roots(g: Callable[[Any], Any], y: Any) -> Any:
         f_new = residual(xb)
         undefined = jnp.isnan(f_new) | ~jnp.isfinite(xb)
         crossed = ~undefined & ((jnp.sign(f_new) != jnp.sign(fa)) | (f_new == 0))
-        # Moving away from zero: the slope at the start misled (turn once).
+        # Further from zero on the same side: the step jumped a pole or an
+        # extremum, or the slope at the start misled. Shrink the step like
+        # where `g` is undefined; once it is tiny, turn round (once).
         worse = ~undefined & ~crossed & (jnp.abs(f_new) > jnp.abs(fa))
-        turn = active & worse & (flips == 0)
         go_on = active & ~undefined & ~crossed & ~worse
-        shrink = active & undefined
-        new_step = jnp.where(go_on, step * 2, jnp.where(shrink | turn, step / 2, step))
-        new_step = jnp.where(turn, jnp.maximum(jnp.abs(a), 1.0), new_step)
+        shrink = active & (undefined | worse)
+        new_step = jnp.where(go_on, step * 2, jnp.where(shrink, step / 2, step))
         tiny_step = new_step <= eps * jnp.maximum(jnp.abs(a), tiny)
-        give_up = active & ((shrink & tiny_step) | (worse & (flips > 0)))
+        turn = shrink & tiny_step & (flips == 0)
+        give_up = shrink & tiny_step & (flips > 0)
+        new_step = jnp.where(turn, jnp.maximum(jnp.abs(a), 1.0), new_step)
         a = jnp.where(go_on, xb, a)
         fa = jnp.where(go_on, f_new, fa)
         b = jnp.where(active & crossed, xb, b)
