@@ -669,8 +669,9 @@ _UNARY: list[tuple[str, str, Callable[[Any], bool], Any, tuple[str, ...], int]] 
         ("stop_gradient",),
         1,
     ),
+    # `abs`: its principal branch x >= 0, like `square`.
+    ("abs", "jnp.abs({0})", lambda a: True, lambda a: _lo(a) < 0, ("abs",), 1),
     # Not invertible: the inverse must refuse when the operand is needed.
-    ("abs", "jnp.abs({0})", lambda a: True, None, ("abs",), 1),
     ("floor", "jnp.floor({0})", lambda a: True, None, ("floor",), 1),
     ("round", "jnp.round({0})", lambda a: True, None, ("round",), 1),
     ("ceil", "jnp.ceil({0})", lambda a: True, None, ("ceil",), 1),

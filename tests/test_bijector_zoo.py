@@ -114,6 +114,8 @@ ZOO = [
         FORMULA,
     ),
     Bijector("odd_cube", lambda x: x**3, jnp.cbrt, -2, 2, FORMULA),
+    # NumPyro's AbsTransform on x > 0: `abs`'s principal branch.
+    Bijector("abs_on_positives", jnp.abs, lambda y: y, 0.1, 3, FORMULA),
     # Saturating clamps added for numerical safety.
     Bijector(
         "clipped_sigmoid",

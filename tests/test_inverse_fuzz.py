@@ -53,6 +53,10 @@ NOT_GENERATED = {
     "eval_jaxpr": "JAX >= 0.12's merged `call`/`closed_call`, as above",
     "call_hi_primitive": "staged only under JAX's opt-in hijax flags; "
     "inverted in test_inverse_hijax.py",
+    "global_array_to_host_local_array": "staged by a multi-process `pmap`: "
+    "inverted in test_multiprocess.py",
+    "host_local_array_to_global_array": "staged by a multi-process `pmap`: "
+    "inverted in test_multiprocess.py",
     "shard_map": "needs several devices: inverted in test_multidevice.py (8 "
     "simulated CPU devices, in a subprocess)",
 }
@@ -118,7 +122,7 @@ X = jnp.array([-1.2, 0.7, -0.4])
 
 def test_classifier_accepts_a_correct_inverse_and_counts_refusals():
     assert check_inverse(lambda x: jnp.exp(x) * 2.0, (X,), (0,)).kind == "correct"
-    assert check_inverse(jnp.abs, (X,), (0,)).kind == "refused"
+    assert check_inverse(jnp.floor, (X,), (0,)).kind == "refused"
 
 
 def test_classifier_flags_an_inverse_that_does_not_round_trip():

@@ -151,6 +151,8 @@ ELEMENTWISE_CASES = [
     (lax.exp_p, named("exp", jnp.exp), REAL),
     (lax.log_p, named("log", jnp.log), POS),
     (lax.tanh_p, named("tanh", jnp.tanh), domain(-2, 2)),
+    # `abs` on its principal branch x >= 0.
+    (lax.abs_p, named("abs", jnp.abs), POS),
     # Clamps, on their unsaturated range: the identity.
     (lax.max_p, named("max_lower_bound", lambda x: jnp.maximum(x, -5.0)), REAL),
     (lax.max_p, named("max_bound_first", lambda x: jnp.maximum(-5.0, x)), REAL),
@@ -332,7 +334,7 @@ CASES = ELEMENTWISE_CASES + STRUCTURAL_CASES + LINALG_CASES
 NOT_INVERTIBLE = [
     getattr(lax, f"{name}_p")
     for name in (
-        "abs sign floor ceil round is_finite rem eq ne lt le gt ge "
+        "sign floor ceil round is_finite rem eq ne lt le gt ge "
         "and or shift_left shift_right_logical shift_right_arithmetic "
         "population_count clz real imag reduce_sum reduce_prod reduce_max "
         "reduce_min reduce_and reduce_or reduce_xor argmax argmin cummax cummin "

@@ -166,6 +166,7 @@ def _const(interval: Interval) -> Callable[[dict[str, Any], Sequence[Any]], Inte
 PRINCIPAL: dict[str, Callable[[dict[str, Any], Sequence[Any]], Interval | None]] = {
     "cosh": _const(NONNEG),
     "square": _const(NONNEG),
+    "abs": _const(NONNEG),
     "sin": _const((-_HALF_PI, _HALF_PI)),
     "cos": _const((0.0, math.pi)),
     "tan": _const((-_HALF_PI, _HALF_PI)),
@@ -230,6 +231,7 @@ _IMAGE: dict[str, Interval] = {
     "rsqrt": (0.0, INF),
     "cbrt": REALS,
     "square": NONNEG,
+    "abs": NONNEG,
     "erf": (-1.0, 1.0),
     "erfc": (0.0, 2.0),
     "erf_inv": REALS,

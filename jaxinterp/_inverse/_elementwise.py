@@ -407,6 +407,7 @@ def _select_n_inverse(
 # ildj is 0 (the identity's), also at the bounds.
 
 _CLAMP_REFUSAL = {
+    "abs": "it maps `x` and `-x` to the same value",
     "max": "it discards the smaller operand",
     "min": "it discards the larger operand",
     "clamp": "it maps everything outside its bounds to the bounds",
@@ -445,6 +446,21 @@ def _max_min_inverse(name: str) -> Any:
     return rule
 
 
+@inverse_rules.register(lax.abs_p)
+def _abs_inverse(ctx: InverseContext, outvals: Sequence[Any], x: Any) -> Any:
+    """Principal branch `x >= 0`: `x = y`; NaN for `y < 0` (not an absolute
+    value). Integers, which cannot hold that NaN, are refused."""
+    if x is not None:
+        return None
+    (y,) = outvals
+    if not _is_float(y) or jnp.issubdtype(jnp.result_type(y), jnp.complexfloating):
+        raise NotInvertibleError(
+            "`abs` is not invertible: it maps `x` and `-x` to the same value (its "
+            "principal branch `x >= 0` is taken for real floats only)."
+        )
+    return [_clamp_solution("abs", y, 0, None)], 0.0
+
+
 inverse_rules.register(lax.max_p)(_max_min_inverse("max"))
 inverse_rules.register(lax.min_p)(_max_min_inverse("min"))
 
@@ -465,7 +481,6 @@ def _clamp_inverse(
 # Not invertible: the reason is reported if the operand is really needed.
 
 _NOT_INVERTIBLE: dict[str, str] = {
-    "abs": "it maps `x` and `-x` to the same value",
     "sign": "it keeps only the sign of its operand",
     "floor": "it rounds its operand",
     "ceil": "it rounds its operand",
