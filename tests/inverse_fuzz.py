@@ -763,10 +763,13 @@ def _binary_known(
     weight: int,
     elementwise: bool = True,
 ) -> None:
-    """`templates`: (expression over {0}=unknown and K, guard(a, k))."""
+    """`templates`: (expression over {0}=unknown and K, guard(a, k)), maybe
+    with a third element `branchy(a, k)`: whether the map is not injective on
+    these values (a clamp that saturates)."""
 
     def draw(g: _Gen) -> Stmt | None:
-        tmpl, guard = g.ch.choice(list(templates))
+        tmpl, guard, *rest = g.ch.choice(list(templates))
+        branchy = rest[0] if rest else None
         v = g.operand(lambda v: True)
         if v is None:
             return None
@@ -775,16 +778,23 @@ def _binary_known(
             return None
         expr = tmpl.replace("K", text)
         ins = (v.name,) if kval is None else (v.name, kval.name)
-        if kval is None:
-            const = kconc
-            full_guard = lambda vs: guard(vs[0].astype(np.float64), const)  # noqa: E731
-        else:
-            full_guard = lambda vs: guard(  # noqa: E731
-                vs[0].astype(np.float64), vs[1].astype(np.float64)
-            )
+
+        def with_k(check: Callable[[Any, Any], bool]) -> Callable[[Any], bool]:
+            if kval is None:
+                const = kconc
+                return lambda vs: check(vs[0].astype(np.float64), const)
+            return lambda vs: check(vs[0].astype(np.float64), vs[1].astype(np.float64))
+
         # An array literal has the whole shape: no row-by-row wrappers then.
         rowwise = elementwise and (kval is not None or np.ndim(kconc) == 0)
-        return Stmt(name, ins, expr, guard=full_guard, elementwise=rowwise)
+        return Stmt(
+            name,
+            ins,
+            expr,
+            guard=with_k(guard),
+            branchy=with_k(branchy) if branchy else None,
+            elementwise=rowwise,
+        )
 
     _op(name, prims, weight)(draw)
 
@@ -843,9 +853,14 @@ _binary_known(
     ["custom_jvp_call"],
     2,
 )
+# Clamps are inverted on their unsaturated range (a bound for a result at a
+# bound): not injective where they saturate.
 _binary_known(
     "max_known",
-    [("jnp.maximum({0}, K)", _T), ("jnp.minimum(K, {0})", _T)],
+    [
+        ("jnp.maximum({0}, K)", _T, lambda a, k: bool(np.any(a <= k))),
+        ("jnp.minimum(K, {0})", _T, lambda a, k: bool(np.any(a >= k))),
+    ],
     -1,
     1,
     0,
@@ -854,7 +869,10 @@ _binary_known(
 )
 _binary_known(
     "clip",
-    [("jnp.clip({0}, -10.0, 10.0)", _T), ("jnp.clip({0}, K, None)", _T)],
+    [
+        ("jnp.clip({0}, -10.0, 10.0)", _T, lambda a, k: bool(np.any(np.abs(a) >= 10))),
+        ("jnp.clip({0}, K, None)", _T, lambda a, k: bool(np.any(a <= k))),
+    ],
     -1,
     1,
     0,
@@ -1938,7 +1956,11 @@ def generate(
     )
     if _mirrors(prog) and ch.boolean(0.3):
         prog = dataclasses.replace(prog, example_args=False)
-    return _prune(prog)
+    prog = _prune(prog)
+    if not prog.example_args and not _mirrors(prog):
+        # Pruning changed what the program returns.
+        prog = dataclasses.replace(prog, example_args=True)
+    return prog
 
 
 def _mirrors(prog: Program) -> bool:

@@ -35,6 +35,7 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
+from .._errors import NotInvertibleError
 from . import _solve
 
 _Literal = compat.Literal
@@ -65,6 +66,8 @@ _ELEMENTWISE = frozenset(
 )
 
 # Call-like primitives that count as elementwise when everything they run is.
+# (Not `custom_vjp_call`: a block's derivative is taken in forward mode, which
+# a `custom_vjp` function refuses.)
 _CALLS = frozenset(
     p.name
     for p in (
@@ -72,12 +75,12 @@ _CALLS = frozenset(
         compat.closed_call_p,
         compat.core_call_p,
         compat.custom_jvp_call_p,
-        compat.custom_vjp_call_p,
         compat.remat_p,
         compat.call_hi_primitive_p,
     )
     if p is not None
 )
+_NO_FORWARD_MODE = frozenset({"custom_vjp_call", "custom_vjp_call_jaxpr"})
 
 # At most this many case combinations are tried by the piecewise method.
 MAX_CASES = 16
@@ -95,7 +98,11 @@ def _scalar_broadcast(eqn: Any) -> bool:
 
 
 def _elementwise_call(eqn: Any) -> bool:
+    if compat.construct_name(eqn) in _NO_FORWARD_MODE:
+        return False
     for inner in compat.iter_eqns(_body_jaxprs(eqn)):
+        if compat.construct_name(inner) in _NO_FORWARD_MODE:
+            return False
         name = inner.primitive.name
         if name not in _ELEMENTWISE and name not in _CALLS:
             if not _scalar_broadcast(inner):
@@ -599,7 +606,23 @@ def solve_linear(
 
 
 def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
-    """`x` by the elementwise solver (NaN where no root is found)."""
+    """`x` by the elementwise solver (NaN where no root is found). A map that
+    turns (`_solve.monotone_on_grid`) is not injective: refused now when its
+    known operands are constants, else NaN where it turns."""
+    if not any(compat.is_tracer(k) for k in known):
+        shape, dtype = jnp.shape(y), jnp.result_type(y)
+        with jax.ensure_compile_time_eval():
+            ok = np.asarray(
+                _solve.monotone_on_grid(lambda x: block.g(x, *known), shape, dtype)
+            )
+        if not ok.all():
+            raise NotInvertibleError(
+                "its unknown operand is an elementwise function of one value that "
+                "is not monotone (it turns between sample points of "
+                f"{_solve.grid(dtype)[[0, -1]].tolist()}), so it takes some "
+                "values more than once and has no inverse"
+            )
+        return _solve.solver(block.g, check_grid=False)(y, *known)
     return _solve.solver(block.g)(y, *known)
 
 

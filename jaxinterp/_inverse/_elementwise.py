@@ -420,12 +420,18 @@ def _clamp_solution(name: str, y: Any, lo: Any, hi: Any) -> Any:
             f"`{name}` is not invertible: {_CLAMP_REFUSAL[name]} (an integer "
             "result has no NaN for values outside its image)."
         )
+    # A result a few ulps beyond a bound is the bound, rounded by the steps
+    # that recovered it (`asinh` undone by `sinh`): taken as the bound.
+    finfo = jnp.finfo(jnp.result_type(y))
     inside: Any = True
+    x = y
     if lo is not None:
-        inside = y >= lo
+        inside = y >= lo - (8 * finfo.eps * jnp.abs(lo) + finfo.tiny)
+        x = jnp.maximum(x, lo)
     if hi is not None:
-        inside = inside & (y <= hi)
-    return jnp.where(inside, y, jnp.asarray(jnp.nan, jnp.result_type(y)))
+        inside = inside & (y <= hi + (8 * finfo.eps * jnp.abs(hi) + finfo.tiny))
+        x = jnp.minimum(x, hi)
+    return jnp.where(inside, x, jnp.asarray(jnp.nan, jnp.result_type(y)))
 
 
 def _max_min_inverse(name: str) -> Any:

@@ -586,6 +586,9 @@ class InverseWalker(BackwardWalker):
                     method = bl.ELEMENTWISE_SOLVE
                 if want_ildj:
                     ildj = bl.block_ildj(block, x, known)
+            except NotInvertibleError as err:
+                reasons[top] = _reason(err)
+                continue
             except JaxinterpError:
                 raise
             except Exception as err:

@@ -22,6 +22,10 @@ each element is a scalar equation of one unknown. Per element:
    below `g(x)` beyond rounding, for `d` from `16 eps |x|` to
    `sqrt(eps) |x|`).
 
+A map that turns (not monotone on a grid of points from `2**-12` to `2**14`
+in magnitude, `monotone_on_grid`) is not injective: its elements are NaN, or,
+when its known operands are constants, the block is refused before solving.
+
 All elements are solved at once (the loops run until every element is done),
 so the solver composes with `jax.jit` and `jax.vmap`. Derivatives come from the
 implicit function theorem (`jax.custom_jvp`), not from the iterations:
@@ -35,6 +39,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 # Where the search starts (besides `y` itself): small numbers first, so that a
@@ -44,14 +49,20 @@ _STARTS = (0.0, 0.5, -0.5, 1.0, -1.0, 2.0, -2.0)
 Elementwise = Callable[..., Any]  # g(x, *known) -> y, elementwise in x
 
 
-def solver(g: Elementwise) -> Callable[..., Any]:
+def solver(g: Elementwise, *, check_grid: bool = True) -> Callable[..., Any]:
     """`solve(y, *known)`: `x` with `g(x, *known) == y` elementwise (NaN where
-    none is found), differentiable in `y` and `known` by the implicit function
+    none is found, and with `check_grid` where `g` is not monotone on
+    `grid`), differentiable in `y` and `known` by the implicit function
     theorem."""
 
     @jax.custom_jvp
     def solve(y: Any, *known: Any) -> Any:
-        return _find_roots(lambda x: g(x, *known), y)
+        x = _find_roots(lambda x: g(x, *known), y)
+        if check_grid:
+            shape, dtype = jnp.shape(y), jnp.result_type(y)
+            ok = monotone_on_grid(lambda x: g(x, *known), shape, dtype)
+            x = jnp.where(ok, x, jnp.nan)
+        return x
 
     @solve.defjvp
     def _solve_jvp(primals: Sequence[Any], tangents: Sequence[Any]) -> Any:
@@ -65,6 +76,44 @@ def solver(g: Elementwise) -> Callable[..., Any]:
         return x, dy / slope
 
     return solve
+
+
+def grid(dtype: Any) -> np.ndarray:
+    """Points where `monotone_on_grid` samples a map: zero, powers of two
+    from 2**-12 to 2**14 and points approaching +-1, both signs, sorted."""
+    nmant = int(jnp.finfo(dtype).nmant)
+    magnitudes = [2.0**k for k in range(-12, 15)]
+    magnitudes += [1.0 - 2.0**-k for k in range(2, min(nmant, 24))]
+    points = {0.0, *magnitudes, *(-m for m in magnitudes)}
+    return np.asarray(sorted(points), dtype)
+
+
+def monotone_on_grid(g: Callable[[Any], Any], shape: Any, dtype: Any) -> Any:
+    """Per element, whether `g` (elementwise) never turns on `grid`: its
+    finite values either never decrease or never increase, on every stretch
+    between values that are not finite (poles, holes in the domain). A map
+    that turns is not injective (a continuous one takes a value twice), so a
+    preimage found for it may not be the one meant."""
+    points = jnp.asarray(grid(dtype))
+
+    def step(i: Any, state: tuple[Any, ...]) -> tuple[Any, ...]:
+        prev, rising, falling = state
+        value = g(jnp.full(shape, points[i], dtype))
+        # A pole or a hole in the domain (a value that is not finite) starts
+        # a new stretch: `x / (1 - x)` rises on both sides of 1.
+        finite = jnp.isfinite(value)
+        compare = finite & jnp.isfinite(prev)
+        rising = rising & ~(compare & (value < prev))
+        falling = falling & ~(compare & (value > prev))
+        return jnp.where(finite, value, jnp.nan), rising, falling
+
+    start = (
+        jnp.full(shape, jnp.nan, dtype),
+        jnp.ones(shape, bool),
+        jnp.ones(shape, bool),
+    )
+    _, rising, falling = lax.fori_loop(0, points.shape[0], step, start)
+    return rising | falling
 
 
 def derivative(g: Elementwise, x: Any, known: Sequence[Any]) -> Any:

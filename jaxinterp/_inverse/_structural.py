@@ -563,9 +563,7 @@ def _gather_like_scatter(
         **(
             {
                 "operand_batching_dims": operand_batching,
-                "start_indices_batching_dims": tuple(
-                    dn.scatter_indices_batching_dims
-                ),
+                "start_indices_batching_dims": tuple(dn.scatter_indices_batching_dims),
             }
             if operand_batching
             else {}
@@ -618,9 +616,7 @@ def _scatter_rule(name: str) -> Any:
         updates_shape = tuple(upd_aval.shape)
         if not _is_tracer(indices):
             with jax.ensure_compile_time_eval():
-                counts = np.asarray(
-                    _landings(jnp.shape(y), indices, updates_shape, dn)
-                )
+                counts = np.asarray(_landings(jnp.shape(y), indices, updates_shape, dn))
             total = int(np.prod(updates_shape))
             if counts.max(initial=0) > 1:
                 raise NotInvertibleError(
