@@ -278,3 +278,17 @@ def test_a_principal_branch_used_as_a_known_operand_meets_a_second_constraint():
     outcome = check_inverse(f, (x0,), (0,))
     assert (outcome.kind, outcome.check) == ("refused", "NotInvertibleError")
     assert "through `dynamic_update_slice`" in _refusal(f, x0)
+
+
+def test_classifier_accepts_a_clamp_at_its_bound():
+    # `maximum` at a tie has slope 1/2 in JAX; the inverse there is the
+    # identity's (ildj 0): a convention at a kink, not a wrong answer.
+    bound = jnp.array([-0.32, 0.73, -0.51])
+
+    def f(x):
+        return (jnp.maximum(x, bound),)
+
+    x = jnp.array([-0.55, -0.72, 1.65])
+    assert check_inverse(f, (x,), (0,), injective=False).kind == "correct"
+    # Not injective, so the classifier must know: the preimage is the bound.
+    assert check_inverse(f, (x,), (0,)).check == "preimage"
