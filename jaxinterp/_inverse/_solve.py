@@ -95,6 +95,7 @@ def monotone_on_grid(g: Callable[[Any], Any], shape: Any, dtype: Any) -> Any:
     that turns is not injective (a continuous one takes a value twice), so a
     preimage found for it may not be the one meant."""
     points = jnp.asarray(grid(dtype))
+    eps = jnp.finfo(dtype).eps
 
     def step(i: Any, state: tuple[Any, ...]) -> tuple[Any, ...]:
         prev, rising, falling = state
@@ -103,8 +104,11 @@ def monotone_on_grid(g: Callable[[Any], Any], shape: Any, dtype: Any) -> Any:
         # a new stretch: `x / (1 - x)` rises on both sides of 1.
         finite = jnp.isfinite(value)
         compare = finite & jnp.isfinite(prev)
-        rising = rising & ~(compare & (value < prev))
-        falling = falling & ~(compare & (value > prev))
+        # Rounding may wobble a map by a few ulps of its intermediates
+        # between close points (those near +-1): not a turn.
+        noise = 16 * eps * jnp.maximum(jnp.maximum(jnp.abs(value), jnp.abs(prev)), 1)
+        rising = rising & ~(compare & (value < prev - noise))
+        falling = falling & ~(compare & (value > prev + noise))
         return jnp.where(finite, value, jnp.nan), rising, falling
 
     start = (
