@@ -706,3 +706,20 @@ def test_strict_raises_where_a_block_gives_nan():
     softsign = ZOO[[b.name for b in ZOO].index("softsign")].forward
     x = jnp.array([0.5, -2.0])
     _close(inverse(softsign, strict=True)(softsign(x)), x)
+
+
+def test_linear_unknowns_that_depend_on_each_other_are_not_solved_apart():
+    # TFP's TransformDiagonal(Softplus()) after a fill: the diagonal is
+    # softplus of the fill's own diagonal, a value the linear part also
+    # reaches. Solving both as free unknowns would find a singular system
+    # (NaN); it is refused instead.
+    rows, cols = np.tril_indices(3)
+
+    def fill_scale_tril(t):
+        m = jnp.zeros((3, 3)).at[rows, cols].set(t)
+        d = jax.nn.softplus(jnp.diagonal(m)) + 1e-5
+        return jnp.where(jnp.eye(3, dtype=bool), d[None, :], m)
+
+    t = jnp.linspace(-1.0, 1.0, 6)
+    with pytest.raises(NotInvertibleError):
+        inverse(fill_scale_tril, example_args=(t,))(fill_scale_tril(t))

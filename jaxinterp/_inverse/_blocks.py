@@ -383,6 +383,8 @@ def find_block(
     if not all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in leaves):
         return None
     xs = sorted(leaves, key=lambda v: producer.get(v, -1))
+    if len(xs) > 1 and not independent(xs, region, eqns, producer, known):
+        return None
     x = xs[0]
     if kind == ELEMENTWISE and x.aval.shape != shape:
         return None
@@ -415,6 +417,35 @@ def find_block(
     return Block(
         top, indices, block_eqns, x, y, known_vars, sites, linear, kind, [y], xs
     )
+
+
+def independent(
+    xs: Sequence[Any],
+    region: set[int] | Sequence[int],
+    eqns: Sequence[Any],
+    producer: dict[Any, int],
+    known: Callable[[Any], bool],
+) -> bool:
+    """Whether no unknown of a block depends on another or on the block's own
+    values (`softplus` of a diagonal taken from the block's other unknown):
+    solving them as free variables would lose that link."""
+    inside = {v for i in region for v in eqns[i].outvars} | set(xs)
+    for x in xs:
+        seen: set[Any] = set()
+        todo = [x]
+        while todo:
+            v = todo.pop()
+            p = producer.get(v)
+            if p is None:
+                continue
+            for u in eqns[p].invars:
+                if type(u) is _Literal or known(u) or u in seen:
+                    continue
+                if u in inside:
+                    return False
+                seen.add(u)
+                todo.append(u)
+    return True
 
 
 def _sites(

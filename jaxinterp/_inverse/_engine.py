@@ -621,8 +621,12 @@ class InverseWalker(BackwardWalker):
                     other_top, eqns, producer, env.__contains__, kind=bl.LINEAR
                 )
                 if other is not None and set(other.xs) & set(block.xs):
-                    block = block.merge(other)
-                    changed = True
+                    joined = block.merge(other)
+                    if bl.independent(
+                        joined.xs, joined.indices, eqns, producer, env.__contains__
+                    ):
+                        block = joined
+                        changed = True
         return block
 
     def _invert_case(self, closed: Any, invals: Sequence[Any], y: Any) -> Any | None:
