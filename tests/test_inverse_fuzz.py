@@ -57,6 +57,8 @@ NOT_GENERATED = {
     "inverted in test_multiprocess.py",
     "host_local_array_to_global_array": "staged by a multi-process `pmap`: "
     "inverted in test_multiprocess.py",
+    "xla_pmap": "`jax.pmap` before JAX 0.10 needs several devices: inverted in "
+    "test_multidevice.py and test_multiprocess.py",
     "shard_map": "needs several devices: inverted in test_multidevice.py (8 "
     "simulated CPU devices, in a subprocess)",
 }
