@@ -97,8 +97,11 @@ def monotone_on_grid(g: Callable[[Any], Any], shape: Any, dtype: Any) -> Any:
     points = jnp.asarray(grid(dtype))
     eps = jnp.finfo(dtype).eps
 
-    def step(i: Any, state: tuple[Any, ...]) -> tuple[Any, ...]:
-        prev, rising, falling = state
+    # A `while_loop`, not `fori_loop`: under `jax_scan3` a fixed-length loop
+    # stages a `Scan3`, which JAX 0.12 cannot batch (the solver runs under
+    # the `vmap` of an inverse).
+    def step(state: tuple[Any, ...]) -> tuple[Any, ...]:
+        i, prev, rising, falling = state
         value = g(jnp.full(shape, points[i], dtype))
         # A pole or a hole in the domain (a value that is not finite) starts
         # a new stretch: `x / (1 - x)` rises on both sides of 1.
@@ -109,14 +112,16 @@ def monotone_on_grid(g: Callable[[Any], Any], shape: Any, dtype: Any) -> Any:
         noise = 16 * eps * jnp.maximum(jnp.maximum(jnp.abs(value), jnp.abs(prev)), 1)
         rising = rising & ~(compare & (value < prev - noise))
         falling = falling & ~(compare & (value > prev + noise))
-        return jnp.where(finite, value, jnp.nan), rising, falling
+        return i + 1, jnp.where(finite, value, jnp.nan), rising, falling
 
     start = (
+        jnp.int32(0),
         jnp.full(shape, jnp.nan, dtype),
         jnp.ones(shape, bool),
         jnp.ones(shape, bool),
     )
-    _, rising, falling = lax.fori_loop(0, points.shape[0], step, start)
+    count = points.shape[0]
+    _, _, rising, falling = lax.while_loop(lambda s: s[0] < count, step, start)
     return rising | falling
 
 
