@@ -241,6 +241,7 @@ def _find_roots(g: Callable[[Any], Any], y: Any) -> Any:
 
     def refine_body(state: tuple[Any, ...]) -> tuple[Any, ...]:
         i, x, fx, dfx, neg, pos, bisect, active = state
+        x_old = x
         lo, hi = jnp.minimum(neg, pos), jnp.maximum(neg, pos)
         newton = x - fx / dfx
         use_newton = ~bisect & (newton > lo) & (newton < hi)
@@ -260,7 +261,15 @@ def _find_roots(g: Callable[[Any], Any], y: Any) -> Any:
         x = jnp.where(take, x_new, x)
         fx = jnp.where(take, f_new, fx)
         dfx = jnp.where(take, d_new, dfx)
-        done = (f_new == 0) | width_small(neg, pos) | jnp.isnan(f_new)
+        # Newton's steps shrink the bracket from one side only: stop once a
+        # step no longer moves `x` beyond rounding.
+        settled = use_newton & (
+            jnp.abs(x_new - x_old) <= 4 * eps * jnp.maximum(jnp.abs(x_old), tiny)
+        )
+        # ... or once the residual is down to rounding.
+        floor = 2 * eps * (jnp.abs(y) + jnp.abs(x_new * d_new))
+        settled = settled | (jnp.abs(f_new) <= floor)
+        done = (f_new == 0) | width_small(neg, pos) | jnp.isnan(f_new) | settled
         return i + 1, x, fx, dfx, neg, pos, slow, active & ~done
 
     state = (
