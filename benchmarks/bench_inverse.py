@@ -202,7 +202,10 @@ def bench_blocks(quick: bool) -> None:
         ours = jax.jit(jaxinterp.inverse(fn))
         theirs = jax.jit(hand)
         times = compare(
-            {"ours": lambda ours=ours, y=y: ours(y), "hand": lambda y=y: theirs(y)},
+            {
+                "ours": lambda ours=ours, y=y: ours(y),
+                "hand": lambda theirs=theirs, y=y: theirs(y),
+            },
             repeats=10 if quick else 30,
         )
         ratio = min(times["ours"]) / min(times["hand"])
