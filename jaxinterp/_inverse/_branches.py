@@ -117,24 +117,27 @@ def _bound(value: Any, low: bool) -> float:
     return float(np.min(b) if low else np.max(b))
 
 
+def _clamp_bounds(name: str, ins: Sequence[Any]) -> Interval | None:
+    """A clamp's known bounds (for `max`/`min`, the known operand's least and
+    greatest element), or `None` unless exactly one operand of `max`/`min` is
+    unknown."""
+    if name == "clamp":
+        lo, _, hi = ins
+        return (_bound(lo, True), _bound(hi, False))
+    a, b = ins
+    if (a is None) == (b is None):
+        return None
+    known = b if a is None else a
+    return (_bound(known, True), _bound(known, False))
+
+
 def _clamp_range(
     name: str,
 ) -> Callable[[dict[str, Any], Sequence[Any]], Interval | None]:
     """Where a clamp's rule chooses: a result at a bound has many preimages,
     and the rule returns the bound, so the choices lie between the known
     bounds (other results have one preimage, themselves)."""
-
-    def interval(params: dict[str, Any], ins: Sequence[Any]) -> Interval | None:
-        if name == "clamp":
-            lo, _, hi = ins
-            return (_bound(lo, True), _bound(hi, False))
-        a, b = ins
-        if (a is None) == (b is None):
-            return None
-        known = b if a is None else a
-        return (_bound(known, True), _bound(known, False))
-
-    return interval
+    return lambda params, ins: _clamp_bounds(name, ins)
 
 
 def _clamp_image(
@@ -143,16 +146,10 @@ def _clamp_image(
     """The values a clamp can produce: within its known bounds."""
 
     def interval(params: dict[str, Any], ins: Sequence[Any]) -> Interval | None:
-        if name == "clamp":
-            lo, _, hi = ins
-            return (_bound(lo, True), _bound(hi, False))
-        a, b = ins
-        if (a is None) == (b is None):
-            return None
-        known = b if a is None else a
-        if name == "max":
-            return (_bound(known, True), INF)
-        return (-INF, _bound(known, False))
+        bounds = _clamp_bounds(name, ins)
+        if bounds is None or name == "clamp":
+            return bounds
+        return (bounds[0], INF) if name == "max" else (-INF, bounds[1])
 
     return interval
 

@@ -12,7 +12,7 @@ inverted the same way, as a `jax.pmap` with `in_axes` and `out_axes` swapped.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -84,18 +84,9 @@ def _shard_map_inverse(
     n_out = len(outvals)
     branches_in: list[br.Interval | None] = []
 
-    def inverse_body(*args: Any) -> tuple[tuple[Any, ...], Any]:
-        ys, knowns = list(args[:n_out]), iter(args[n_out:])
-        blocks = [None if unknown else next(knowns) for unknown in mask]
-        solved, ildj, branches = _invert_closed(
-            p.jaxpr, blocks, ys, out_branches, want_ildj=wanted, solvers=ctx.solvers
-        )
-        branches_in[:] = branches
-        xs = tuple(s for s, unknown in zip(solved, mask, strict=True) if unknown)
-        ildj = jnp.asarray(ildj).astype(_ildj_dtype(ys))
-        if axes:
-            ildj = lax.psum(ildj, axes)
-        return xs, ildj
+    inverse_body = _shard_inverse(
+        p.jaxpr, mask, n_out, out_branches, wanted, ctx.solvers, branches_in, axes
+    )
 
     inverse_p = p._replace(
         in_specs=(*p.out_specs, *known_specs),
@@ -139,18 +130,16 @@ def _pmap_inverse(
     n_out = len(outvals)
     branches_in: list[br.Interval | None] = []
 
-    def inverse_body(*args: Any) -> tuple[tuple[Any, ...], Any]:
-        ys, knowns = list(args[:n_out]), iter(args[n_out:])
-        blocks = [None if unknown else next(knowns) for unknown in mask]
-        solved, ildj, branches = _invert_closed(
-            p.jaxpr, blocks, ys, out_branches, want_ildj=wanted, solvers=ctx.solvers
-        )
-        branches_in[:] = branches
-        xs = tuple(s for s, unknown in zip(solved, mask, strict=True) if unknown)
-        ildj = jnp.asarray(ildj).astype(_ildj_dtype(ys))
-        if summed:
-            ildj = lax.psum(ildj, p.axis_name)
-        return xs, ildj
+    inverse_body = _shard_inverse(
+        p.jaxpr,
+        mask,
+        n_out,
+        out_branches,
+        wanted,
+        ctx.solvers,
+        branches_in,
+        p.axis_name if summed else (),
+    )
 
     inverse_body.__name__ = inverse_body.__qualname__ = f"inverse_{p.name}"
     fn = compat.pmap(
@@ -197,3 +186,33 @@ _register_host_global(
     multihost_utils.global_array_to_host_local_array_p,
     multihost_utils.host_local_array_to_global_array_p,
 )
+
+
+def _shard_inverse(
+    jaxpr: Any,
+    mask: Sequence[bool],
+    n_out: int,
+    out_branches: tuple[Any, ...],
+    wanted: bool,
+    solvers: bool,
+    branches_in: list[Any],
+    sum_over: Any,
+) -> Callable[..., tuple[tuple[Any, ...], Any]]:
+    """The per-shard inverse of a mapped body: `(*ys, *knowns) -> (xs, ildj)`,
+    its ildj summed over the mesh axes `sum_over` (none when empty); it fills
+    `branches_in` with the solved operands' branch intervals."""
+
+    def inverse_body(*args: Any) -> tuple[tuple[Any, ...], Any]:
+        ys, knowns = list(args[:n_out]), iter(args[n_out:])
+        blocks = [None if unknown else next(knowns) for unknown in mask]
+        solved, ildj, branches = _invert_closed(
+            jaxpr, blocks, ys, out_branches, want_ildj=wanted, solvers=solvers
+        )
+        branches_in[:] = branches
+        xs = tuple(s for s, unknown in zip(solved, mask, strict=True) if unknown)
+        ildj = jnp.asarray(ildj).astype(_ildj_dtype(ys))
+        if sum_over:
+            ildj = lax.psum(ildj, sum_over)
+        return xs, ildj
+
+    return inverse_body
