@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 from jax.extend import source_info_util
@@ -88,3 +88,43 @@ def eqn_context(transform: str, eqn: Any) -> str:
     return (
         f"`{transform}` at primitive `{eqn.primitive.name}`, used at {source_line(eqn)}"
     )
+
+
+def reraise(
+    transform: str,
+    eqn: Any,
+    err: BaseException,
+    *,
+    doing: str = "",
+    details: str = "",
+) -> NoReturn:
+    """Raise `err` in the context of `eqn`: the one place rule failures are wrapped.
+
+    A `JaxinterpError` (already explained to the user) goes through as it is;
+    any other exception becomes a `RuleError` naming the transformation, the
+    primitive and the user's line, with `err` kept as `__cause__`.
+
+    Call it from an `except Exception as err:` clause around a rule, a
+    handler or `process_eqn`: `reraise(self.name, eqn, err, details=...)`.
+
+    Args:
+        transform: the transformation's name, for the message.
+        eqn: the equation being processed.
+        err: the exception caught.
+        doing: what was being done, as `"the inverse rule"` (default: the
+            equation's processing).
+        details: a sentence to append (operands, results).
+    """
+    if isinstance(err, JaxinterpError):
+        raise err
+    subject = f", {doing}" if doing else ""
+    tail = f"\n\n{details}" if details else ""
+    raise RuleError(
+        f"{eqn_context(transform, eqn)}{subject} raised "
+        f"{type(err).__name__}: {err}{tail}"
+    ) from err
+
+
+def operands_detail(values: Sequence[Any], label: str = "Operands") -> str:
+    """`Operands: f32[3], f32[]`: the `details` most rule failures give."""
+    return f"{label}: {describe_values(values)}."

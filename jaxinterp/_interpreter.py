@@ -18,8 +18,9 @@ from ._errors import (
     MissingRuleError,
     RuleError,
     describe_value,
-    describe_values,
     eqn_context,
+    operands_detail,
+    reraise,
     source_line,
 )
 from ._registry import RuleRegistry
@@ -393,10 +394,8 @@ class Interpreter:
             try:
                 with user_ctx, eqn_ctx:
                     outvals = process(eqn, invals)
-            except JaxinterpError:
-                raise
             except Exception as err:
-                raise self._rule_error(eqn, invals, err) from err
+                reraise(self.name, eqn, err, details=operands_detail(invals))
             outvars = eqn.outvars
             if type(outvals) is not list or len(outvals) != len(outvars):
                 outvals = self._as_outvals(eqn, outvals)
@@ -483,10 +482,8 @@ class Interpreter:
         try:
             with user_ctx, eqn_ctx:
                 outvals = self.process_eqn(eqn, invals)
-        except JaxinterpError:
-            raise
         except Exception as err:
-            raise self._rule_error(eqn, invals, err) from err
+            reraise(self.name, eqn, err, details=operands_detail(invals))
         if type(outvals) is not list or len(outvals) != len(eqn.outvars):
             outvals = self._as_outvals(eqn, outvals)
         return outvals
@@ -527,13 +524,6 @@ class Interpreter:
             f"{got} for {n_out} outputs.\n"
             "Rules and `process_eqn` must return a list with one value per "
             "output, also for single-result primitives."
-        )
-
-    def _rule_error(self, eqn: Any, invals: list[Any], err: Exception) -> RuleError:
-        return RuleError(
-            f"{eqn_context(self.name, eqn)}, raised "
-            f"{type(err).__name__}: {err}\n\n"
-            f"Operands: {describe_values(invals)}."
         )
 
     # ------------------------------------------------------------------
@@ -925,13 +915,8 @@ class BackwardWalker:
             outs = [None if type(v) is _DropVar else env.read(v) for v in eqn.outvars]
             try:
                 invals = self.process_eqn_backward(eqn, outs)
-            except JaxinterpError:
-                raise
             except Exception as err:
-                raise RuleError(
-                    f"{eqn_context(self.name, eqn)}, raised "
-                    f"{type(err).__name__}: {err}\n\nOutputs: {describe_values(outs)}."
-                ) from err
+                reraise(self.name, eqn, err, details=operands_detail(outs, "Outputs"))
             for v, val in zip(eqn.invars, invals, strict=True):
                 if val is not None and type(v) is not _Literal and v not in env:
                     env[v] = val

@@ -25,11 +25,11 @@ from jax.flatten_util import ravel_pytree
 from .. import _jax_compat as compat
 from .._custom_types import InverseRule
 from .._errors import (
-    JaxinterpError,
     NotInvertibleError,
-    RuleError,
     describe_values,
     eqn_context,
+    operands_detail,
+    reraise,
     source_line,
 )
 from .._interpreter import BackwardWalker, Env
@@ -393,15 +393,15 @@ class InverseWalker(BackwardWalker):
             except NotInvertibleError as err:
                 reasons[i] = _reason(err)
                 continue
-            except JaxinterpError:
-                raise
             except Exception as err:
-                raise RuleError(
-                    f"{eqn_context(self.name, eqn)}, the inverse rule raised "
-                    f"{type(err).__name__}: {err}\n\n"
-                    f"Operands: {describe_values(ins)}; results: "
-                    f"{describe_values(outs)}."
-                ) from err
+                reraise(
+                    self.name,
+                    eqn,
+                    err,
+                    doing="the inverse rule",
+                    details=f"Operands: {describe_values(ins)}; results: "
+                    f"{describe_values(outs)}.",
+                )
             if res is None:
                 reasons[i] = (
                     "its unknown operands cannot be solved for from its results "
@@ -589,14 +589,13 @@ class InverseWalker(BackwardWalker):
             except NotInvertibleError as err:
                 reasons[top] = _reason(err)
                 continue
-            except JaxinterpError:
-                raise
             except Exception as err:
-                eqn = eqns[top]
-                raise RuleError(
-                    f"{eqn_context(self.name, eqn)}, solving the block of "
-                    f"equations that ends there raised {type(err).__name__}: {err}"
-                ) from err
+                reraise(
+                    self.name,
+                    eqns[top],
+                    err,
+                    doing="solving the block of equations that ends there",
+                )
             return block, x, ildj, method
         return None
 
@@ -659,13 +658,14 @@ class InverseWalker(BackwardWalker):
                     with jax.ensure_compile_time_eval():
                         return compat.bind_eqn(eqn.primitive, invals, eqn.params)
                 return compat.bind_eqn(eqn.primitive, invals, eqn.params)
-        except JaxinterpError:
-            raise
         except Exception as err:
-            raise RuleError(
-                f"{eqn_context(self.name, eqn)}, evaluating it forwards raised "
-                f"{type(err).__name__}: {err}\n\nOperands: {describe_values(invals)}."
-            ) from err
+            reraise(
+                self.name,
+                eqn,
+                err,
+                doing="evaluating it forwards",
+                details=operands_detail(invals),
+            )
 
     def _add_pieces(
         self,
