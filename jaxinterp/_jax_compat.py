@@ -98,6 +98,7 @@ def warn_if_unsupported(version: Sequence[int] = JAX_VERSION) -> bool:
 
 ClosedJaxpr = jex_core.ClosedJaxpr
 Jaxpr = jex_core.Jaxpr
+JaxprEqn = jex_core.JaxprEqn
 Literal = jex_core.Literal
 Var = jex_core.Var
 Primitive = jex_core.Primitive
