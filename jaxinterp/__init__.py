@@ -1,7 +1,9 @@
 """jaxinterp: write JAX function transformations as Jaxpr interpreters."""
 
 from . import _higher_order as _higher_order  # registers the built-in handlers
+from ._backward import BackwardWalker as BackwardWalker
 from ._caches import clear_caches as clear_caches
+from ._env import Env as Env
 from ._errors import (
     JaxinterpError as JaxinterpError,
     MissingRuleError as MissingRuleError,
@@ -16,8 +18,7 @@ from ._eval._api import (
 )
 from ._eval._rules import eval_rules as eval_rules
 from ._interpreter import (
-    BackwardWalker as BackwardWalker,
-    Env as Env,
+    Handler as Handler,
     Interpreter as Interpreter,
     higher_order_primitives as higher_order_primitives,
 )

@@ -21,7 +21,7 @@ from jax import lax
 from . import _jax_compat as compat
 from ._custom_types import has_custom, is_plain
 from ._errors import MissingRuleError, source_line
-from ._interpreter import Interpreter, register_eager_callable, register_higher_order
+from ._interpreter import Interpreter, builtin_handler
 from ._trace import spec_of
 
 
@@ -112,7 +112,7 @@ def _slice_spec(x: Any) -> Any:
     )
 
 
-def _jit_callable(interp: Interpreter, p: compat.JitParams) -> Callable[..., Any]:
+def jit_callable(interp: Interpreter, p: compat.JitParams) -> Callable[..., Any]:
     """The rebuilt `jax.jit` of a `jit` equation's body, cached per interpreter."""
 
     def build() -> Callable[..., Any]:
@@ -134,23 +134,15 @@ def _jit_callable(interp: Interpreter, p: compat.JitParams) -> Callable[..., Any
     return interp.cached(key, p.jaxpr, build)
 
 
-@register_higher_order(compat.jit_p)
+@builtin_handler(compat.jit_p)
 def _jit(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list[Any]:
     p = compat.jit_params(eqn.params)
     if policy == "inline":
         return interp.eval_closed(p.jaxpr, *invals)
-    return list(_jit_callable(interp, p)(*invals))
+    return list(jit_callable(interp, p)(*invals))
 
 
-@register_eager_callable(compat.jit_p)
-def _jit_eager(interp: Interpreter, eqn: Any) -> Callable[..., Any] | None:
-    """Eagerly, a recursive `jit` is a call of its rebuilt, compiled `jax.jit`."""
-    if interp.policy(eqn.primitive) != "recursive" or not interp.cache_subcalls:
-        return None
-    return _jit_callable(interp, compat.jit_params(eqn.params))
-
-
-@register_higher_order(compat.cond_p)
+@builtin_handler(compat.cond_p)
 def _cond(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list[Any]:
     index, *ops = invals
     branches = [_closed_fn(interp, br) for br in compat.cond_branches(eqn.params)]
@@ -187,7 +179,7 @@ def _joined_branches(
     return [joined(i, br) for i, br in enumerate(branches)]
 
 
-@register_higher_order(compat.scan_p)
+@builtin_handler(compat.scan_p)
 def _scan(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list[Any]:
     p = compat.scan_params(eqn.params)
     n_consts, n_carry = p.num_consts, p.num_carry
@@ -224,7 +216,7 @@ def _scan(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list
     return [*carry, *ys]
 
 
-@register_higher_order(compat.while_p)
+@builtin_handler(compat.while_p)
 def _while(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list[Any]:
     p = compat.while_params(eqn.params)
     cond_consts = invals[: p.cond_nconsts]
@@ -251,7 +243,7 @@ def _while(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> lis
     return list(lax.while_loop(cond_fun, body_fun, init))
 
 
-@register_higher_order(compat.remat_p)
+@builtin_handler(compat.remat_p)
 def _checkpoint(
     interp: Interpreter, eqn: Any, invals: list[Any], policy: str
 ) -> list[Any]:
@@ -300,8 +292,7 @@ def _retrace_avals(
     if any(compat.is_tracer(c) for c in compat.jaxpr_consts(new)):
         # The interpreter captured a value of an enclosing trace: only valid
         # now, so do not keep it.
-        with interp._subcall_lock:
-            interp._subcalls.pop(key, None)
+        interp.forget(key)
     return new
 
 
@@ -324,11 +315,11 @@ def _custom_call(
     return compat.bind_eqn(eqn.primitive, invals, params)
 
 
-register_higher_order(compat.custom_jvp_call_p)(_custom_call)
-register_higher_order(compat.custom_vjp_call_p)(_custom_call)
+builtin_handler(compat.custom_jvp_call_p)(_custom_call)
+builtin_handler(compat.custom_vjp_call_p)(_custom_call)
 
 
-@register_higher_order(compat.closed_call_p)
+@builtin_handler(compat.closed_call_p)
 def _closed_call(
     interp: Interpreter, eqn: Any, invals: list[Any], policy: str
 ) -> list[Any]:
@@ -353,10 +344,10 @@ def _core_call(
 
 
 if compat.core_call_p is not None:  # a separate primitive before JAX 0.12
-    register_higher_order(compat.core_call_p)(_core_call)
+    builtin_handler(compat.core_call_p)(_core_call)
 
 
-@register_higher_order(compat.shard_map_p)
+@builtin_handler(compat.shard_map_p)
 def _shard_map(
     interp: Interpreter, eqn: Any, invals: list[Any], policy: str
 ) -> list[Any]:
@@ -368,7 +359,7 @@ def _shard_map(
     return list(compat.shard_map(body, p)(*invals))
 
 
-@register_higher_order(compat.linear_solve_p)
+@builtin_handler(compat.linear_solve_p)
 def _linear_solve(
     interp: Interpreter, eqn: Any, invals: list[Any], policy: str
 ) -> list[Any]:
@@ -510,7 +501,7 @@ def _expanded_hi(
     return interp.eval_closed(expanded, *invals)
 
 
-@register_higher_order(compat.call_hi_primitive_p)
+@builtin_handler(compat.call_hi_primitive_p)
 def _call_hi(
     interp: Interpreter, eqn: Any, invals: list[Any], policy: str
 ) -> list[Any]:

@@ -1,18 +1,23 @@
-"""The walkers: `Env`, `Interpreter` (forwards) and `BackwardWalker`."""
+"""The forward walker, `Interpreter`, and its dispatch table.
+
+One table per interpreter class maps primitives to handlers
+`handler(interp, eqn, invals) -> list`: the built-in handlers of higher-order
+primitives (registered on `Interpreter` by `_higher_order`), handlers users
+register with `Interpreter.register`, and the first-order rules of the
+class's `rules` registry. `process_eqn` looks the equation up there and
+otherwise re-binds it (`default_rule`). The eager fast path is in `_eager`,
+`Env` and release plans in `_env`, `BackwardWalker` in `_backward`.
+"""
 
 from __future__ import annotations
 
 import functools
-import threading
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Any, ClassVar, Literal as TypingLiteral, NamedTuple
+from typing import Any, ClassVar, Literal as TypingLiteral, Protocol
 
-from jax import lax
-
-from . import _caches, _jax_compat as compat, _registry
+from . import _caches, _eager, _jax_compat as compat, _recursion, _registry
 from ._custom_types import PyTree, has_custom
+from ._env import Env as Env, release_plan
 from ._errors import (
     JaxinterpError,
     MissingRuleError,
@@ -28,119 +33,26 @@ from ._trace import Staged, check_callable, stage_flat
 
 Policy = TypingLiteral["opaque", "recursive", "inline"]
 _POLICIES = ("opaque", "recursive", "inline")
-_RECURSION_LIMIT = compat.DEEP_RECURSION_LIMIT
 
 _Literal = compat.Literal
 _DropVar = compat.DropVar
 _call_hi_primitive_p = compat.call_hi_primitive_p
 
 
-class Env(dict):  # type: ignore[type-arg]
-    """Values of jaxpr variables during a walk: a `dict` from `Var` to value.
+class Handler(Protocol):
+    """What `Interpreter.register` registers: how an interpreter evaluates
+    the equations of one primitive.
 
-    `read` understands `Literal`s, `write` ignores `DropVar`s, and `release`
-    drops values that are no longer needed.
+    `handler(interp, eqn, invals)` gets the interpreter, the `JaxprEqn` and
+    the values of its operands, and returns one value per output (a list).
+    A handler of a higher-order primitive walks its sub-Jaxprs with
+    `interp.eval_closed` (or `interp.eval_jaxpr`) and may read the policy in
+    force with `interp.policy_of(eqn)`.
     """
 
-    def read(self, var: Any) -> Any:
-        """Return the value of `var` (a `Var` or a `Literal`)."""
-        if type(var) is _Literal:
-            return var.val
-        return self[var]
-
-    def read_many(self, variables: Sequence[Any]) -> list[Any]:
-        """Return the values of several variables."""
-        return [v.val if type(v) is _Literal else self[v] for v in variables]
-
-    def known(self, var: Any) -> bool:
-        """Whether `var` has a value (literals always do)."""
-        return type(var) is _Literal or var in self
-
-    def write(self, var: Any, value: Any) -> None:
-        """Bind `var` to `value`; a `DropVar` is ignored."""
-        if type(var) is not _DropVar:
-            self[var] = value
-
-    def write_many(self, variables: Sequence[Any], values: Sequence[Any]) -> None:
-        """Bind several variables."""
-        for var, value in zip(variables, values, strict=True):
-            if type(var) is not _DropVar:
-                self[var] = value
-
-    def release(self, variables: Sequence[Any]) -> None:
-        """Forget the values of `variables` (after their last use)."""
-        for var in variables:
-            self.pop(var, None)
-
-
-# Per-jaxpr list, for each equation, of the variables last used there.
-_release_plans: weakref.WeakKeyDictionary[Any, list[tuple[Any, ...]]] = (
-    weakref.WeakKeyDictionary()
-)
-_release_lock = threading.Lock()
-_caches.on_clear(_release_plans.clear)
-
-
-def release_plan(jaxpr: Any) -> list[tuple[Any, ...]]:
-    """For each equation of `jaxpr`, the variables whose last use it is.
-
-    A result no equation uses is released right after the equation that
-    computes it, an input no equation uses after the first equation. Outputs
-    of the jaxpr are never released. Computed once per jaxpr.
-    """
-    cached = _release_plans.get(jaxpr)
-    if cached is not None:
-        return cached
-    eqns = jaxpr.eqns
-    plan = _last_uses(
-        [eqn.invars for eqn in eqns], [eqn.outvars for eqn in eqns], jaxpr.outvars
-    )
-    if eqns:  # inputs nothing reads go with the first equation
-        read = {
-            v
-            for vs in (*(eqn.invars for eqn in eqns), jaxpr.outvars)
-            for v in vs
-            if type(v) is not _Literal
-        }
-        unused = [v for v in (*jaxpr.constvars, *jaxpr.invars) if v not in read]
-        if unused:
-            plan[0] = (*plan[0], *unused)
-    with _release_lock:
-        _release_plans[jaxpr] = plan
-    return plan
-
-
-def _last_uses(
-    reads: Sequence[Sequence[Any]],
-    writes: Sequence[Sequence[Any]],
-    outvars: Sequence[Any],
-) -> list[tuple[Any, ...]]:
-    """For each step reading and writing the given variables, those it reads
-    (or writes) last, leaving out `outvars`. Literals and drop-vars are ignored.
-    """
-    keep = {v for v in outvars if type(v) is not _Literal}
-    last: dict[Any, int] = {}
-    for i, (ins, outs) in enumerate(zip(reads, writes, strict=True)):
-        for v in ins:
-            if type(v) is not _Literal and type(v) is not _Put:
-                last[v] = i
-        for v in outs:
-            if type(v) is not _DropVar:
-                last[v] = i  # moved on by a later use
-    # Most steps release nothing or one value: share the empty tuple and
-    # allocate only for steps that do release.
-    buckets: dict[int, list[Any]] = {}
-    for v, i in last.items():
-        if v not in keep:
-            bucket = buckets.get(i)
-            if bucket is None:
-                buckets[i] = [v]
-            else:
-                bucket.append(v)
-    plan: list[tuple[Any, ...]] = [()] * len(reads)
-    for i, bucket in buckets.items():
-        plan[i] = tuple(bucket)
-    return plan
+    def __call__(
+        self, interp: Interpreter, eqn: compat.JaxprEqn, invals: list[Any], /
+    ) -> Sequence[Any]: ...
 
 
 class Interpreter:
@@ -149,12 +61,20 @@ class Interpreter:
     By default each equation re-binds its primitive, so results are tracers
     under a JAX transformation and arrays when eager, and a subclass composes
     with `jax.jit`, `jax.grad`, `jax.vmap` and `jax.jvp`. Customise it in
-    either of two ways:
+    any of three ways:
 
-    * set a class attribute `rules` to a `RuleRegistry` of forward rules
-      (`rule(*invals, **params) -> list`), consulted before anything else;
+    * set a class attribute `rules` to a `RuleRegistry` of first-order
+      rules (`rule(*invals, **params) -> list`);
+    * register a handler `handler(interp, eqn, invals) -> list` with
+      `MyInterpreter.register(prim)`: the general form, which sees the
+      equation, for first-order and higher-order primitives alike (your own
+      higher-order primitives included);
     * override `process_eqn(eqn, invals)`, called for every equation, nested
       ones included; `super().process_eqn(eqn, invals)` gives the default.
+
+    Both registrations go into one table per class (`dispatch_table()`):
+    a subclass inherits its bases' handlers and may replace them, never
+    changing the base's; `rules` take precedence over handlers.
 
     Higher-order primitives (`jit`, `cond`, `scan`, `while`, `checkpoint`,
     `custom_jvp_call`, `custom_vjp_call`, `closed_call`, `shard_map`, and
@@ -209,6 +129,11 @@ class Interpreter:
     # Whether the class keeps the default `process_eqn` and `default_rule`
     # (set per subclass): only then may eager walks skip `process_eqn`.
     _default_eqns: ClassVar[bool] = True
+    # The handlers registered on this very class (not its bases), and the
+    # class's dispatch table with the registry generation it was built at.
+    _own_handlers: ClassVar[dict[Any, Handler]] = {}
+    _table: ClassVar[dict[Any, Handler]] = {}
+    _table_generation: ClassVar[int] = -1
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -216,6 +141,108 @@ class Interpreter:
             cls.process_eqn is Interpreter.process_eqn
             and cls.default_rule is Interpreter.default_rule
         )
+        cls._own_handlers = {}
+        cls._table_generation = -1
+
+    # ------------------------------------------------------------------
+    # The dispatch table.
+
+    @classmethod
+    def register(
+        cls, prim: Any, handler: Handler | None = None, *, override: bool = False
+    ) -> Any:
+        """Register `handler(interp, eqn, invals) -> list` for `prim` on this class.
+
+        The handler applies to this class and its subclasses (a subclass may
+        register its own for the same primitive); registering on
+        `Interpreter` itself applies to every interpreter. Without `handler`,
+        return a decorator.
+
+        A handler of a higher-order primitive walks its body with
+        `interp.eval_closed(closed_jaxpr, *args)` and rebuilds the construct
+        (or not); it may honour the interpreter's policy, read with
+        `interp.policy_of(eqn)`. Such a primitive is one whose params hold
+        Jaxprs: without a handler, an interpreter with rules refuses it
+        (`MissingRuleError`) rather than re-bind it unseen.
+
+        Args:
+            prim: the `jax.extend.core.Primitive`.
+            handler: the handler; omit it to use `register` as a decorator.
+            override: replace a handler this class already registered.
+
+        Raises:
+            TypeError: if `prim` is not a primitive or `handler` not callable.
+            ValueError: if this class already has a handler for `prim` and
+                `override` is false.
+
+        Example:
+            >>> from jax import lax
+            >>> class Doubler(Interpreter):
+            ...     pass
+            >>> @Doubler.register(lax.sin_p)
+            ... def _sin(interp, eqn, invals):
+            ...     return [2 * lax.sin(*invals)]
+            >>> print(f"{Doubler().transform(lax.sin)(0.5):.4f}")
+            0.9589
+        """
+        if not isinstance(prim, compat.Primitive):
+            raise TypeError(
+                f"Handlers are keyed by `jax.extend.core.Primitive`, got "
+                f"{type(prim).__name__}: {prim!r}."
+            )
+
+        def decorate(fn: Handler) -> Handler:
+            if not callable(fn):
+                raise TypeError(f"A handler must be callable, got {fn!r}.")
+            own = cls.__dict__["_own_handlers"]
+            if prim in own and not override:
+                raise ValueError(
+                    f"`{cls.__name__}` already has a handler for primitive "
+                    f"`{prim.name}`. Pass `override=True` to replace it."
+                )
+            own[prim] = fn
+            _registry.bump_generation()
+            return fn
+
+        return decorate if handler is None else decorate(handler)
+
+    @classmethod
+    def unregister(cls, prim: Any) -> None:
+        """Remove the handler this class registered for `prim` (bases keep theirs).
+
+        Raises:
+            KeyError: if this class registered none for `prim`.
+        """
+        own = cls.__dict__.get("_own_handlers", {})
+        if prim not in own:
+            raise KeyError(f"`{cls.__name__}` has no own handler for `{prim.name}`.")
+        del own[prim]
+        _registry.bump_generation()
+
+    @classmethod
+    def dispatch_table(cls) -> Mapping[Any, Handler]:
+        """The table `process_eqn` dispatches on: primitive to handler.
+
+        Built from the handlers registered on the class and its bases (the
+        most derived wins) and the class's `rules` (which win over
+        handlers); rebuilt after any registration. Read it, do not change it.
+        """
+        if cls._table_generation == _registry.generation():
+            return cls._table
+        generation = _registry.generation()
+        table: dict[Any, Handler] = {}
+        for klass in reversed(cls.__mro__):
+            own = klass.__dict__.get("_own_handlers")
+            if own:
+                table.update(own)
+        rules = cls.rules
+        if rules is not None:
+            for prim in rules:
+                rule = rules.get(prim)
+                if rule is not None:
+                    table[prim] = _rule_handler(rule)
+        cls._table, cls._table_generation = table, generation
+        return table
 
     def __init__(
         self,
@@ -230,18 +257,14 @@ class Interpreter:
         for prim, policy in (policies or {}).items():
             _check_policy(policy)
             self._policies[prim if isinstance(prim, str) else prim.name] = policy
-        self._subcalls: OrderedDict[Hashable, tuple[Any, Any]] = OrderedDict()
-        self._subcall_lock = threading.Lock()
-        self._eager_plans: weakref.WeakKeyDictionary[Any, _EagerPlan] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._subcalls = _caches.Cache(512, register=False)
+        self._eager_plans = _eager.new_plan_table()
         _caches.track_interpreter(self)
 
     def clear_cache(self) -> None:
         """Forget this interpreter's rebuilt `jit`s, traced bodies and eager
         plans (`jaxinterp.clear_caches()` does it for every interpreter)."""
-        with self._subcall_lock:
-            self._subcalls.clear()
+        self._subcalls.clear()
         self._eager_plans.clear()
 
     # ------------------------------------------------------------------
@@ -280,12 +303,35 @@ class Interpreter:
         """Return the higher-order policy in force for `prim`."""
         return self._policies.get(prim.name, self.higher_order)
 
+    def policy_of(self, eqn: Any) -> str:
+        """Return the higher-order policy in force for equation `eqn`.
+
+        As `policy(eqn.primitive)`, except for a hijax `call_hi_primitive`
+        (JAX >= 0.11), where the most specific key wins: the hijax class
+        (`"RematTraced"`), the primitive of the construct it replaces
+        (`"remat2"`, `"scan"`, `"custom_jvp_call"`, `"custom_vjp_call"`), its
+        kind (`"checkpoint"`, `"custom_jvp"`, `"custom_vjp"`), then
+        `"call_hi_primitive"`. Policies written for a construct keep applying
+        when JAX's hijax flags are on.
+        """
+        policies = self._policies
+        if eqn.primitive is not _call_hi_primitive_p:
+            return policies.get(eqn.primitive.name, self.higher_order)
+        if policies:
+            h = compat.hijax_params(eqn)
+            for key in (h.name, h.replaces, h.kind, eqn.primitive.name):
+                policy = policies.get(key)
+                if policy is not None:
+                    return policy
+        return self.higher_order
+
     def process_eqn(self, eqn: Any, invals: list[Any]) -> list[Any]:
         """Evaluate one equation and return its outputs as a list.
 
-        The default: a rule from `rules` if there is one; else, for a
-        higher-order primitive under the `recursive` or `inline` policy, the
-        built-in handling; else `default_rule` (re-bind the primitive).
+        The default: the handler of `eqn.primitive` in the class's
+        `dispatch_table()` (a rule of `rules`, a registered handler, or the
+        built-in handling of a higher-order primitive, which follows the
+        policy); else `default_rule` (re-bind the primitive).
 
         Args:
             eqn: the `JaxprEqn`.
@@ -294,43 +340,21 @@ class Interpreter:
         Returns:
             One value per entry of `eqn.outvars`.
         """
-        rules = self.rules
-        if rules is not None:
-            rule = rules.get(eqn.primitive)
-            if rule is not None:
-                outvals = rule(*invals, **eqn.params)
-                if type(outvals) is list:
-                    return outvals
-                return self._as_outvals(eqn, outvals)
-        handler = _higher_order_handlers.get(eqn.primitive)
+        cls = type(self)
+        table = (
+            cls._table
+            if cls._table_generation == _registry.generation()
+            else cls.dispatch_table()
+        )
+        handler = table.get(eqn.primitive)
         if handler is not None:
-            if eqn.primitive is _call_hi_primitive_p:
-                policy = self._hi_policy(eqn)
-            else:
-                policy = self._policies.get(eqn.primitive.name, self.higher_order)
-            if policy != "opaque":
-                return handler(self, eqn, invals, policy)
-        elif compat.is_unhandled_higher_order(eqn):
+            outvals = handler(self, eqn, invals)
+            if type(outvals) is list:
+                return outvals
+            return self._as_outvals(eqn, outvals)
+        if compat.is_unhandled_higher_order(eqn):
             self._check_unhandled(eqn)
         return self.default_rule(eqn, invals)
-
-    def _hi_policy(self, eqn: Any) -> str:
-        """The policy for a hijax `call_hi_primitive` equation (JAX >= 0.11).
-
-        The most specific key wins: the hijax class (`"RematTraced"`), the
-        primitive of the construct it replaces (`"remat2"`, `"scan"`,
-        `"custom_jvp_call"`, `"custom_vjp_call"`), its kind (`"checkpoint"`,
-        `"custom_jvp"`, `"custom_vjp"`), then `"call_hi_primitive"`. Policies
-        written for a construct keep applying when JAX's hijax flags are on.
-        """
-        policies = self._policies
-        if policies:
-            h = compat.hijax_params(eqn)
-            for key in (h.name, h.replaces, h.kind, eqn.primitive.name):
-                policy = policies.get(key)
-                if policy is not None:
-                    return policy
-        return self.higher_order
 
     def _check_unhandled(self, eqn: Any) -> None:
         """Refuse to re-bind a higher-order primitive no handler enters, unless
@@ -343,7 +367,9 @@ class Interpreter:
         name = eqn.primitive.name
         if self._policies.get(name, self.higher_order) == "opaque":
             return
-        if self._default_eqns and (self.rules is None or not len(self.rules)):
+        if self._default_eqns and not any(
+            not _eager.is_builtin(h) for h in type(self).dispatch_table().values()
+        ):
             return
         raise MissingRuleError(
             f"`{self.name}` cannot reach inside higher-order primitive `{name}`, "
@@ -351,7 +377,8 @@ class Interpreter:
             f"(JAX {compat.JAX_VERSION_STR}).\n\n"
             "To re-bind it unchanged (the interpreter then does not see its "
             f"body), pass `policies={{{name!r}: 'opaque'}}` to the interpreter; "
-            "or give the interpreter a rule for it in `rules`."
+            "or register a handler for it with "
+            f"`{type(self).__name__}.register(<the primitive>)`."
         )
 
     def default_rule(self, eqn: Any, invals: list[Any]) -> list[Any]:
@@ -363,7 +390,7 @@ class Interpreter:
         JAX's C++ fast path.
         """
         if not eqn.effects:
-            fast = compat.eager_primitive(eqn.primitive, eqn.params, invals)
+            fast = _eager.eager_primitive(eqn.primitive, eqn.params, invals)
             if fast is not None:
                 return fast
         return compat.bind_eqn(eqn.primitive, invals, eqn.params)
@@ -377,9 +404,9 @@ class Interpreter:
         The signature mirrors `jax.core.eval_jaxpr`. Each value is released
         after its last use.
         """
-        plan = self._eager_plan(jaxpr, consts, args)
+        plan = _eager.plan_for(self, jaxpr, consts, args)
         if plan is not None:
-            return self._eval_eager(jaxpr, plan, consts, args)
+            return _eager.run_plan(self, jaxpr, plan, consts, args)
         env = Env()
         for v, val in zip(jaxpr.constvars, consts, strict=True):
             env[v] = val
@@ -387,7 +414,7 @@ class Interpreter:
             env[v] = val
         process = self.process_eqn
         contexts = compat.eqn_contexts
-        # `_process_in_context`, inlined: this loop runs every traced walk.
+        # `process_in_context`, inlined: this loop runs every traced walk.
         for eqn, dead in zip(jaxpr.eqns, release_plan(jaxpr), strict=True):
             invals = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
             user_ctx, eqn_ctx = contexts(eqn)
@@ -406,78 +433,9 @@ class Interpreter:
                 del env[v]
         return [v.val if type(v) is _Literal else env[v] for v in jaxpr.outvars]
 
-    # ------------------------------------------------------------------
-    # The eager fast path.
-
-    def _eager_plan(
-        self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]
-    ) -> _EagerPlan | None:
-        """The plan for walking `jaxpr` eagerly, or `None` to walk it generally.
-
-        Only for interpreters that keep the default `process_eqn` and
-        `default_rule`, outside any JAX trace, on concrete inputs.
-        """
-        if (
-            not self._default_eqns
-            or not compat.is_eager()
-            or not compat.all_concrete(consts)
-            or not compat.all_concrete(args)
-        ):
-            return None
-        ambient = compat.ambient_eqn_context()
-        if ambient is None:
-            return None
-        plan = self._eager_plans.get(jaxpr)
-        if (
-            plan is None
-            or plan.generation != _registry.generation()
-            or plan.policy != self.higher_order
-            or not compat.same_eqn_context(plan.context, ambient)
-        ):
-            plan = _EagerPlan(self, jaxpr, ambient)
-            with self._subcall_lock:
-                self._eager_plans[jaxpr] = plan
-        return plan
-
-    def _eval_eager(
-        self, jaxpr: Any, plan: _EagerPlan, consts: Sequence[Any], args: Sequence[Any]
-    ) -> list[Any]:
-        """Walk `jaxpr` eagerly: planned equations call their compiled function
-        directly; the others (and any planned call that raises, to report the
-        error with its context) go through `process_eqn`."""
-        env = dict(plan.seed)  # the literals put on the device
-        for v, val in zip(jaxpr.constvars, consts, strict=True):
-            env[v] = val
-        for v, val in zip(jaxpr.invars, args, strict=True):
-            env[v] = val
-        for eqn, step, writes, dead in plan.program:
-            outvals = None
-            if step is not None:
-                try:
-                    outvals = step.fn(*[env[v] for v in step.inputs])
-                except Exception:  # redone below, to report it with its context
-                    outvals = None
-            if outvals is None:
-                for member in () if step is None else step.absorbed:
-                    self._eval_eqn_in(env, member)
-                self._eval_eqn_in(env, eqn)
-            else:
-                for k, v in writes:
-                    env[v] = outvals[k]
-            for v in dead:
-                del env[v]
-        return [v.val if type(v) is _Literal else env[v] for v in jaxpr.outvars]
-
-    def _eval_eqn_in(self, env: dict[Any, Any], eqn: Any) -> None:
-        """Evaluate `eqn` through `process_eqn`, reading and writing `env`."""
-        invals = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
-        outvals = self._process_in_context(eqn, invals)
-        for v, val in zip(eqn.outvars, outvals, strict=True):
-            if type(v) is not _DropVar:
-                env[v] = val
-
-    def _process_in_context(self, eqn: Any, invals: list[Any]) -> list[Any]:
-        """`process_eqn` in the equation's contexts, errors wrapped as in a walk."""
+    def process_in_context(self, eqn: Any, invals: list[Any]) -> list[Any]:
+        """`process_eqn` in the equation's contexts (name stack, compute
+        type...), errors wrapped with the equation's context, as in a walk."""
         user_ctx, eqn_ctx = compat.eqn_contexts(eqn)
         try:
             with user_ctx, eqn_ctx:
@@ -500,9 +458,9 @@ class Interpreter:
         jaxpr, consts = compat.open_jaxpr(closed), compat.jaxpr_consts(closed)
         if has_custom(flat_args):
             jaxpr, consts = _without_references(jaxpr, consts)
-        if staged.nesting <= compat.SHALLOW_NESTING:
+        if staged.nesting <= _recursion.SHALLOW_NESTING:
             return self.eval_jaxpr(jaxpr, consts, *flat_args)
-        with compat.recursion_limit(_RECURSION_LIMIT):
+        with _recursion.recursion_limit(_recursion.DEEP_RECURSION_LIMIT):
             return self.eval_jaxpr(jaxpr, consts, *flat_args)
 
     def _as_outvals(self, eqn: Any, outvals: Any) -> list[Any]:
@@ -567,7 +525,7 @@ class Interpreter:
         such primitives; the list is for diagnostics.
         """
         registry = self.rules if self.rules is not None else RuleRegistry(self.name)
-        return registry.missing(jaxpr, handled=_higher_order_handlers.keys())
+        return registry.missing(jaxpr, handled=type(self).dispatch_table().keys())
 
     # ------------------------------------------------------------------
     # Helpers for higher-order handlers.
@@ -577,20 +535,23 @@ class Interpreter:
 
         `anchor` (typically a sub-Jaxpr) is kept alive with the entry and
         compared by identity, so a recycled `id` never returns a stale entry.
+        An entry built before a rule or handler was registered is stale too:
+        what it traced may have dispatched differently.
         """
         if not self.cache_subcalls:
             return build()
-        with self._subcall_lock:
-            hit = self._subcalls.get(key)
-            if hit is not None and hit[0] is anchor:
-                self._subcalls.move_to_end(key)
-                return hit[1]
+        table = type(self).dispatch_table()
+        hit = self._subcalls.get(key)
+        if hit is not None and hit[0] is anchor and hit[1] is table:
+            return hit[2]
         value = build()
-        with self._subcall_lock:
-            self._subcalls[key] = (anchor, value)
-            while len(self._subcalls) > 512:
-                self._subcalls.popitem(last=False)
+        self._subcalls.put(key, (anchor, table, value))
         return value
+
+    def forget(self, key: Hashable) -> None:
+        """Drop the cached object for `key` (one that captured a tracer of an
+        enclosing trace, valid only now)."""
+        self._subcalls.pop(key)
 
 
 def _without_references(jaxpr: Any, consts: Sequence[Any]) -> tuple[Any, Any]:
@@ -613,317 +574,45 @@ def _check_policy(policy: str) -> None:
         )
 
 
-# Handlers for higher-order primitives, filled in by `_higher_order`.
-# handler(interpreter, eqn, invals, policy) -> list of outputs.
-_higher_order_handlers: dict[Any, Callable[..., list[Any]]] = {}
+def _rule_handler(rule: Callable[..., Any]) -> Handler:
+    """A `rules` entry (`rule(*invals, **params)`) as a handler."""
+
+    def handler(interp: Interpreter, eqn: Any, invals: list[Any]) -> Any:
+        return rule(*invals, **eqn.params)
+
+    handler.__wrapped__ = rule  # type: ignore[attr-defined]
+    return handler
 
 
-def _registering(
-    table: dict[Any, Callable[..., Any]], prim: Any
-) -> Callable[[Callable[..., Any]], Any]:
-    """A decorator entering a function in `table` under `prim` (if it exists)."""
+def builtin_handler(
+    prim: Any,
+) -> Callable[[Callable[[Interpreter, Any, list[Any], str], Any]], Any]:
+    """Register the built-in handling of higher-order primitive `prim` on
+    `Interpreter` (for every interpreter); nothing if `prim` is `None` (a
+    primitive this JAX lacks).
 
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+    The decorated function also gets the policy in force; under `opaque` the
+    equation is re-bound (`default_rule`) without calling it.
+    """
+
+    def decorate(fn: Callable[[Interpreter, Any, list[Any], str], Any]) -> Any:
+        def handler(interp: Interpreter, eqn: Any, invals: list[Any]) -> Any:
+            policy = interp.policy_of(eqn)
+            if policy == "opaque":
+                return interp.default_rule(eqn, invals)
+            return fn(interp, eqn, invals, policy)
+
+        handler.__name__ = handler.__qualname__ = fn.__name__
+        handler.__doc__ = fn.__doc__
+        handler._jaxinterp_builtin = True  # type: ignore[attr-defined]
         if prim is not None:
-            table[prim] = fn
+            Interpreter.register(prim, handler)
         return fn
 
     return decorate
 
 
-def register_higher_order(prim: Any) -> Callable[[Callable[..., Any]], Any]:
-    """Register the walker's built-in handling of a higher-order primitive."""
-    return _registering(_higher_order_handlers, prim)
-
-
-# Compiled callables for higher-order primitives on the eager fast path, filled
-# in by `_higher_order`: fn(interpreter, eqn) -> callable or None. The callable
-# takes the equation's operands and returns its outputs (a list or tuple).
-_eager_callables: dict[Any, Callable[[Any, Any], Any]] = {}
-
-
-def register_eager_callable(prim: Any) -> Callable[[Callable[..., Any]], Any]:
-    """Register how the eager fast path runs higher-order primitive `prim`."""
-    return _registering(_eager_callables, prim)
-
-
-class _Put:
-    """A literal operand already on the device, for the eager fast path."""
-
-    __slots__ = ("val",)
-
-    def __init__(self, val: Any) -> None:
-        self.val = val
-
-
-class _Step(NamedTuple):
-    """One compiled call of the eager fast path.
-
-    `fn(*operands)` computes the results of the equation at this position of
-    the plan; `inputs` are the Jaxpr variables (or `_Put` literals) giving the
-    operands. `absorbed` lists earlier equations compiled into `fn` as well
-    (broadcasts and reshapes feeding an elementwise equation), in order.
-    """
-
-    fn: Callable[..., Any]
-    inputs: tuple[Any, ...]
-    absorbed: tuple[Any, ...] = ()
-
-
-# Marks an equation compiled into a later step of the plan.
-_ABSORBED = _Step(fn=lambda *args: None, inputs=())
-
-# Equations that only move or replicate values, and elementwise equations that
-# compute each output element with one correctly rounded operation. Compiling a
-# mover together with the elementwise equation consuming it (as `jnp` does for
-# `x + b` with a broadcast `b`) cannot change a bit of the result, and saves a
-# dispatch. Division is left out: XLA rewrites `a / broadcast(b)` as
-# `a * broadcast(1 / b)`.
-_MOVERS = frozenset(
-    {lax.broadcast_in_dim_p, lax.reshape_p, lax.squeeze_p, lax.transpose_p}
-)
-_ELEMENTWISE = frozenset(
-    {
-        lax.add_p,
-        lax.sub_p,
-        lax.mul_p,
-        lax.max_p,
-        lax.min_p,
-        lax.and_p,
-        lax.or_p,
-        lax.xor_p,
-        lax.eq_p,
-        lax.ne_p,
-        lax.lt_p,
-        lax.le_p,
-        lax.gt_p,
-        lax.ge_p,
-        lax.select_n_p,
-    }
-)
-
-
-class _EagerPlan:
-    """How to run each equation of one Jaxpr eagerly, for one interpreter.
-
-    Each equation gets a `_Step` computing it with one compiled call,
-    `_ABSORBED` if a later step computes it, or `None` if it goes through
-    `process_eqn`: equations with effects, a context other than the ambient
-    one, a rule of the interpreter's, a higher-order primitive without an
-    eager callable, or a primitive with its own Python implementation.
-    `program` is what a walk runs; `seed` holds the literal operands.
-    """
-
-    __slots__ = ("context", "generation", "policy", "program", "seed")
-
-    def __init__(self, interp: Interpreter, jaxpr: Any, context: Any) -> None:
-        self.context = context
-        self.generation = _registry.generation()
-        self.policy = interp.higher_order
-        eqns = jaxpr.eqns
-        compiled = [self._compiles(interp, eqn, context) for eqn in eqns]
-        steps: list[_Step | None] = [
-            self._single(interp, eqn) if ok else None
-            for eqn, ok in zip(eqns, compiled, strict=True)
-        ]
-        self._absorb_movers(jaxpr, steps)
-        reads = [
-            () if step is _ABSORBED else (eqn.invars if step is None else step.inputs)
-            for eqn, step in zip(eqns, steps, strict=True)
-        ]
-        writes = [
-            () if step is _ABSORBED else eqn.outvars
-            for eqn, step in zip(eqns, steps, strict=True)
-        ]
-        dead = _last_uses(reads, writes, jaxpr.outvars)
-        # What the walk runs: (eqn, step, [(result index, var) to write], dead)
-        # for every equation not absorbed into a later step.
-        self.program = [
-            (
-                eqn,
-                step,
-                tuple(
-                    (k, v) for k, v in enumerate(eqn.outvars) if type(v) is not _DropVar
-                ),
-                released,
-            )
-            for eqn, step, released in zip(eqns, steps, dead, strict=True)
-            if step is not _ABSORBED
-        ]
-        self.seed = {
-            v: v.val
-            for step in steps
-            if step is not None
-            for v in step.inputs
-            if type(v) is _Put
-        }
-
-    @staticmethod
-    def _compiles(interp: Interpreter, eqn: Any, context: Any) -> bool:
-        """Whether `eqn` may run as a compiled call, outside `process_eqn`.
-
-        Not when it has effects or touches a mutable reference (`free_ref`
-        and a hijax `Scan3` change a reference without declaring an effect):
-        those run through `process_eqn`, in order.
-        """
-        if eqn.effects or not compat.same_eqn_context(eqn.ctx, context):
-            return False
-        if compat.touches_ref(eqn):
-            return False
-        rules = interp.rules
-        return rules is None or rules.get(eqn.primitive) is None
-
-    @staticmethod
-    def _single(interp: Interpreter, eqn: Any) -> _Step | None:
-        prim = eqn.primitive
-        if prim in _higher_order_handlers:
-            make = _eager_callables.get(prim)
-            fn = None if make is None else make(interp, eqn)
-        else:
-            fn = compat.eager_callable(prim, eqn.params)
-        if fn is None:
-            return None
-        return _Step(fn, tuple(_operand(v) for v in eqn.invars))
-
-    @staticmethod
-    def _absorb_movers(jaxpr: Any, steps: list[Any]) -> None:
-        """Compile movers into the elementwise equation that alone consumes them."""
-        uses: dict[Any, int] = {}
-        for eqn in jaxpr.eqns:
-            for v in eqn.invars:
-                if type(v) is not _Literal:
-                    uses[v] = uses.get(v, 0) + 1
-        for v in jaxpr.outvars:
-            if type(v) is not _Literal:
-                uses[v] = uses.get(v, 0) + 2  # never absorb a Jaxpr output
-        movers = {
-            eqn.outvars[0]: i
-            for i, eqn in enumerate(jaxpr.eqns)
-            if eqn.primitive in _MOVERS and steps[i] is not None
-        }
-        if not movers:
-            return
-        for j, eqn in enumerate(jaxpr.eqns):
-            if eqn.primitive not in _ELEMENTWISE or steps[j] is None:
-                continue
-            members = sorted(_mover_tree(eqn, jaxpr.eqns, movers, uses))
-            if not members:
-                continue
-            group = [jaxpr.eqns[i] for i in members] + [eqn]
-            position = {g.outvars[0]: m for m, g in enumerate(group[:-1])}
-            inputs: list[Any] = []
-            where: dict[Any, int] = {}
-            program = []
-            for g in group:
-                refs = []
-                for v in g.invars:
-                    if type(v) is not _Literal and v in position:
-                        refs.append((1, position[v]))
-                        continue
-                    key = id(v) if type(v) is _Literal else v
-                    if key not in where:
-                        where[key] = len(inputs)
-                        inputs.append(_operand(v))
-                    refs.append((0, where[key]))
-                program.append((g.primitive, g.params, tuple(refs)))
-            fn = compat.eager_chain(program)
-            if fn is None:
-                continue
-            steps[j] = _Step(fn, tuple(inputs), tuple(group[:-1]))
-            for i in members:
-                steps[i] = _ABSORBED
-
-
-def _mover_tree(
-    eqn: Any, eqns: Sequence[Any], movers: dict[Any, int], uses: dict[Any, int]
-) -> set[int]:
-    """Indices of the movers feeding `eqn` (through other movers) used only there."""
-    found: set[int] = set()
-    stack = [eqn]
-    while stack:
-        for v in stack.pop().invars:
-            if type(v) is _Literal:
-                continue
-            i = movers.get(v)
-            if i is not None and uses.get(v) == 1 and i not in found:
-                found.add(i)
-                stack.append(eqns[i])
-    return found
-
-
-def _operand(var: Any) -> Any:
-    """How a step reads an operand: the variable, or a literal put on the device."""
-    return _Put(compat.device_literal(var)) if type(var) is _Literal else var
-
-
 def higher_order_primitives() -> frozenset[Any]:
-    """Return the higher-order primitives the walker can reach inside."""
-    return frozenset(_higher_order_handlers)
-
-
-class BackwardWalker:
-    """Walks a Jaxpr from its outputs to its inputs, equations in reverse.
-
-    Subclasses implement `process_eqn_backward(eqn, outvals) -> list`, which
-    returns one value per `eqn.invars` entry (`None` where the equation does
-    not determine that input). It shares `Env` and the error machinery with
-    `Interpreter`. `inverse` builds a richer dataflow walker on the same
-    pieces.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from jax import lax
-        >>> class Undo(BackwardWalker):
-        ...     name = "undo"
-        ...     def process_eqn_backward(self, eqn, outvals):
-        ...         (y,) = outvals
-        ...         return {"exp": [jnp.log(y)], "sin": [jnp.arcsin(y)]}[
-        ...             eqn.primitive.name]
-        >>> closed = stage(lambda x: jnp.exp(jnp.sin(x)), 0.5).closed_jaxpr
-        >>> (x,) = Undo().eval_jaxpr_backward(closed.jaxpr, closed.consts,
-        ...                                   jnp.exp(jnp.sin(0.5)))
-        >>> print(f"{x:.4f}")
-        0.5000
-    """
-
-    #: Name of the transformation, used in error messages.
-    name: ClassVar[str] = "backward"
-
-    def process_eqn_backward(self, eqn: Any, outvals: list[Any]) -> list[Any]:
-        """Return the equation's input values given its output values."""
-        raise NotImplementedError(
-            f"{type(self).__name__} must implement `process_eqn_backward`."
-        )
-
-    def eval_jaxpr_backward(
-        self, jaxpr: Any, consts: Sequence[Any], *outvals: Any
-    ) -> list[Any]:
-        """Walk `jaxpr` backwards from `outvals`; return the values of its invars.
-
-        Equations whose outputs were not all reached are skipped.
-
-        Raises:
-            RuleError: if an input was not reached, or a rule failed.
-        """
-        env = Env()
-        for v, val in zip(jaxpr.constvars, consts, strict=True):
-            env[v] = val
-        env.write_many(jaxpr.outvars, outvals)
-        for eqn in reversed(jaxpr.eqns):
-            if not all(env.known(v) for v in eqn.outvars if type(v) is not _DropVar):
-                continue
-            outs = [None if type(v) is _DropVar else env.read(v) for v in eqn.outvars]
-            try:
-                invals = self.process_eqn_backward(eqn, outs)
-            except Exception as err:
-                reraise(self.name, eqn, err, details=operands_detail(outs, "Outputs"))
-            for v, val in zip(eqn.invars, invals, strict=True):
-                if val is not None and type(v) is not _Literal and v not in env:
-                    env[v] = val
-        missing = [v for v in jaxpr.invars if v not in env]
-        if missing:
-            raise RuleError(
-                f"`{self.name}` could not reach inputs "
-                f"{', '.join(map(str, missing))} walking backwards."
-            )
-        return [env[v] for v in jaxpr.invars]
+    """Return the higher-order primitives every interpreter can reach inside
+    (the built-in handlers, and handlers registered on `Interpreter` itself)."""
+    return frozenset(Interpreter.dispatch_table())

@@ -28,8 +28,6 @@ param, when a release adds or renames one.
 from __future__ import annotations
 
 import functools
-import sys
-import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -38,8 +36,6 @@ import jax.extend.core as jex_core
 import jax.extend.core.primitives as jex_prims
 import numpy as np
 from jax.extend import source_info_util
-
-from . import _caches
 
 JAX_VERSION_STR: str = jax.__version__
 JAX_VERSION: tuple[int, ...] = tuple(
@@ -300,7 +296,7 @@ _EvalTrace = _private_attr("jax._src.core", "EvalTrace")
 _compiling_impl: dict[Any, bool] = {}
 
 
-def _dispatches_by_compiling(prim: Any) -> bool:
+def dispatches_by_compiling(prim: Any) -> bool:
     """Whether `prim`'s eager `impl` is JAX's compile-and-run dispatch.
 
     True for JAX's own primitives (`impl` is `partial(apply_primitive, prim)`
@@ -323,9 +319,6 @@ def _dispatches_by_compiling(prim: Any) -> bool:
     return known
 
 
-_eager_cache: dict[Any, Any] = {}
-_caches.on_clear(_eager_cache.clear)
-_EAGER_CACHE_SIZE = 4096
 # Concrete operands: arrays, and the NumPy or Python values of literals.
 _eager_types = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 
@@ -343,95 +336,6 @@ def all_concrete(values: Sequence[Any]) -> bool:
         if type(x) is not _ArrayImpl and not is_concrete(x):
             return False
     return True
-
-
-def eager_callable(prim: Any, params: dict[str, Any]) -> Any:
-    """A cached `jax.jit` applying `prim` with `params` alone, or `None`.
-
-    Eager `bind` of JAX's own primitives compiles exactly this one-primitive
-    computation; calling it through `jax.jit` reaches JAX's C++ dispatch path
-    instead of the Python one, with identical results. `None` for primitives
-    with their own Python `impl` (which may have no lowering), unhashable
-    params, and primitives carrying sub-Jaxprs. Only call the result on
-    concrete operands outside any trace (see `is_eager`): under a trace it
-    would stage a `jit` equation.
-    """
-    return eager_chain(((prim, params, None),))
-
-
-def eager_chain(program: Sequence[tuple[Any, dict[str, Any], Any]]) -> Any:
-    """A cached `jax.jit` binding several primitives in turn, or `None`.
-
-    `program` lists `(prim, params, refs)`; `refs` says where each operand
-    comes from: `(0, k)` the `k`-th argument, `(1, m)` the result of entry
-    `m`; `None` means the arguments in order. Every entry but the last has a
-    single result; the function returns the last entry's results as a list.
-    `None` under the same conditions as `eager_callable`, for any entry.
-    """
-    try:
-        key = tuple(
-            (prim, tuple(params.items()), refs) for prim, params, refs in program
-        )
-        fn = _eager_cache.get(key)
-    except TypeError:  # unhashable params
-        return None
-    if fn is None:
-        for prim, params, _ in program:
-            if not _dispatches_by_compiling(prim) or any(
-                True for _ in jaxprs_in_params(params)
-            ):
-                return None
-
-        def apply(*args: Any) -> list[Any]:
-            results: list[Any] = []
-            outs: list[Any] = []
-            for prim, params, refs in program:
-                operands = (
-                    args
-                    if refs is None
-                    else [args[k] if src == 0 else results[k] for src, k in refs]
-                )
-                outs = bind_eqn(prim, operands, params)
-                results.append(outs[0] if len(outs) == 1 else None)
-            return outs
-
-        apply.__name__ = apply.__qualname__ = "_".join(p.name for p, _, _ in program)
-        fn = jax.jit(apply)
-        if len(_eager_cache) >= _EAGER_CACHE_SIZE:
-            _eager_cache.clear()
-        _eager_cache[key] = fn
-    return fn
-
-
-def eager_primitive(
-    prim: Any, params: dict[str, Any], invals: Sequence[Any]
-) -> list[Any] | None:
-    """Apply `prim` to concrete operands through `eager_callable`, or return `None`.
-
-    `None` (the caller then binds) outside the eval trace, when an operand is
-    a tracer or not an array or scalar, or when `eager_callable` has nothing.
-    """
-    if not _dispatches_by_compiling(prim) or not is_eager():
-        return None
-    if not all_concrete(invals):
-        return None
-    fn = eager_callable(prim, params)
-    return None if fn is None else fn(*invals)
-
-
-def device_literal(literal: Any) -> Any:
-    """The value of a `Literal` as a device array of the same type, if possible.
-
-    JAX's C++ dispatch takes device arrays faster than NumPy scalars. The
-    literal's own value is returned when the array's type (dtype, weak type)
-    would differ from the literal's.
-    """
-    value = literal.val
-    try:
-        put = jax.device_put(value)
-    except Exception:  # an unusual literal: keep it as it is
-        return value
-    return put if jax.typeof(put) == literal.aval else value
 
 
 def _eqn_context_builder() -> Any:
@@ -1360,87 +1264,6 @@ def dce_closed_jaxpr(closed: Any) -> Any:
     return make_closed_jaxpr(
         new_jaxpr.replace(invars=list(jaxpr.invars)), jaxpr_consts(closed)
     )
-
-
-# Threads share Python's recursion limit: it is raised while any walk runs and
-# restored when the last one ends, so one thread never lowers it under another.
-_limit_lock = threading.Lock()
-_limit_users = 0
-_limit_saved: int | None = None  # the limit to restore, if we raised it
-_limit_depth = threading.local()  # per thread: how many blocks are open
-
-
-# Deep enough for walking and tracing 100+ nested `jit`s: each level adds a few
-# walker frames on top of JAX's own tracing frames.
-DEEP_RECURSION_LIMIT = 12_000
-# Jaxprs nested at most this deep are walked under Python's own limit.
-SHALLOW_NESTING = 8
-
-
-def nesting_depth(jaxpr: Any) -> int:
-    """How deep sub-Jaxprs nest in `jaxpr` (0 for none); iterative, so any depth."""
-    deepest = 0
-    stack = [(open_jaxpr(jaxpr), 0)]
-    seen: set[int] = set()
-    while stack:
-        current, depth = stack.pop()
-        deepest = max(deepest, depth)
-        for eqn in current.eqns:
-            for sub in sub_jaxprs(eqn, expand=False):
-                if id(sub) not in seen:
-                    seen.add(id(sub))
-                    stack.append((sub, depth + 1))
-    return deepest
-
-
-def recursion_limit(minimum: int) -> _RecursionLimit:
-    """Raise Python's recursion limit to at least `minimum` inside the block.
-
-    Walking a jaxpr nested `n` levels deep costs a few Python frames per
-    level on top of what JAX itself needs. Safe to use from several threads.
-    """
-    return _RecursionLimit(minimum)
-
-
-class _RecursionLimit:
-    """The context manager of `recursion_limit`.
-
-    A class rather than a `contextlib.contextmanager` generator: it is entered
-    on every call of a transformed function. A thread already inside one
-    (a walk nested in a transformed call) only counts the nesting.
-    """
-
-    __slots__ = ("minimum",)
-
-    def __init__(self, minimum: int) -> None:
-        self.minimum = minimum
-
-    def __enter__(self) -> None:
-        global _limit_users, _limit_saved
-        depth = getattr(_limit_depth, "value", 0)
-        _limit_depth.value = depth + 1
-        if depth and sys.getrecursionlimit() >= self.minimum:
-            return
-        with _limit_lock:
-            if not depth:  # threads are counted once, by their outermost block
-                _limit_users += 1
-            current = sys.getrecursionlimit()
-            if current < self.minimum:
-                if _limit_saved is None:
-                    _limit_saved = current
-                sys.setrecursionlimit(self.minimum)
-
-    def __exit__(self, *exc_info: object) -> None:
-        global _limit_users, _limit_saved
-        depth = _limit_depth.value - 1
-        _limit_depth.value = depth
-        if depth:
-            return
-        with _limit_lock:
-            _limit_users -= 1
-            if _limit_users == 0 and _limit_saved is not None:
-                sys.setrecursionlimit(_limit_saved)
-                _limit_saved = None
 
 
 # Importing jaxinterp with a JAX outside the supported range warns, once.

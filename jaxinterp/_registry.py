@@ -13,8 +13,9 @@ from ._errors import MissingRuleError, source_line
 
 R = TypeVar("R", bound=Callable[..., Any])
 
-# Bumped by every registration or removal in any registry, so that plans built
-# from the rules in force (the walker's eager plans) can tell they are stale.
+# Bumped by every registration or removal in any registry (and of any
+# interpreter's handler), so that dispatch tables built from the rules in
+# force can tell they are stale.
 _generation = 0
 
 
@@ -23,7 +24,8 @@ def generation() -> int:
     return _generation
 
 
-def _bump() -> None:
+def bump_generation() -> None:
+    """Mark every dispatch table stale (a rule or handler was added or removed)."""
     global _generation
     _generation += 1
 
@@ -115,7 +117,7 @@ class RuleRegistry(Generic[R]):
                         f"`{prim.name}`. Pass `override=True` to replace it."
                     )
                 self._rules[prim] = self._adapt(fn)
-                _bump()
+                bump_generation()
             return fn
 
         return decorate if rule is None else decorate(rule)
@@ -134,7 +136,7 @@ class RuleRegistry(Generic[R]):
             if prim not in self._rules:
                 raise KeyError(f"`{self.name}` has no own rule for `{prim.name}`.")
             del self._rules[prim]
-            _bump()
+            bump_generation()
 
     def get(self, prim: jex_core.Primitive) -> R | None:
         """Return the rule for `prim`, looking through parents, or `None`."""

@@ -12,7 +12,6 @@ values, whose inverse rule runs the loop the other way.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -132,10 +131,7 @@ def _uses_state(jaxpr: Any) -> bool:
     )
 
 
-_cache: weakref.WeakKeyDictionary[Any, tuple[Any, Sequence[Any]]] = (
-    weakref.WeakKeyDictionary()
-)
-_caches.on_clear(_cache.clear)
+_cache = _caches.Cache(1024, weak=True)
 
 
 def functionalize(jaxpr: Any, consts: Sequence[Any]) -> tuple[Any, Sequence[Any]]:
@@ -159,5 +155,5 @@ def functionalize(jaxpr: Any, consts: Sequence[Any]) -> tuple[Any, Sequence[Any]
         closed = jax.make_jaxpr(pure)(*[spec_of(v.aval) for v in jaxpr.invars])
     result = (compat.open_jaxpr(closed), compat.jaxpr_consts(closed))
     if not any(compat.is_tracer(c) for c in result[1]):
-        _cache[jaxpr] = result
+        _cache.put(jaxpr, result)
     return result

@@ -6,15 +6,13 @@ import dataclasses
 import functools
 import inspect
 import threading
-import weakref
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.tree_util as jtu
 
-from . import _caches, _jax_compat as compat
+from . import _caches, _jax_compat as compat, _recursion
 from ._custom_types import PyTree
 from ._errors import StagingError, describe_aval, describe_value
 
@@ -22,6 +20,8 @@ from ._errors import StagingError, describe_aval, describe_value
 _PER_FUNCTION_CACHE_SIZE = 64
 # Functions that cannot be weakly referenced share one bounded cache.
 _STRONG_CACHE_SIZE = 128
+# How many functions' caches are kept (each dies with its function anyway).
+_FUNCTIONS_CACHE_SIZE = 4096
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -104,47 +104,15 @@ def _leaf_name(args: tuple[Any, ...], kwargs: dict[str, Any], index: int) -> str
 # The staging cache.
 
 
-class _LRU:
-    """A small thread-safe LRU dict."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._data: OrderedDict[Hashable, Any] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable) -> Any:
-        # Lock-free: each `OrderedDict` call is atomic; an entry another thread
-        # evicts between the two calls is still returned, just not refreshed.
-        value = self._data.get(key)
-        if value is not None:
-            try:
-                self._data.move_to_end(key)
-            except KeyError:
-                pass
-        return value
-
-    def put(self, key: Hashable, value: Any) -> None:
-        with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            while len(self._data) > self.size:
-                self._data.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
-
-
-_weak_cache: weakref.WeakKeyDictionary[Any, _LRU] = weakref.WeakKeyDictionary()
-_strong_cache = _LRU(_STRONG_CACHE_SIZE)
+# Per function that can be weakly referenced, an LRU of its signatures,
+# dying with the function; others share one LRU keyed by the function too.
+_weak_cache = _caches.Cache(_FUNCTIONS_CACHE_SIZE, weak=True)
+_strong_cache = _caches.Cache(_STRONG_CACHE_SIZE)
 _cache_lock = threading.Lock()
 
 
-def _cache_for(fn: Callable[..., Any]) -> tuple[_LRU | None, Any]:
-    """Return the LRU that holds `fn`'s staged signatures and `fn`'s key part.
+def _cache_for(fn: Callable[..., Any]) -> tuple[_caches.Cache | None, Any]:
+    """Return the cache that holds `fn`'s staged signatures and `fn`'s key part.
 
     Functions that can be weakly referenced get their own LRU, which dies with
     them. Others share a bounded LRU keyed by the function itself; an
@@ -154,8 +122,9 @@ def _cache_for(fn: Callable[..., Any]) -> tuple[_LRU | None, Any]:
         with _cache_lock:
             lru = _weak_cache.get(fn)
             if lru is None:
-                lru = _LRU(_PER_FUNCTION_CACHE_SIZE)
-                _weak_cache[fn] = lru
+                lru = _weak_cache.put(
+                    fn, _caches.Cache(_PER_FUNCTION_CACHE_SIZE, register=False)
+                )
         return lru, None
     except TypeError:  # not weakly referenceable, or unhashable
         pass
@@ -166,18 +135,12 @@ def _cache_for(fn: Callable[..., Any]) -> tuple[_LRU | None, Any]:
     return _strong_cache, fn
 
 
-@_caches.on_clear
-def clear_cache() -> None:
-    """Forget every staged signature (for tests and benchmarks)."""
-    with _cache_lock:
-        _weak_cache.clear()
-    _strong_cache.clear()
-
-
 def cache_size(fn: Callable[..., Any]) -> int:
     """Return how many signatures of `fn` are cached."""
-    with _cache_lock:
+    try:
         lru = _weak_cache.get(fn)
+    except TypeError:
+        return 0
     return len(lru) if lru is not None else 0
 
 
@@ -357,7 +320,7 @@ def _trace(
     flat_fn.__signature__ = inspect.Signature()  # type: ignore[attr-defined]
     specs = [spec_of(a) for a in in_avals]
     # Tracing deeply nested `jit`s needs as much stack as walking them.
-    with compat.recursion_limit(compat.DEEP_RECURSION_LIMIT):
+    with _recursion.recursion_limit(_recursion.DEEP_RECURSION_LIMIT):
         closed = jax.make_jaxpr(flat_fn)(*specs)
     jaxpr = compat.open_jaxpr(closed)
     return Staged(
@@ -369,7 +332,7 @@ def _trace(
         static_argnums=static,
         static_args=static_args,
         fn_name=_fn_name(fn),
-        nesting=compat.nesting_depth(jaxpr),
+        nesting=_recursion.nesting_depth(jaxpr),
     )
 
 

@@ -22,7 +22,7 @@ import pytest
 from jax import lax
 
 import jaxinterp
-from jaxinterp._interpreter import release_plan
+from jaxinterp._env import release_plan
 from jaxinterp.testing import compare_with_reference, tree_allclose
 
 __all__ = [

@@ -457,7 +457,7 @@ def test_one_hundred_nested_jits():
 def test_shallow_nesting_is_walked_under_pythons_default_limit():
     # Jaxprs nested at most `SHALLOW_NESTING` deep are walked without raising
     # the recursion limit; that must hold up when the walk traces every level.
-    shallow = jaxinterp._jax_compat.SHALLOW_NESTING
+    shallow = jaxinterp._recursion.SHALLOW_NESTING
     f = jnp.sin
     for level in range(shallow):
         if level % 3 == 0:

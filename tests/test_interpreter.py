@@ -36,7 +36,7 @@ from jaxinterp import (
     evaluate,
     stage,
 )
-from jaxinterp._interpreter import release_plan
+from jaxinterp._env import release_plan
 
 Point = namedtuple("Point", ["x", "y"])
 
@@ -445,7 +445,7 @@ def test_higher_order_primitives_lists_the_handled_constructs():
 def test_recursion_limit_is_not_lowered_under_another_thread():
     # Walks raise Python's (process-wide) recursion limit. A walk that ends
     # must not restore the old limit while another thread is still walking.
-    recursion_limit = jaxinterp._jax_compat.recursion_limit
+    recursion_limit = jaxinterp._recursion.recursion_limit
     limit = sys.getrecursionlimit()
     target = limit + 5000
     entered, first_done = threading.Event(), threading.Event()

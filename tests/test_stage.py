@@ -345,7 +345,8 @@ def test_clear_caches_forgets_everything_and_results_stay():
     jaxinterp.clear_caches()
     assert jaxinterp._trace.cache_size(f) == 0
     assert not interp._subcalls and not len(interp._eager_plans)
-    assert not len(jaxinterp._interpreter._release_plans)
+    assert not len(jaxinterp._env._release_plans)
+    assert not len(jaxinterp._eager._eager_cache)
     # ... and everything is staged and compiled again, with the same results.
     assert_tree_equal(run(x), first)
     assert_tree_equal(inv(jnp.exp(x) * 2.0), x_rec)

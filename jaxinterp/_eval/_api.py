@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from .. import _jax_compat as compat
+from .. import _jax_compat as compat, _recursion
 from .._custom_types import PyTree
 from .._errors import StagingError, describe_aval, describe_value, describe_values
-from .._interpreter import _RECURSION_LIMIT, Interpreter
+from .._interpreter import Interpreter
 from .._registry import RuleRegistry
 from ._rules import eval_rules
 
@@ -85,7 +85,7 @@ def eval_jaxpr(closed_jaxpr: Any, *args: Any) -> list[Any]:
                 f"`eval_jaxpr` input {i} expects {describe_aval(var.aval)}, got "
                 f"{describe_value(arg)}."
             )
-    with compat.recursion_limit(_RECURSION_LIMIT):
+    with _recursion.recursion_limit(_recursion.DEEP_RECURSION_LIMIT):
         return _SHARED.eval_closed(closed_jaxpr, *args)
 
 

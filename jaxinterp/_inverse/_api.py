@@ -13,12 +13,11 @@ import jax
 import jax.tree_util as jtu
 from jax.extend import core as jex_core
 
-from .. import _caches, _jax_compat as compat
+from .. import _caches, _jax_compat as compat, _recursion
 from .._custom_types import PyTree
 from .._errors import NotInvertibleError
 from .._state import functionalize
 from .._trace import (
-    _LRU,
     Staged,
     check_callable,
     normalize_argnums,
@@ -137,7 +136,7 @@ class _InverseFunction:
         self.__qualname__ = self.__name__
         self.__doc__ = f"The {transform} of `{name}` (see `jaxinterp.{transform}`)."
         self.__wrapped__ = fn
-        self._signatures = _LRU(_SIGNATURES_PER_FUNCTION)
+        self._signatures = _caches.Cache(_SIGNATURES_PER_FUNCTION, register=False)
 
     def __repr__(self) -> str:
         return f"<{self.transform} of {self.fn!r}>"
@@ -326,7 +325,10 @@ def _compile(
     in_specs = [*(_spec(y) for y in y_leaves), *known_specs]
     # The inverse's own loops are classic `scan`s (`Scan3` ignores `reverse`
     # in JAX 0.12.0.1, and has no transpose or batching rule).
-    with compat.recursion_limit(compat.DEEP_RECURSION_LIMIT), compat.classic_scan():
+    with (
+        _recursion.recursion_limit(_recursion.DEEP_RECURSION_LIMIT),
+        compat.classic_scan(),
+    ):
         closed = jax.make_jaxpr(inverse_flat)(*in_specs)
     compiled = _Compiled(
         closed=compat.dce_closed_jaxpr(closed),

@@ -23,7 +23,9 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from .. import _jax_compat as compat
+from .._backward import BackwardWalker
 from .._custom_types import InverseRule
+from .._env import Env
 from .._errors import (
     NotInvertibleError,
     describe_values,
@@ -32,7 +34,6 @@ from .._errors import (
     reraise,
     source_line,
 )
-from .._interpreter import BackwardWalker, Env
 from .._registry import RuleRegistry
 from . import _blocks as bl, _branches as br
 from ._rules import InverseContext, describe_elements, inverse_rules
