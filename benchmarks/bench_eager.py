@@ -19,6 +19,12 @@ Figures (target from the performance issue: <= 1.2, the staging cache works):
 * `evaluate/eager ratio, per call, f32[8,32]` (dispatch-bound);
 * `evaluate/jax.core.eval_jaxpr ratio, per call, f32[8,32]` (no target).
 
+First calls (`_first_call.py`, target <= 1.5): `evaluate(f)`'s first call
+against `jax.core.eval_jaxpr(jax.make_jaxpr(f))`'s, each in fresh processes
+prepared alike, for a CNN train step and a transformer block:
+
+* `evaluate/jax.core.eval_jaxpr ratio, first call, <model>`.
+
 Run with `python benchmarks/bench_eager.py` (`--quick` for fewer calls).
 """
 
@@ -28,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import _first_call
 import jax
 import jax.numpy as jnp
 from _common import (
@@ -127,6 +134,23 @@ def main() -> None:
         f"evaluate/jax.core.eval_jaxpr ratio, per call, f32[8,32]: {floor:.2f} "
         "(no target)"
     )
+    first_calls(1 if args.quick else 5)
+
+
+def first_calls(repeats: int) -> None:
+    """Report first calls of `evaluate(f)` against `jax.core.eval_jaxpr`."""
+    for model in _first_call.MODELS:
+        ours, reference = _first_call.measure(model, repeats)
+        print(
+            f"  {model}: first call, median of {repeats} fresh processes: "
+            f"evaluate {ours * 1e3:.0f} ms, jax.core.eval_jaxpr "
+            f"{reference * 1e3:.0f} ms"
+        )
+        report(
+            f"evaluate/jax.core.eval_jaxpr ratio, first call, {model}",
+            ours / reference,
+            1.5,
+        )
 
 
 if __name__ == "__main__":

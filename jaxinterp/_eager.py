@@ -33,17 +33,37 @@ _eager_cache = _caches.Cache(4096)
 
 
 def eager_callable(prim: Any, params: dict[str, Any]) -> Any:
-    """A cached `jax.jit` applying `prim` with `params` alone, or `None`.
+    """A cached compiled call applying `prim` with `params` alone, or `None`.
 
-    Eager `bind` of JAX's own primitives compiles exactly this one-primitive
-    computation; calling it through `jax.jit` reaches JAX's C++ dispatch path
-    instead of the Python one, with identical results. `None` for primitives
-    with their own Python `impl` (which may have no lowering), unhashable
-    params, and primitives carrying sub-Jaxprs. Only call the result on
-    concrete operands outside any trace (see `is_eager`): under a trace it
-    would stage a `jit` equation.
+    It calls JAX's own single-primitive `jax.jit`, the one eager `bind`
+    calls (`compat.primitive_callable`), so the bits are the same and a
+    primitive the program already ran eagerly is not compiled again; but it
+    is reached by JAX's C++ dispatch path instead of the Python one. The
+    call returns a list. `None` for primitives with their own Python `impl`
+    (which may have no lowering), unhashable params, and primitives carrying
+    sub-Jaxprs. Only call the result on concrete operands outside any trace
+    (see `compat.is_eager`): under a trace it would stage a `jit` equation.
     """
-    return eager_chain(((prim, params, None),))
+    try:
+        key = (prim, tuple(params.items()))
+        fn = _eager_cache.get(key)
+    except TypeError:  # unhashable params
+        return None
+    if fn is not None:
+        return fn
+    if any(True for _ in compat.jaxprs_in_params(params)):
+        return None
+    jitted = compat.primitive_callable(prim, params)
+    if jitted is None:
+        return None
+    if prim.multiple_results:
+        fn = jitted
+    else:
+
+        def fn(*args: Any) -> list[Any]:
+            return [jitted(*args)]
+
+    return _eager_cache.put(key, fn)
 
 
 def eager_chain(program: Sequence[tuple[Any, dict[str, Any], Any]]) -> Any:
@@ -189,21 +209,31 @@ class EagerPlan:
     runs; `seed` holds the literal operands. A plan is valid while the
     interpreter's dispatch table (`table`), its policy and the ambient
     context are those it was built for.
+
+    A first plan (`fused=False`) compiles nothing of its own: its steps call
+    JAX's single-primitive executables, which the program's own eager calls
+    have usually compiled already, so a first call costs about what
+    `jax.core.eval_jaxpr` costs. Movers are fused into their consumers
+    (new executables, compiled once) when the Jaxpr is walked again.
     """
 
-    __slots__ = ("context", "policy", "program", "seed", "table")
+    __slots__ = ("context", "fused", "policy", "program", "seed", "table")
 
-    def __init__(self, interp: Interpreter, jaxpr: Any, context: Any) -> None:
+    def __init__(
+        self, interp: Interpreter, jaxpr: Any, context: Any, *, fused: bool
+    ) -> None:
         self.context = context
         self.table = type(interp).dispatch_table()
         self.policy = interp.higher_order
+        self.fused = fused
         eqns = jaxpr.eqns
         compiled = [self._compiles(interp, eqn, context) for eqn in eqns]
         steps: list[_Step | None] = [
-            self._single(interp, eqn) if ok else None
+            self._single(interp, eqn, fused) if ok else None
             for eqn, ok in zip(eqns, compiled, strict=True)
         ]
-        self._absorb_movers(jaxpr, steps)
+        if fused:
+            self._absorb_movers(jaxpr, steps)
         reads = [
             () if step is _ABSORBED else (eqn.invars if step is None else step.inputs)
             for eqn, step in zip(eqns, steps, strict=True)
@@ -251,10 +281,13 @@ class EagerPlan:
         return handler is None or is_builtin(handler)
 
     @staticmethod
-    def _single(interp: Interpreter, eqn: Any) -> _Step | None:
+    def _single(interp: Interpreter, eqn: Any, fused: bool) -> _Step | None:
         prim = eqn.primitive
         if prim is compat.jit_p:
-            fn = _jit_callable(interp, eqn)
+            # An interpreter that changes nothing re-binds a `jit` (JAX has
+            # compiled it already) until the plan is worth compiling for.
+            identity = not fused and type(interp).changes_nothing()
+            fn = None if identity else _jit_callable(interp, eqn)
         elif prim in type(interp).dispatch_table():
             fn = None  # a built-in higher-order handler, through `process_eqn`
         else:
@@ -378,7 +411,10 @@ def plan_for(
         or plan.policy != interp.higher_order
         or not compat.same_eqn_context(plan.context, ambient)
     ):
-        plan = plans.put(jaxpr, EagerPlan(interp, jaxpr, ambient))
+        # A first walk (or one after a change): no compilation of our own.
+        return plans.put(jaxpr, EagerPlan(interp, jaxpr, ambient, fused=False))
+    if not plan.fused:  # walked before: worth compiling the fused steps
+        plan = plans.put(jaxpr, EagerPlan(interp, jaxpr, ambient, fused=True))
     return plan
 
 

@@ -501,7 +501,7 @@ def _expanded_hi(
     return interp.eval_closed(expanded, *invals)
 
 
-@builtin_handler(compat.call_hi_primitive_p)
+@builtin_handler(compat.call_hi_primitive_p, rebind_when_identity=False)
 def _call_hi(
     interp: Interpreter, eqn: Any, invals: list[Any], policy: str
 ) -> list[Any]:

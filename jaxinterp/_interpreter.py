@@ -134,6 +134,7 @@ class Interpreter:
     _own_handlers: ClassVar[dict[Any, Handler]] = {}
     _table: ClassVar[dict[Any, Handler]] = {}
     _table_generation: ClassVar[int] = -1
+    _identity: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -241,8 +242,24 @@ class Interpreter:
                 rule = rules.get(prim)
                 if rule is not None:
                     table[prim] = _rule_handler(rule)
+        cls._identity = cls._default_eqns and all(
+            _eager.is_builtin(h) for h in table.values()
+        )
         cls._table, cls._table_generation = table, generation
         return table
+
+    @classmethod
+    def changes_nothing(cls) -> bool:
+        """Whether the class evaluates every equation as `jax.core.eval_jaxpr`
+        does: it keeps the default `process_eqn` and `default_rule` and has no
+        rule or handler but the built-in ones (as `jaxinterp.evaluate`).
+
+        Such an interpreter re-binds a higher-order primitive under the
+        `recursive` policy rather than walk and rebuild it: the result is
+        the same construct, without tracing and compiling it again.
+        """
+        cls.dispatch_table()
+        return cls._identity
 
     def __init__(
         self,
@@ -367,9 +384,7 @@ class Interpreter:
         name = eqn.primitive.name
         if self._policies.get(name, self.higher_order) == "opaque":
             return
-        if self._default_eqns and not any(
-            not _eager.is_builtin(h) for h in type(self).dispatch_table().values()
-        ):
+        if type(self).changes_nothing():
             return
         raise MissingRuleError(
             f"`{self.name}` cannot reach inside higher-order primitive `{name}`, "
@@ -585,20 +600,25 @@ def _rule_handler(rule: Callable[..., Any]) -> Handler:
 
 
 def builtin_handler(
-    prim: Any,
+    prim: Any, *, rebind_when_identity: bool = True
 ) -> Callable[[Callable[[Interpreter, Any, list[Any], str], Any]], Any]:
     """Register the built-in handling of higher-order primitive `prim` on
     `Interpreter` (for every interpreter); nothing if `prim` is `None` (a
     primitive this JAX lacks).
 
-    The decorated function also gets the policy in force; under `opaque` the
-    equation is re-bound (`default_rule`) without calling it.
+    The decorated function also gets the policy in force. The equation is
+    re-bound (`default_rule`) without calling it under `opaque`, and under
+    `recursive` for an interpreter that `changes_nothing()` (unless
+    `rebind_when_identity` is false: walking the construct then does more
+    than rebuild it).
     """
 
     def decorate(fn: Callable[[Interpreter, Any, list[Any], str], Any]) -> Any:
         def handler(interp: Interpreter, eqn: Any, invals: list[Any]) -> Any:
             policy = interp.policy_of(eqn)
-            if policy == "opaque":
+            if policy == "opaque" or (
+                policy == "recursive" and rebind_when_identity and interp._identity
+            ):
                 return interp.default_rule(eqn, invals)
             return fn(interp, eqn, invals, policy)
 

@@ -319,6 +319,28 @@ def dispatches_by_compiling(prim: Any) -> bool:
     return known
 
 
+_xla_primitive_callable = _private_attr("jax._src.dispatch", "xla_primitive_callable")
+
+
+def primitive_callable(prim: Any, params: dict[str, Any]) -> Any:
+    """JAX's own cached `jax.jit` of `prim` alone with `params`, or `None`.
+
+    It is what eager `bind` of one of JAX's primitives calls
+    (`jax._src.dispatch.apply_primitive`, no public equivalent): calling it
+    directly shares JAX's compilation cache, so a primitive the program
+    already ran eagerly is not compiled again. It returns what `bind` returns
+    (a list for primitives with several results). `None` where the
+    primitive does not dispatch by compiling, its params are unhashable, or
+    this JAX lacks the function.
+    """
+    if _xla_primitive_callable is None or not dispatches_by_compiling(prim):
+        return None
+    try:
+        return _xla_primitive_callable(prim, **params)
+    except TypeError:  # unhashable params
+        return None
+
+
 # Concrete operands: arrays, and the NumPy or Python values of literals.
 _eager_types = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 

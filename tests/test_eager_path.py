@@ -10,6 +10,7 @@ still reports failures with the user's line.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 
@@ -30,9 +31,55 @@ _DropVar = jaxinterp._jax_compat.DropVar
 
 
 def _plan(interp, fn, *args):
-    """Call `interp.transform(fn)` eagerly and return the plan it walked."""
+    """Call `interp.transform(fn)` eagerly twice and return the plan the
+    second call walked (the first plan compiles nothing of its own)."""
+    interp.transform(fn)(*args)
     interp.transform(fn)(*args)
     return interp._eager_plans.get(stage(fn, *args).jaxpr)
+
+
+class _Compiles(logging.Handler):
+    """Counts the executables JAX compiles while installed (`jax.log_compiles`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def emit(self, record):
+        self.count += record.getMessage().startswith("Compiling")
+
+    def __enter__(self):
+        self._logs = jax.log_compiles()
+        self._logs.__enter__()
+        logging.getLogger("jax").addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        logging.getLogger("jax").removeHandler(self)
+        self._logs.__exit__(*exc)
+
+
+@pytest.mark.parametrize("jitted_layer", [False, True])
+def test_a_first_eager_call_compiles_nothing_jax_already_compiled(jitted_layer):
+    # A fresh shape, so that nothing of it is in JAX's caches yet.
+    x = jnp.linspace(-1.0, 1.0, 37 + jitted_layer).reshape(1, -1)
+    w = jnp.full((x.shape[1], 3), 0.5)
+    layer = jax.jit(jnp.dot) if jitted_layer else jnp.dot
+
+    def f(x, w):
+        return jnp.sum(jnp.tanh(layer(x, w)) * 2.0 + 1.0, axis=-1)
+
+    closed = jax.make_jaxpr(f)(x, w)
+    want = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, x, w)  # JAX compiles
+    with _Compiles() as first:
+        got = jaxinterp.evaluate(f)(x, w)
+    assert first.count == 0
+    np.testing.assert_array_equal(got, want[0])
+    # Later calls compile their fused steps once, with the same bits.
+    np.testing.assert_array_equal(jaxinterp.evaluate(f)(x, w), want[0])
+    with _Compiles() as later:
+        np.testing.assert_array_equal(jaxinterp.evaluate(f)(x, w), want[0])
+    assert later.count == 0
 
 
 def _kinds(plan):
