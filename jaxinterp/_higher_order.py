@@ -154,9 +154,43 @@ def _jit_eager(interp: Interpreter, eqn: Any) -> Callable[..., Any] | None:
 def _cond(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list[Any]:
     index, *ops = invals
     branches = [_closed_fn(interp, br) for br in compat.cond_branches(eqn.params)]
+    if not is_plain(index):
+        return _cond_on_custom_index(interp, eqn, branches, index, ops)
     if has_custom(ops):
         branches = _joined_branches(interp, eqn, branches, ops)
     return list(lax.switch(index, branches, *ops))
+
+
+def _cond_on_custom_index(
+    interp: Interpreter, eqn: Any, branches: list[Any], index: Any, ops: list[Any]
+) -> list[Any]:
+    """A `cond` whose index is the interpreter's own value (an interval of
+    indices, a tagged index): every branch runs, and `select_n` equations
+    walked by the interpreter pick among their results, as JAX's `vmap` of a
+    `cond` with a batched predicate does."""
+    if eqn.effects:
+        raise TypeError(
+            f"the index of `{eqn.primitive.name}` is a {_describe(index)} and its "
+            "branches have effects: every branch would run, so the walker "
+            "refuses. Compute the index from plain values."
+        )
+    outs = [br(*ops) for br in branches]
+    in_avals = (eqn.invars[0].aval, *(v.aval for v in eqn.outvars))
+
+    def build() -> Any:
+        n = len(branches)
+
+        def select(i: Any, *cases: Any) -> list[Any]:
+            return [lax.select_n(i, *cases[k : k + n]) for k in range(0, len(cases), n)]
+
+        index_spec, *out_specs = map(spec_of, in_avals)
+        return jax.make_jaxpr(select)(
+            index_spec, *[s for s in out_specs for _ in range(n)]
+        )
+
+    selects = interp.cached(("cond_select", len(branches), in_avals), None, build)
+    cases = [out[k] for k in range(len(eqn.outvars)) for out in outs]
+    return interp.eval_closed(selects, index, *cases)
 
 
 def _joined_branches(
@@ -235,7 +269,16 @@ def _while(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> lis
     custom = has_custom(invals)
 
     def cond_fun(carry: Any) -> Any:
-        return cond_walk(*cond_consts, *carry)[0]
+        pred = cond_walk(*cond_consts, *carry)[0]
+        if custom and not is_plain(pred):
+            raise TypeError(
+                f"the condition of `while` is a {_describe(pred)}, not a plain "
+                "boolean: the number of iterations cannot depend on the "
+                "interpreter's own values. Keep the condition on plain values "
+                "(a counter), or make the interpreter's rules give a plain "
+                "boolean for it."
+            )
+        return pred
 
     def body_fun(carry: Any) -> Any:
         new = body_walk(*body_consts, *carry)
