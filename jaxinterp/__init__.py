@@ -3,6 +3,7 @@
 from . import _higher_order as _higher_order  # registers the built-in handlers
 from ._caches import clear_caches as clear_caches
 from ._errors import (
+    CustomValueError as CustomValueError,
     JaxinterpError as JaxinterpError,
     MissingRuleError as MissingRuleError,
     NotInvertibleError as NotInvertibleError,

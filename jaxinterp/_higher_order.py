@@ -20,7 +20,7 @@ from jax import lax
 
 from . import _jax_compat as compat
 from ._custom_types import has_custom, is_plain
-from ._errors import MissingRuleError, source_line
+from ._errors import CustomValueError, MissingRuleError, eqn_context, source_line
 from ._interpreter import Interpreter, register_eager_callable, register_higher_order
 from ._trace import spec_of
 
@@ -56,18 +56,17 @@ def _lift_to(interp: Interpreter, eqn: Any, where: str, value: Any, like: Any) -
     tree: Callable[[Any], Any] = jax.tree_util.tree_structure
     if tree(value) == tree(like):
         return value
-    # (The walker's `RuleError` around this adds the interpreter and the line.)
     context = (
-        f"{where} of `{eqn.primitive.name}` is a {_describe(value)} where the "
-        f"construct needs a {_describe(like)}"
+        f"{eqn_context(interp.name, eqn)}: {where} of `{eqn.primitive.name}` is "
+        f"a {_describe(value)} where the construct needs a {_describe(like)}"
     )
     if not is_plain(value):
-        raise TypeError(f"{context}; only a plain array can be lifted.")
+        raise CustomValueError(f"{context}; only a plain array can be lifted.")
     try:
         return interp.lift(value, like)
     except TypeError as err:
-        raise TypeError(
-            f"{context}. Define `lift(self, value, like)` on the interpreter to "
+        raise CustomValueError(
+            f"{context}.\n\nDefine `lift(self, value, like)` on the interpreter to "
             f"turn a plain array into its value type ({err})."
         ) from err
 
@@ -169,8 +168,9 @@ def _cond_on_custom_index(
     walked by the interpreter pick among their results, as JAX's `vmap` of a
     `cond` with a batched predicate does."""
     if eqn.effects:
-        raise TypeError(
-            f"the index of `{eqn.primitive.name}` is a {_describe(index)} and its "
+        raise CustomValueError(
+            f"{eqn_context(interp.name, eqn)}: the index of "
+            f"`{eqn.primitive.name}` is a {_describe(index)} and its "
             "branches have effects: every branch would run, so the walker "
             "refuses. Compute the index from plain values."
         )
@@ -271,8 +271,9 @@ def _while(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> lis
     def cond_fun(carry: Any) -> Any:
         pred = cond_walk(*cond_consts, *carry)[0]
         if custom and not is_plain(pred):
-            raise TypeError(
-                f"the condition of `while` is a {_describe(pred)}, not a plain "
+            raise CustomValueError(
+                f"{eqn_context(interp.name, eqn)}: the condition of `while` is "
+                f"a {_describe(pred)}, not a plain "
                 "boolean: the number of iterations cannot depend on the "
                 "interpreter's own values. Keep the condition on plain values "
                 "(a counter), or make the interpreter's rules give a plain "
