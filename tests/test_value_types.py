@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import functools as ft
 import math
-import re
 
 import jax
 import jax.numpy as jnp
@@ -235,10 +234,12 @@ _box_rule(lax.cos_p)(
 def _box_select_n(which, *cases):
     lo, hi = which.lo.astype(jnp.int32), which.hi.astype(jnp.int32)
     may = [(lo <= i) & (i <= hi) for i in range(len(cases))]
-    return Box(
-        ft.reduce(jnp.minimum, [jnp.where(m, c.lo, jnp.inf) for m, c in zip(may, cases)]),
-        ft.reduce(jnp.maximum, [jnp.where(m, c.hi, -jnp.inf) for m, c in zip(may, cases)]),
-    )  # fmt: skip
+    return _hull(
+        *[
+            Box(jnp.where(m, c.lo, jnp.inf), jnp.where(m, c.hi, -jnp.inf))
+            for m, c in zip(may, cases, strict=True)
+        ]
+    )
 
 
 @_box_rule(lax.argmax_p)
