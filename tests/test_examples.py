@@ -180,6 +180,43 @@ def test_interval_bounds_through_a_scan():
     assert out.hi - out.lo < 4 * (ys.max() - ys.min())  # and not vacuous
 
 
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("radius", [0.05, 1.0])
+def test_interval_bounds_through_scan_and_while(radius, jit):
+    ex = load("interval")
+    rng = np.random.default_rng(7)
+    x0 = normal(rng, 3)
+    box = ex.Interval(x0 - radius, x0 + radius)
+    run = jax.jit(ex.bounds, static_argnums=0) if jit else ex.bounds
+    out = run(ex.rnn, box)
+    ys = flags_off(jax.vmap(ex.rnn), sample_box(box, rng))
+    tol = 1e-5 * (1 + jnp.abs(ys))
+    assert bool(jnp.all(ys >= out.lo - tol)) and bool(jnp.all(ys <= out.hi + tol))
+    assert out.hi - out.lo < 4 * (ys.max() - ys.min())  # and not vacuous
+
+
+def test_interval_has_no_rule_for_control_flow():
+    ex = load("interval")
+    registered = {p.name for p in ex.interval_rules}
+    walked = {p.name for p in jaxinterp.higher_order_primitives()}
+    assert "cond" not in registered and not registered & walked
+    assert ex.IntervalInterpreter.higher_order == "recursive"
+
+
+def test_interval_while_condition_on_an_interval_is_refused():
+    ex = load("interval")
+
+    def f(x):
+        return lax.while_loop(lambda v: v < 3.0, lambda v: v + 1.0, x)
+
+    with pytest.raises(jaxinterp.CustomValueError) as info:
+        ex.bounds(f, ex.Interval(0.0, 1.0))
+    message = str(info.value)
+    assert message.startswith("`interval` at primitive `while`, used at ")
+    assert f"test_examples.py:{inspect.getsourcelines(f)[1] + 1}" in message
+    assert "the condition of `while` is a `Interval`, not a plain boolean" in message
+
+
 def test_interval_rules_on_their_own():
     ex = load("interval")
 
