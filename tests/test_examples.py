@@ -467,6 +467,46 @@ def test_dual_numbers_model_matches_jax_jvp(jit):
     np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
 
 
+@jax.custom_jvp
+def _sin_times(x):
+    return jnp.sin(x) * x
+
+
+_sin_times.defjvp(
+    lambda p, t: (_sin_times(p[0]), (jnp.cos(p[0]) * p[0] + jnp.sin(p[0])) * t[0])
+)
+
+DUAL_PROGRAMS = {
+    "scan": lambda x: (lambda c, ys: c + ys.sum())(  # the carry starts plain
+        *lax.scan(lambda c, a: (c * jnp.sin(a) + a, c), 0.0, x)
+    ),
+    "while": lambda x: lax.while_loop(
+        lambda s: s[0] < 3, lambda s: (s[0] + 1, jnp.tanh(s[1]) * x), (0, x)
+    )[1],
+    "cond": lambda x: lax.cond(x[0] > 0, jnp.sin, lambda y: y**2, x),
+    "custom_jvp": lambda x: jax.nn.softplus(x) + _sin_times(x),
+}
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("name", sorted(DUAL_PROGRAMS))
+def test_dual_numbers_match_jax_jvp_through(name, jit):
+    ex = load("dual_numbers")
+    f = DUAL_PROGRAMS[name]
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        x, t = normal(rng, 4), normal(rng, 4)
+        run = lambda x, t: ex.dual_jvp(f, x, t)  # noqa: E731
+        got = (jax.jit(run) if jit else run)(x, t)
+        want = flags_off(jax.jvp, f, (x,), (t,))
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
+
+
+def test_dual_numbers_example_is_short():
+    assert len((EXAMPLES / "dual_numbers.py").read_text().splitlines()) < 150
+
+
 SCRIPTS = sorted(
     p.name
     for p in (Path(__file__).resolve().parents[1] / "examples").glob("*.py")
