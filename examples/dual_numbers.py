@@ -73,9 +73,10 @@ def dual_jvp(fn, x, t):
 
 
 def model(x):
-    """A bit of everything: `jit`, `while_loop`, `cond` and `custom_jvp`."""
+    """A bit of everything: `jit`, `while_loop`, `scan`, `cond` and `custom_jvp`."""
     step = jax.jit(lambda s: (s[0] + 1, s[1] * 0.5 + jnp.tanh(x)))
     _, acc = lax.while_loop(lambda s: s[0] < 4, step, (0, jnp.zeros(x.shape)))
+    acc, _ = lax.scan(lambda c, a: (c * 0.9 + jnp.sin(a), None), acc, x)
     acc = lax.cond(acc.sum() > 0, jnp.sin, jnp.cos, acc)
     return jax.nn.relu(acc) * x  # relu is a custom_jvp function
 

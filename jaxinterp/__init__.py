@@ -5,6 +5,7 @@ from ._backward import BackwardWalker as BackwardWalker
 from ._caches import clear_caches as clear_caches
 from ._env import Env as Env
 from ._errors import (
+    CustomValueError as CustomValueError,
     JaxinterpError as JaxinterpError,
     MissingRuleError as MissingRuleError,
     NotInvertibleError as NotInvertibleError,

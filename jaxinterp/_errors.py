@@ -33,6 +33,13 @@ class RuleError(JaxinterpError, RuntimeError):
     """
 
 
+class CustomValueError(JaxinterpError, TypeError):
+    """A value of an interpreter's own type (a dual number, an interval) went
+    where the walk cannot take it: a loop carry or `cond` output the
+    interpreter cannot `lift`, or a loop condition that is not a plain
+    boolean."""
+
+
 class StagingError(JaxinterpError, TypeError):
     """A function could not be staged, or was called with arguments that do
     not match what was staged."""

@@ -20,7 +20,7 @@ from jax import lax
 
 from . import _jax_compat as compat
 from ._custom_types import has_custom, is_plain
-from ._errors import MissingRuleError, source_line
+from ._errors import CustomValueError, MissingRuleError, eqn_context, source_line
 from ._interpreter import Interpreter, builtin_handler
 from ._trace import spec_of
 
@@ -56,18 +56,17 @@ def _lift_to(interp: Interpreter, eqn: Any, where: str, value: Any, like: Any) -
     tree: Callable[[Any], Any] = jax.tree_util.tree_structure
     if tree(value) == tree(like):
         return value
-    # (The walker's `RuleError` around this adds the interpreter and the line.)
     context = (
-        f"{where} of `{eqn.primitive.name}` is a {_describe(value)} where the "
-        f"construct needs a {_describe(like)}"
+        f"{eqn_context(interp.name, eqn)}: {where} of `{eqn.primitive.name}` is "
+        f"a {_describe(value)} where the construct needs a {_describe(like)}"
     )
     if not is_plain(value):
-        raise TypeError(f"{context}; only a plain array can be lifted.")
+        raise CustomValueError(f"{context}; only a plain array can be lifted.")
     try:
         return interp.lift(value, like)
     except TypeError as err:
-        raise TypeError(
-            f"{context}. Define `lift(self, value, like)` on the interpreter to "
+        raise CustomValueError(
+            f"{context}.\n\nDefine `lift(self, value, like)` on the interpreter to "
             f"turn a plain array into its value type ({err})."
         ) from err
 
@@ -146,9 +145,44 @@ def _jit(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list[
 def _cond(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list[Any]:
     index, *ops = invals
     branches = [_closed_fn(interp, br) for br in compat.cond_branches(eqn.params)]
+    if not is_plain(index):
+        return _cond_on_custom_index(interp, eqn, branches, index, ops)
     if has_custom(ops):
         branches = _joined_branches(interp, eqn, branches, ops)
     return list(lax.switch(index, branches, *ops))
+
+
+def _cond_on_custom_index(
+    interp: Interpreter, eqn: Any, branches: list[Any], index: Any, ops: list[Any]
+) -> list[Any]:
+    """A `cond` whose index is the interpreter's own value (an interval of
+    indices, a tagged index): every branch runs, and `select_n` equations
+    walked by the interpreter pick among their results, as JAX's `vmap` of a
+    `cond` with a batched predicate does."""
+    if eqn.effects:
+        raise CustomValueError(
+            f"{eqn_context(interp.name, eqn)}: the index of "
+            f"`{eqn.primitive.name}` is a {_describe(index)} and its "
+            "branches have effects: every branch would run, so the walker "
+            "refuses. Compute the index from plain values."
+        )
+    outs = [br(*ops) for br in branches]
+    in_avals = (eqn.invars[0].aval, *(v.aval for v in eqn.outvars))
+
+    def build() -> Any:
+        n = len(branches)
+
+        def select(i: Any, *cases: Any) -> list[Any]:
+            return [lax.select_n(i, *cases[k : k + n]) for k in range(0, len(cases), n)]
+
+        index_spec, *out_specs = map(spec_of, in_avals)
+        return jax.make_jaxpr(select)(
+            index_spec, *[s for s in out_specs for _ in range(n)]
+        )
+
+    selects = interp.cached(("cond_select", len(branches), in_avals), None, build)
+    cases = [out[k] for k in range(len(eqn.outvars)) for out in outs]
+    return interp.eval_closed(selects, index, *cases)
 
 
 def _joined_branches(
@@ -227,7 +261,17 @@ def _while(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> lis
     custom = has_custom(invals)
 
     def cond_fun(carry: Any) -> Any:
-        return cond_walk(*cond_consts, *carry)[0]
+        pred = cond_walk(*cond_consts, *carry)[0]
+        if custom and not is_plain(pred):
+            raise CustomValueError(
+                f"{eqn_context(interp.name, eqn)}: the condition of `while` is "
+                f"a {_describe(pred)}, not a plain "
+                "boolean: the number of iterations cannot depend on the "
+                "interpreter's own values. Keep the condition on plain values "
+                "(a counter), or make the interpreter's rules give a plain "
+                "boolean for it."
+            )
+        return pred
 
     def body_fun(carry: Any) -> Any:
         new = body_walk(*body_consts, *carry)

@@ -302,8 +302,9 @@ class Interpreter:
         they are pytrees other than plain arrays (e.g.
         `jax.tree_util.register_dataclass` dataclasses of arrays).
 
-        The default raises `TypeError`; the walker then names the primitive,
-        the position and both types.
+        The default raises `TypeError`; the walker then raises
+        `jaxinterp.CustomValueError` (a `TypeError`) naming the primitive,
+        the position, both types and the user's line.
 
         Example (a dual-number interpreter): `return Dual(value,
         jnp.zeros_like(value))`.

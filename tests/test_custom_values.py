@@ -133,9 +133,10 @@ class NoLift(DualInterpreter):
 def test_a_carry_changing_type_without_lift_names_the_loop():
     f = CASES["while-carry-starts-plain"][0]
     staged = jaxinterp.stage(f, jax.ShapeDtypeStruct(X.shape, X.dtype))
-    with pytest.raises(jaxinterp.RuleError) as info:
+    with pytest.raises(jaxinterp.CustomValueError) as info:
         NoLift().run(staged, [Dual(X, T)])
     message = str(info.value)
+    assert isinstance(info.value, TypeError)
     assert "`no_lift` at primitive `while`" in message
     expected = "carry 1 of `while` is a plain array f32[3] where the construct needs"
     assert f"{expected} a `Dual`" in message

@@ -180,6 +180,43 @@ def test_interval_bounds_through_a_scan():
     assert out.hi - out.lo < 4 * (ys.max() - ys.min())  # and not vacuous
 
 
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("radius", [0.05, 1.0])
+def test_interval_bounds_through_scan_and_while(radius, jit):
+    ex = load("interval")
+    rng = np.random.default_rng(7)
+    x0 = normal(rng, 3)
+    box = ex.Interval(x0 - radius, x0 + radius)
+    run = jax.jit(ex.bounds, static_argnums=0) if jit else ex.bounds
+    out = run(ex.rnn, box)
+    ys = flags_off(jax.vmap(ex.rnn), sample_box(box, rng))
+    tol = 1e-5 * (1 + jnp.abs(ys))
+    assert bool(jnp.all(ys >= out.lo - tol)) and bool(jnp.all(ys <= out.hi + tol))
+    assert out.hi - out.lo < 4 * (ys.max() - ys.min())  # and not vacuous
+
+
+def test_interval_has_no_rule_for_control_flow():
+    ex = load("interval")
+    registered = {p.name for p in ex.interval_rules}
+    walked = {p.name for p in jaxinterp.higher_order_primitives()}
+    assert "cond" not in registered and not registered & walked
+    assert ex.IntervalInterpreter.higher_order == "recursive"
+
+
+def test_interval_while_condition_on_an_interval_is_refused():
+    ex = load("interval")
+
+    def f(x):
+        return lax.while_loop(lambda v: v < 3.0, lambda v: v + 1.0, x)
+
+    with pytest.raises(jaxinterp.CustomValueError) as info:
+        ex.bounds(f, ex.Interval(0.0, 1.0))
+    message = str(info.value)
+    assert message.startswith("`interval` at primitive `while`, used at ")
+    assert f"test_examples.py:{inspect.getsourcelines(f)[1] + 1}" in message
+    assert "the condition of `while` is a `Interval`, not a plain boolean" in message
+
+
 def test_interval_rules_on_their_own():
     ex = load("interval")
 
@@ -428,6 +465,46 @@ def test_dual_numbers_model_matches_jax_jvp(jit):
     want = jax.jvp(ex.model, (x,), (t,))
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
+
+
+@jax.custom_jvp
+def _sin_times(x):
+    return jnp.sin(x) * x
+
+
+_sin_times.defjvp(
+    lambda p, t: (_sin_times(p[0]), (jnp.cos(p[0]) * p[0] + jnp.sin(p[0])) * t[0])
+)
+
+DUAL_PROGRAMS = {
+    "scan": lambda x: (lambda c, ys: c + ys.sum())(  # the carry starts plain
+        *lax.scan(lambda c, a: (c * jnp.sin(a) + a, c), 0.0, x)
+    ),
+    "while": lambda x: lax.while_loop(
+        lambda s: s[0] < 3, lambda s: (s[0] + 1, jnp.tanh(s[1]) * x), (0, x)
+    )[1],
+    "cond": lambda x: lax.cond(x[0] > 0, jnp.sin, lambda y: y**2, x),
+    "custom_jvp": lambda x: jax.nn.softplus(x) + _sin_times(x),
+}
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("name", sorted(DUAL_PROGRAMS))
+def test_dual_numbers_match_jax_jvp_through(name, jit):
+    ex = load("dual_numbers")
+    f = DUAL_PROGRAMS[name]
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        x, t = normal(rng, 4), normal(rng, 4)
+        run = lambda x, t: ex.dual_jvp(f, x, t)  # noqa: E731
+        got = (jax.jit(run) if jit else run)(x, t)
+        want = flags_off(jax.jvp, f, (x,), (t,))
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
+
+
+def test_dual_numbers_example_is_short():
+    assert len((EXAMPLES / "dual_numbers.py").read_text().splitlines()) < 150
 
 
 SCRIPTS = sorted(
