@@ -5,8 +5,10 @@ tangent array. Only first-order primitives get a rule, and one rule serves
 them all: `jax.jvp` of the primitive's own bind. Control flow and calls need
 nothing: under the default `recursive` policy the walker rebuilds `jit`,
 `cond`, `scan`, `while_loop` and `checkpoint` around dual numbers (JAX's
-constructs take pytrees), and walks the primal body of `custom_jvp` and
-`custom_vjp` calls. Where a loop carry starts as a plain array (an
+constructs take pytrees). At a `custom_jvp` call (`jax.nn.relu`) the
+interpreter chooses the library's own derivative rule (`custom_derivative`);
+it walks the primal body of a `custom_vjp` call, whose rule runs backwards
+only. Where a loop carry starts as a plain array (an
 accumulator `jnp.zeros(3)`) and becomes a dual number in the body, the walker
 asks `lift` for a dual number with a zero tangent, as JAX's own `jvp` of a
 loop does.
@@ -63,6 +65,17 @@ class DualInterpreter(jaxinterp.Interpreter):
 
     def lift(self, value, like):
         return Dual(value, jnp.zeros_like(value))
+
+    def custom_derivative(self, eqn, invals, kind):
+        if kind != "custom_jvp":
+            return None  # walk the primal body
+        primals = [v.primal if isinstance(v, Dual) else v for v in invals]
+        tangents = [v.tangent if isinstance(v, Dual) else zero_tangent(v)
+                    for v in invals]  # fmt: skip
+        # Re-bound on arrays under `jax.jvp`, the call applies its own rule.
+        outs, t_outs = jax.jvp(lambda *p: self.default_rule(eqn, list(p)),
+                               primals, tangents)  # fmt: skip
+        return [Dual(o, t) for o, t in zip(outs, t_outs, strict=True)]
 
 
 def dual_jvp(fn, x, t):

@@ -350,9 +350,17 @@ def _custom_call(
     `inline` policy so JAX differentiates the transformed body instead.
     """
     body = compat.call_jaxpr(eqn.params)
-    if policy == "inline" or has_custom(invals):
-        # The interpreter's own values cannot be bound to the primitive: walk
-        # the primal body, dropping the derivative rule (documented).
+    if policy == "inline":
+        return interp.eval_closed(body, *invals)
+    if has_custom(invals):
+        # The interpreter's own values cannot be bound to the primitive: the
+        # interpreter's choice, or the primal body without the rule.
+        kind = (
+            "custom_jvp" if eqn.primitive is compat.custom_jvp_call_p else "custom_vjp"
+        )
+        outs = interp.custom_derivative(eqn, invals, kind)
+        if outs is not None:
+            return list(outs)
         return interp.eval_closed(body, *invals)
     new = _retrace(interp, body, invals, compat.call_name(eqn.params))
     params = compat.replace_call_jaxpr(eqn.params, new)
@@ -545,6 +553,9 @@ def _expanded_hi(
     return interp.eval_closed(expanded, *invals)
 
 
+_CUSTOM_KINDS = ("custom_jvp", "custom_vjp")
+
+
 @builtin_handler(compat.call_hi_primitive_p, rebind_when_identity=False)
 def _call_hi(
     interp: Interpreter, eqn: Any, invals: list[Any], policy: str
@@ -562,6 +573,10 @@ def _call_hi(
     h = compat.hijax_params(eqn)
     if h.kind == "other":
         return _expanded_hi(interp, eqn, h, invals)
+    if has_custom(invals) and policy != "inline" and h.kind in _CUSTOM_KINDS:
+        outs = interp.custom_derivative(eqn, invals, h.kind)
+        if outs is not None:
+            return list(outs)
     if (policy == "inline" or has_custom(invals)) and h.kind != "scan":
         # (An interpreter's own values cannot be bound to a hijax primitive:
         # its body is walked in place for them, as for `custom_jvp_call`.)

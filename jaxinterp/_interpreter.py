@@ -314,6 +314,29 @@ class Interpreter:
             f"array into a `{type(like).__name__}`"
         )
 
+    def custom_derivative(
+        self, eqn: Any, invals: list[Any], kind: str
+    ) -> Sequence[Any] | None:
+        """How this interpreter's own values go through a custom-derivative call.
+
+        Called where such values (see `lift`) reach a `custom_jvp` or
+        `custom_vjp` call (`kind` is `"custom_jvp"` or `"custom_vjp"`; with
+        JAX's hijax flags on the equation is a `call_hi_primitive`). Their
+        primitive cannot be bound to them, so by default (`None`) the walker
+        walks the call's primal body, dropping the custom rule.
+
+        Return the outputs instead to use the rule: `self.default_rule(eqn,
+        arrays)` re-binds the call on plain arrays, so under `jax.jvp` JAX
+        applies the custom JVP. A dual-number interpreter, for instance:
+
+            primals = [v.primal for v in invals]
+            tangents = [v.tangent for v in invals]
+            outs, touts = jax.jvp(lambda *p: self.default_rule(eqn, list(p)),
+                                  primals, tangents)
+            return [Dual(o, t) for o, t in zip(outs, touts)]
+        """
+        return None
+
     # ------------------------------------------------------------------
     # Policies and equation processing.
 

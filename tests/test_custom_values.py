@@ -142,3 +142,46 @@ def test_a_carry_changing_type_without_lift_names_the_loop():
     assert f"{expected} a `Dual`" in message
     assert "Define `lift(self, value, like)`" in message
     assert "test_custom_values.py" in message  # the user's line
+
+
+@jax.custom_jvp
+def _doubled_slope(x):
+    """The identity, with a custom JVP rule that says slope 2 (on purpose)."""
+    return x
+
+
+@_doubled_slope.defjvp
+def _doubled_slope_jvp(primals, tangents):
+    return primals[0], 2.0 * tangents[0]
+
+
+class BodyWalker(DualInterpreter):
+    """Dual numbers that keep the default: walk a custom call's primal body."""
+
+    def custom_derivative(self, eqn, invals, kind):
+        return jaxinterp.Interpreter.custom_derivative(self, eqn, invals, kind)
+
+
+def _through_custom_jvp(x):
+    return jnp.sin(_doubled_slope(x * 3.0))
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@given(st.floats(-2.0, 2.0), st.floats(-1.0, 1.0))
+@settings(max_examples=10, deadline=None)
+def test_custom_derivative_chooses_the_rule_or_the_primal_body(jit, x, t):
+    x, t = jnp.float32(x), jnp.float32(t)
+
+    def run(interp):
+        staged = jaxinterp.stage(_through_custom_jvp, x)
+        fn = lambda x, t: interp.run(staged, [Dual(x, t)])[0]  # noqa: E731
+        out = (jax.jit(fn) if jit else fn)(x, t)
+        return out.primal, out.tangent
+
+    # By default the primal body is walked: the identity's slope, 1.
+    body = jax.jvp(lambda v: jnp.sin(v * 3.0), (x,), (t,))
+    tree_allclose(run(BodyWalker()), body, rtol=1e-5, atol=1e-6)
+    # The gallery's `custom_derivative` takes the call's rule (slope 2), as
+    # `jax.jvp` does.
+    want = jax.jvp(_through_custom_jvp, (x,), (t,))
+    tree_allclose(run(DualInterpreter()), want, rtol=1e-5, atol=1e-6)
