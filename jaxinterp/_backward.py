@@ -41,14 +41,16 @@ class BackwardWalker:
     #: Name of the transformation, used in error messages.
     name: ClassVar[str] = "backward"
 
-    def process_eqn_backward(self, eqn: Any, outvals: list[Any]) -> list[Any]:
+    def process_eqn_backward(
+        self, eqn: compat.JaxprEqn, outvals: list[Any]
+    ) -> list[Any]:
         """Return the equation's input values given its output values."""
         raise NotImplementedError(
             f"{type(self).__name__} must implement `process_eqn_backward`."
         )
 
     def eval_jaxpr_backward(
-        self, jaxpr: Any, consts: Sequence[Any], *outvals: Any
+        self, jaxpr: compat.Jaxpr, consts: Sequence[Any], *outvals: Any
     ) -> list[Any]:
         """Walk `jaxpr` backwards from `outvals`; return the values of its invars.
 
@@ -69,9 +71,9 @@ class BackwardWalker:
                 invals = self.process_eqn_backward(eqn, outs)
             except Exception as err:
                 reraise(self.name, eqn, err, details=operands_detail(outs, "Outputs"))
-            for v, val in zip(eqn.invars, invals, strict=True):
-                if val is not None and type(v) is not _Literal and v not in env:
-                    env[v] = val
+            for var, val in zip(eqn.invars, invals, strict=True):
+                if val is not None and type(var) is not _Literal and var not in env:
+                    env[var] = val
         missing = [v for v in jaxpr.invars if v not in env]
         if missing:
             raise RuleError(

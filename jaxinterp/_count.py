@@ -285,7 +285,7 @@ class OpCounter(Interpreter):
         super().__init__(higher_order="opaque")
         self.counts = Counts()
 
-    def process_eqn(self, eqn: Any, invals: list[Any]) -> list[Any]:
+    def process_eqn(self, eqn: compat.JaxprEqn, invals: list[Any]) -> list[Any]:
         """Count `eqn` (and any sub-Jaxprs); return its output avals."""
         prim = eqn.primitive
         counts = self.counts
@@ -327,7 +327,7 @@ class OpCounter(Interpreter):
                     counts.transcendentals[prim.name] += cost.transcendentals
         return [v.aval for v in eqn.outvars]
 
-    def count_closed(self, jaxpr: Any) -> Counts:
+    def count_closed(self, jaxpr: compat.Jaxpr | compat.ClosedJaxpr) -> Counts:
         """Count a (closed or open) sub-Jaxpr with a fresh tally; return it."""
         outer, self.counts = self.counts, Counts()
         try:

@@ -220,7 +220,7 @@ class EagerPlan:
     __slots__ = ("context", "fused", "policy", "program", "seed", "table")
 
     def __init__(
-        self, interp: Interpreter, jaxpr: Any, context: Any, *, fused: bool
+        self, interp: Interpreter, jaxpr: compat.Jaxpr, context: Any, *, fused: bool
     ) -> None:
         self.context = context
         self.table = type(interp).dispatch_table()
@@ -266,7 +266,7 @@ class EagerPlan:
         }
 
     @staticmethod
-    def _compiles(interp: Interpreter, eqn: Any, context: Any) -> bool:
+    def _compiles(interp: Interpreter, eqn: compat.JaxprEqn, context: Any) -> bool:
         """Whether `eqn` may run as a compiled call, outside `process_eqn`.
 
         Not when it has effects or touches a mutable reference (`free_ref`
@@ -281,7 +281,7 @@ class EagerPlan:
         return handler is None or is_builtin(handler)
 
     @staticmethod
-    def _single(interp: Interpreter, eqn: Any, fused: bool) -> _Step | None:
+    def _single(interp: Interpreter, eqn: compat.JaxprEqn, fused: bool) -> _Step | None:
         prim = eqn.primitive
         if prim is compat.jit_p:
             # An interpreter that changes nothing re-binds a `jit` (JAX has
@@ -297,7 +297,7 @@ class EagerPlan:
         return _Step(fn, tuple(_operand(v) for v in eqn.invars))
 
     @staticmethod
-    def _absorb_movers(jaxpr: Any, steps: list[Any]) -> None:
+    def _absorb_movers(jaxpr: compat.Jaxpr, steps: list[Any]) -> None:
         """Compile movers into the elementwise equation that alone consumes them."""
         uses: dict[Any, int] = {}
         for eqn in jaxpr.eqns:
@@ -346,7 +346,10 @@ class EagerPlan:
 
 
 def _mover_tree(
-    eqn: Any, eqns: Sequence[Any], movers: dict[Any, int], uses: dict[Any, int]
+    eqn: compat.JaxprEqn,
+    eqns: Sequence[Any],
+    movers: dict[Any, int],
+    uses: dict[Any, int],
 ) -> set[int]:
     """Indices of the movers feeding `eqn` (through other movers) used only there."""
     found: set[int] = set()
@@ -367,7 +370,9 @@ def _operand(var: Any) -> Any:
     return _Put(device_literal(var)) if type(var) is _Literal else var
 
 
-def _jit_callable(interp: Interpreter, eqn: Any) -> Callable[..., Any] | None:
+def _jit_callable(
+    interp: Interpreter, eqn: compat.JaxprEqn
+) -> Callable[..., Any] | None:
     """Eagerly, a recursive `jit` is a call of its rebuilt, compiled `jax.jit`."""
     if interp.policy(eqn.primitive) != "recursive" or not interp.cache_subcalls:
         return None
@@ -386,7 +391,7 @@ def is_builtin(handler: Any) -> bool:
 
 
 def plan_for(
-    interp: Interpreter, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]
+    interp: Interpreter, jaxpr: compat.Jaxpr, consts: Sequence[Any], args: Sequence[Any]
 ) -> EagerPlan | None:
     """The plan for walking `jaxpr` eagerly, or `None` to walk it generally.
 
@@ -420,7 +425,7 @@ def plan_for(
 
 def run_plan(
     interp: Interpreter,
-    jaxpr: Any,
+    jaxpr: compat.Jaxpr,
     plan: EagerPlan,
     consts: Sequence[Any],
     args: Sequence[Any],
@@ -428,7 +433,7 @@ def run_plan(
     """Walk `jaxpr` eagerly: planned equations call their compiled function
     directly; the others (and any planned call that raises, to report the
     error with its context) go through `process_eqn`."""
-    env = dict(plan.seed)  # the literals put on the device
+    env: dict[Any, Any] = dict(plan.seed)  # the literals put on the device
     for v, val in zip(jaxpr.constvars, consts, strict=True):
         env[v] = val
     for v, val in zip(jaxpr.invars, args, strict=True):
@@ -452,7 +457,7 @@ def run_plan(
     return [v.val if type(v) is _Literal else env[v] for v in jaxpr.outvars]
 
 
-def _process_in(interp: Interpreter, env: dict[Any, Any], eqn: Any) -> None:
+def _process_in(interp: Interpreter, env: dict[Any, Any], eqn: compat.JaxprEqn) -> None:
     """Evaluate `eqn` through `process_eqn`, reading and writing `env`."""
     invals = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
     outvals = interp.process_in_context(eqn, invals)

@@ -54,7 +54,7 @@ class Env(dict):  # type: ignore[type-arg]
 _release_plans = _caches.Cache(4096, weak=True)
 
 
-def release_plan(jaxpr: Any) -> list[tuple[Any, ...]]:
+def release_plan(jaxpr: compat.Jaxpr) -> list[tuple[Any, ...]]:
     """For each equation of `jaxpr`, the variables whose last use it is.
 
     A result no equation uses is released right after the equation that

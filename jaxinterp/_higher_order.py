@@ -25,7 +25,9 @@ from ._interpreter import Interpreter, builtin_handler
 from ._trace import spec_of
 
 
-def _closed_fn(interp: Interpreter, closed: Any) -> Callable[..., list[Any]]:
+def _closed_fn(
+    interp: Interpreter, closed: compat.ClosedJaxpr
+) -> Callable[..., list[Any]]:
     """A stable function that walks `closed` with `interp` (for JAX's caches)."""
 
     def build() -> Callable[..., list[Any]]:
@@ -50,7 +52,9 @@ def _describe(value: Any) -> str:
     return f"`{type(value).__name__}`"
 
 
-def _lift_to(interp: Interpreter, eqn: Any, where: str, value: Any, like: Any) -> Any:
+def _lift_to(
+    interp: Interpreter, eqn: compat.JaxprEqn, where: str, value: Any, like: Any
+) -> Any:
     """`value` with the pytree type of `like`, lifting a plain array with
     `interp.lift`; a clear `TypeError` naming the construct otherwise."""
     tree: Callable[[Any], Any] = jax.tree_util.tree_structure
@@ -73,7 +77,7 @@ def _lift_to(interp: Interpreter, eqn: Any, where: str, value: Any, like: Any) -
 
 def _settle_carry(
     interp: Interpreter,
-    eqn: Any,
+    eqn: compat.JaxprEqn,
     init: list[Any],
     carry_out: Callable[[list[Any]], Sequence[Any]],
 ) -> list[Any]:
@@ -94,7 +98,7 @@ def _settle_carry(
 
 
 def _as_carry_types(
-    interp: Interpreter, eqn: Any, new: list[Any], carry: Sequence[Any]
+    interp: Interpreter, eqn: compat.JaxprEqn, new: list[Any], carry: Sequence[Any]
 ) -> list[Any]:
     """A loop body's output carries, lifted back to the input carries' types
     where the body made them plain."""
@@ -134,7 +138,9 @@ def jit_callable(interp: Interpreter, p: compat.JitParams) -> Callable[..., Any]
 
 
 @builtin_handler(compat.jit_p)
-def _jit(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list[Any]:
+def _jit(
+    interp: Interpreter, eqn: compat.JaxprEqn, invals: list[Any], policy: str
+) -> list[Any]:
     p = compat.jit_params(eqn.params)
     if policy == "inline":
         return interp.eval_closed(p.jaxpr, *invals)
@@ -142,7 +148,9 @@ def _jit(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list[
 
 
 @builtin_handler(compat.cond_p)
-def _cond(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list[Any]:
+def _cond(
+    interp: Interpreter, eqn: compat.JaxprEqn, invals: list[Any], policy: str
+) -> list[Any]:
     index, *ops = invals
     branches = [_closed_fn(interp, br) for br in compat.cond_branches(eqn.params)]
     if not is_plain(index):
@@ -153,7 +161,11 @@ def _cond(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list
 
 
 def _cond_on_custom_index(
-    interp: Interpreter, eqn: Any, branches: list[Any], index: Any, ops: list[Any]
+    interp: Interpreter,
+    eqn: compat.JaxprEqn,
+    branches: list[Any],
+    index: Any,
+    ops: list[Any],
 ) -> list[Any]:
     """A `cond` whose index is the interpreter's own value (an interval of
     indices, a tagged index): every branch runs, and `select_n` equations
@@ -186,7 +198,7 @@ def _cond_on_custom_index(
 
 
 def _joined_branches(
-    interp: Interpreter, eqn: Any, branches: list[Any], ops: list[Any]
+    interp: Interpreter, eqn: compat.JaxprEqn, branches: list[Any], ops: list[Any]
 ) -> list[Any]:
     """Branches whose plain outputs are lifted where another branch returns
     the interpreter's own value at the same position."""
@@ -214,7 +226,9 @@ def _joined_branches(
 
 
 @builtin_handler(compat.scan_p)
-def _scan(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list[Any]:
+def _scan(
+    interp: Interpreter, eqn: compat.JaxprEqn, invals: list[Any], policy: str
+) -> list[Any]:
     p = compat.scan_params(eqn.params)
     n_consts, n_carry = p.num_consts, p.num_carry
     consts = invals[:n_consts]
@@ -251,7 +265,9 @@ def _scan(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list
 
 
 @builtin_handler(compat.while_p)
-def _while(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> list[Any]:
+def _while(
+    interp: Interpreter, eqn: compat.JaxprEqn, invals: list[Any], policy: str
+) -> list[Any]:
     p = compat.while_params(eqn.params)
     cond_consts = invals[: p.cond_nconsts]
     body_consts = invals[p.cond_nconsts : p.cond_nconsts + p.body_nconsts]
@@ -289,7 +305,7 @@ def _while(interp: Interpreter, eqn: Any, invals: list[Any], policy: str) -> lis
 
 @builtin_handler(compat.remat_p)
 def _checkpoint(
-    interp: Interpreter, eqn: Any, invals: list[Any], policy: str
+    interp: Interpreter, eqn: compat.JaxprEqn, invals: list[Any], policy: str
 ) -> list[Any]:
     p = compat.remat_params(eqn.params)
     if policy == "inline":
@@ -306,7 +322,7 @@ def _checkpoint(
 
 
 def _retrace(
-    interp: Interpreter, closed: Any, invals: list[Any], name: str = ""
+    interp: Interpreter, closed: compat.ClosedJaxpr, invals: list[Any], name: str = ""
 ) -> Any:
     """Trace `interp` walking `closed` into a new `ClosedJaxpr` for these avals.
 
@@ -318,7 +334,10 @@ def _retrace(
 
 
 def _retrace_avals(
-    interp: Interpreter, closed: Any, avals: tuple[Any, ...], name: str = ""
+    interp: Interpreter,
+    closed: compat.ClosedJaxpr,
+    avals: tuple[Any, ...],
+    name: str = "",
 ) -> Any:
     """`_retrace` for given input avals."""
 
@@ -341,7 +360,7 @@ def _retrace_avals(
 
 
 def _custom_call(
-    interp: Interpreter, eqn: Any, invals: list[Any], policy: str
+    interp: Interpreter, eqn: compat.JaxprEqn, invals: list[Any], policy: str
 ) -> list[Any]:
     """`custom_jvp_call` / `custom_vjp_call`: swap the primal body, keep the rules.
 
@@ -373,7 +392,7 @@ builtin_handler(compat.custom_vjp_call_p)(_custom_call)
 
 @builtin_handler(compat.closed_call_p)
 def _closed_call(
-    interp: Interpreter, eqn: Any, invals: list[Any], policy: str
+    interp: Interpreter, eqn: compat.JaxprEqn, invals: list[Any], policy: str
 ) -> list[Any]:
     body = compat.call_jaxpr(eqn.params)
     if policy == "inline" or has_custom(invals):
@@ -385,7 +404,7 @@ def _closed_call(
 
 
 def _core_call(
-    interp: Interpreter, eqn: Any, invals: list[Any], policy: str
+    interp: Interpreter, eqn: compat.JaxprEqn, invals: list[Any], policy: str
 ) -> list[Any]:
     """`core_call` carries an open Jaxpr; it is rebuilt as a `closed_call`."""
     body = compat.call_jaxpr(eqn.params)
@@ -401,7 +420,7 @@ if compat.core_call_p is not None:  # a separate primitive before JAX 0.12
 
 @builtin_handler(compat.shard_map_p)
 def _shard_map(
-    interp: Interpreter, eqn: Any, invals: list[Any], policy: str
+    interp: Interpreter, eqn: compat.JaxprEqn, invals: list[Any], policy: str
 ) -> list[Any]:
     p = compat.shard_map_params(eqn.params)
 
@@ -413,7 +432,7 @@ def _shard_map(
 
 @builtin_handler(compat.linear_solve_p)
 def _linear_solve(
-    interp: Interpreter, eqn: Any, invals: list[Any], policy: str
+    interp: Interpreter, eqn: compat.JaxprEqn, invals: list[Any], policy: str
 ) -> list[Any]:
     """`custom_linear_solve` (`jnp.linalg.solve`, `lax.custom_linear_solve`).
 
@@ -488,7 +507,7 @@ def _rebuilt_hi(
 
 
 def _scan3_as_scan(
-    interp: Interpreter, eqn: Any, h: compat.HijaxParams, invals: list[Any]
+    interp: Interpreter, eqn: compat.JaxprEqn, h: compat.HijaxParams, invals: list[Any]
 ) -> list[Any]:
     """A hijax `Scan3` rebuilt as the classic `scan` it replaces.
 
@@ -531,7 +550,7 @@ def _scan3_as_scan(
 
 
 def _expanded_hi(
-    interp: Interpreter, eqn: Any, h: compat.HijaxParams, invals: list[Any]
+    interp: Interpreter, eqn: compat.JaxprEqn, h: compat.HijaxParams, invals: list[Any]
 ) -> list[Any]:
     """A user-defined hijax primitive, walked through its `expand` in place."""
 
@@ -558,7 +577,7 @@ _CUSTOM_KINDS = ("custom_jvp", "custom_vjp")
 
 @builtin_handler(compat.call_hi_primitive_p, rebind_when_identity=False)
 def _call_hi(
-    interp: Interpreter, eqn: Any, invals: list[Any], policy: str
+    interp: Interpreter, eqn: compat.JaxprEqn, invals: list[Any], policy: str
 ) -> list[Any]:
     """`call_hi_primitive`: `custom_jvp`, `custom_vjp`, `checkpoint` and `scan`
     under JAX's hijax flags, and users' own hijax primitives.

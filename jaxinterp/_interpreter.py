@@ -315,7 +315,7 @@ class Interpreter:
         )
 
     def custom_derivative(
-        self, eqn: Any, invals: list[Any], kind: str
+        self, eqn: compat.JaxprEqn, invals: list[Any], kind: str
     ) -> Sequence[Any] | None:
         """How this interpreter's own values go through a custom-derivative call.
 
@@ -344,7 +344,7 @@ class Interpreter:
         """Return the higher-order policy in force for `prim`."""
         return self._policies.get(prim.name, self.higher_order)
 
-    def policy_of(self, eqn: Any) -> str:
+    def policy_of(self, eqn: compat.JaxprEqn) -> str:
         """Return the higher-order policy in force for equation `eqn`.
 
         As `policy(eqn.primitive)`, except for a hijax `call_hi_primitive`
@@ -366,7 +366,7 @@ class Interpreter:
                     return policy
         return self.higher_order
 
-    def process_eqn(self, eqn: Any, invals: list[Any]) -> list[Any]:
+    def process_eqn(self, eqn: compat.JaxprEqn, invals: list[Any]) -> list[Any]:
         """Evaluate one equation and return its outputs as a list.
 
         The default: the handler of `eqn.primitive` in the class's
@@ -397,7 +397,7 @@ class Interpreter:
             self._check_unhandled(eqn)
         return self.default_rule(eqn, invals)
 
-    def _check_unhandled(self, eqn: Any) -> None:
+    def _check_unhandled(self, eqn: compat.JaxprEqn) -> None:
         """Refuse to re-bind a higher-order primitive no handler enters, unless
         its policy is `opaque`: this interpreter would silently not see its body.
 
@@ -420,7 +420,7 @@ class Interpreter:
             f"`{type(self).__name__}.register(<the primitive>)`."
         )
 
-    def default_rule(self, eqn: Any, invals: list[Any]) -> list[Any]:
+    def default_rule(self, eqn: compat.JaxprEqn, invals: list[Any]) -> list[Any]:
         """Re-bind `eqn`'s primitive on `invals` (what `jax.core.eval_jaxpr` does).
 
         Eagerly (concrete operands, no effects), the primitive runs through a
@@ -437,7 +437,9 @@ class Interpreter:
     # ------------------------------------------------------------------
     # Walking.
 
-    def eval_jaxpr(self, jaxpr: Any, consts: Sequence[Any], *args: Any) -> list[Any]:
+    def eval_jaxpr(
+        self, jaxpr: compat.Jaxpr, consts: Sequence[Any], *args: Any
+    ) -> list[Any]:
         """Walk an open `jaxpr` on `consts` and `args`; return its outputs.
 
         The signature mirrors `jax.core.eval_jaxpr`. Each value is released
@@ -472,7 +474,7 @@ class Interpreter:
                 del env[v]
         return [v.val if type(v) is _Literal else env[v] for v in jaxpr.outvars]
 
-    def process_in_context(self, eqn: Any, invals: list[Any]) -> list[Any]:
+    def process_in_context(self, eqn: compat.JaxprEqn, invals: list[Any]) -> list[Any]:
         """`process_eqn` in the equation's contexts (name stack, compute
         type...), errors wrapped with the equation's context, as in a walk."""
         user_ctx, eqn_ctx = compat.eqn_contexts(eqn)
@@ -485,7 +487,7 @@ class Interpreter:
             outvals = self._as_outvals(eqn, outvals)
         return outvals
 
-    def eval_closed(self, closed_jaxpr: Any, *args: Any) -> list[Any]:
+    def eval_closed(self, closed_jaxpr: compat.ClosedJaxpr, *args: Any) -> list[Any]:
         """Walk a `ClosedJaxpr` on `args`; return its outputs as a list."""
         return self.eval_jaxpr(
             compat.open_jaxpr(closed_jaxpr), compat.jaxpr_consts(closed_jaxpr), *args
@@ -502,7 +504,7 @@ class Interpreter:
         with _recursion.recursion_limit(_recursion.DEEP_RECURSION_LIMIT):
             return self.eval_jaxpr(jaxpr, consts, *flat_args)
 
-    def _as_outvals(self, eqn: Any, outvals: Any) -> list[Any]:
+    def _as_outvals(self, eqn: compat.JaxprEqn, outvals: Any) -> list[Any]:
         """Return `outvals` as a list, checking it has one value per output.
 
         A bare array is refused even when iterating it would give the right
@@ -556,7 +558,7 @@ class Interpreter:
 
         return transformed
 
-    def missing(self, jaxpr: Any) -> list[str]:
+    def missing(self, jaxpr: compat.Jaxpr) -> list[str]:
         """List primitives in `jaxpr` (recursively) with no rule in `rules`.
 
         Higher-order primitives the walker rebuilds itself are not listed.
@@ -593,7 +595,7 @@ class Interpreter:
         self._subcalls.pop(key)
 
 
-def _without_references(jaxpr: Any, consts: Sequence[Any]) -> tuple[Any, Any]:
+def _without_references(jaxpr: compat.Jaxpr, consts: Sequence[Any]) -> tuple[Any, Any]:
     """`jaxpr` with its mutable references held as values, for a walk on an
     interpreter's own values, which references (arrays only) cannot hold:
     under `jax_scan3` a `scan` keeps its carry in references. As it is when
@@ -616,7 +618,7 @@ def _check_policy(policy: str) -> None:
 def _rule_handler(rule: Callable[..., Any]) -> Handler:
     """A `rules` entry (`rule(*invals, **params)`) as a handler."""
 
-    def handler(interp: Interpreter, eqn: Any, invals: list[Any]) -> Any:
+    def handler(interp: Interpreter, eqn: compat.JaxprEqn, invals: list[Any]) -> Any:
         return rule(*invals, **eqn.params)
 
     handler.__wrapped__ = rule  # type: ignore[attr-defined]
@@ -638,7 +640,9 @@ def builtin_handler(
     """
 
     def decorate(fn: Callable[[Interpreter, Any, list[Any], str], Any]) -> Any:
-        def handler(interp: Interpreter, eqn: Any, invals: list[Any]) -> Any:
+        def handler(
+            interp: Interpreter, eqn: compat.JaxprEqn, invals: list[Any]
+        ) -> Any:
             policy = interp.policy_of(eqn)
             if policy == "opaque" or (
                 policy == "recursive" and rebind_when_identity and interp._identity

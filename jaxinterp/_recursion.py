@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any
 
 from . import _jax_compat as compat
 
@@ -28,7 +27,7 @@ DEEP_RECURSION_LIMIT = 12_000
 SHALLOW_NESTING = 8
 
 
-def nesting_depth(jaxpr: Any) -> int:
+def nesting_depth(jaxpr: compat.Jaxpr) -> int:
     """How deep sub-Jaxprs nest in `jaxpr` (0 for none); iterative, so any depth."""
     deepest = 0
     stack = [(compat.open_jaxpr(jaxpr), 0)]

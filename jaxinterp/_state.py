@@ -39,7 +39,7 @@ class _Functionalize(Interpreter):
     name: ClassVar[str] = "inverse"
     cache_subcalls: ClassVar[bool] = False
 
-    def process_eqn(self, eqn: Any, invals: list[Any]) -> list[Any]:
+    def process_eqn(self, eqn: compat.JaxprEqn, invals: list[Any]) -> list[Any]:
         prim = eqn.primitive
         name = prim.name
         if prim is compat.call_hi_primitive_p:
@@ -57,12 +57,12 @@ class _Functionalize(Interpreter):
             )
         return super().process_eqn(eqn, invals)
 
-    def _ref(self, eqn: Any, invals: list[Any]) -> list[Any]:
+    def _ref(self, eqn: compat.JaxprEqn, invals: list[Any]) -> list[Any]:
         name = eqn.primitive.name
         if name == "new_ref":
             return [_Box(invals[0])]
         if name == "empty_ref":
-            aval = eqn.outvars[0].aval.inner_aval
+            aval = eqn.outvars[0].aval.inner_aval  # type: ignore[attr-defined]
             return [_Box(lax.full(aval.shape, 0, aval.dtype))]
         box = invals[0]
         if type(box) is not _Box:
@@ -80,7 +80,9 @@ class _Functionalize(Interpreter):
             box.value = new
         return outs
 
-    def _scan3(self, eqn: Any, h: compat.HijaxParams, invals: list[Any]) -> list[Any]:
+    def _scan3(
+        self, eqn: compat.JaxprEqn, h: compat.HijaxParams, invals: list[Any]
+    ) -> list[Any]:
         """A hijax `Scan3` as a classic `scan` carrying its references' values."""
         boxes = [v for v in invals if type(v) is _Box]
         if any(
@@ -118,7 +120,7 @@ class _Functionalize(Interpreter):
         return list(ys)
 
 
-def _uses_state(jaxpr: Any) -> bool:
+def _uses_state(jaxpr: compat.Jaxpr) -> bool:
     """Whether `jaxpr` (or a sub-Jaxpr) uses mutable references or a `Scan3`."""
     return any(
         eqn.primitive.name in compat.REF_PRIMITIVES
@@ -134,7 +136,9 @@ def _uses_state(jaxpr: Any) -> bool:
 _cache = _caches.Cache(1024, weak=True)
 
 
-def functionalize(jaxpr: Any, consts: Sequence[Any]) -> tuple[Any, Sequence[Any]]:
+def functionalize(
+    jaxpr: compat.Jaxpr, consts: Sequence[Any]
+) -> tuple[Any, Sequence[Any]]:
     """`jaxpr` (open, with `consts`) without mutable references, or as it is.
 
     Raises:

@@ -41,7 +41,7 @@ class Staged:
         nesting: how deep sub-Jaxprs (of `jit`, `scan`...) nest, 0 for none.
     """
 
-    closed_jaxpr: Any
+    closed_jaxpr: compat.ClosedJaxpr
     in_tree: Any
     out_tree: Any
     in_avals: tuple[Any, ...]

@@ -50,7 +50,7 @@ def evaluate(
     return EvalInterpreter().transform(fn, static_argnums=static_argnums)
 
 
-def eval_jaxpr(closed_jaxpr: Any, *args: Any) -> list[Any]:
+def eval_jaxpr(closed_jaxpr: compat.ClosedJaxpr, *args: Any) -> list[Any]:
     """Evaluate a `ClosedJaxpr` on flat arguments with the walker.
 
     Args:
