@@ -657,7 +657,11 @@ def _sum_terms(terms: list[Any]) -> Any:
 
 
 def _generic_ildj(
-    rule: Any, ctx: InverseContext, eqn: Any, outs: list[Any], ins: list[Any]
+    rule: Any,
+    ctx: InverseContext,
+    eqn: compat.JaxprEqn,
+    outs: list[Any],
+    ins: list[Any],
 ) -> Any:
     """`log|det|` of the Jacobian of the rule's solution w.r.t. the results.
 

@@ -30,7 +30,7 @@ UNDETERMINED_NAN = frozenset(
 )
 
 
-def may_leave_undetermined(eqn: Any) -> bool:
+def may_leave_undetermined(eqn: compat.JaxprEqn) -> bool:
     """Whether `eqn`'s rule may return NaN for elements left undetermined."""
     if eqn.primitive.name not in UNDETERMINED_NAN:
         return False
@@ -40,7 +40,7 @@ def may_leave_undetermined(eqn: Any) -> bool:
 
 
 def nan_checks(
-    eqn: Any, outs: Sequence[Any], solved: Sequence[tuple[int, Any]]
+    eqn: compat.JaxprEqn, outs: Sequence[Any], solved: Sequence[tuple[int, Any]]
 ) -> list[tuple[Any, str]]:
     """For `strict` inversion: per solved floating operand, how many of its
     elements the step made NaN (0 when a result is NaN already), and what to
@@ -127,7 +127,7 @@ def chooser_kind(origin: Any) -> str:
     return "own"
 
 
-def branch_clash(eqn: Any, origin: Any, v: Any) -> NotInvertibleError:
+def branch_clash(eqn: compat.JaxprEqn, origin: Any, v: Any) -> NotInvertibleError:
     """The error for a principal-branch choice meeting a second constraint."""
     kind = chooser_kind(origin)
     if kind == "enclosing":
@@ -154,7 +154,7 @@ def branch_clash(eqn: Any, origin: Any, v: Any) -> NotInvertibleError:
 
 
 def check_image(
-    eqn: Any,
+    eqn: compat.JaxprEqn,
     ins: Sequence[Any],
     result_branches: Sequence[br.Interval | None],
     chooser: dict[Any, Any],
@@ -192,7 +192,7 @@ def check_image(
         )
 
 
-def known_summary(eqn: Any, ins: list[Any]) -> str:
+def known_summary(eqn: compat.JaxprEqn, ins: list[Any]) -> str:
     """Which operands of `eqn` are known, e.g. `operand 0 f32[3] known`."""
     parts = []
     for k, (v, val) in enumerate(zip(eqn.invars, ins, strict=True)):
@@ -202,7 +202,7 @@ def known_summary(eqn: Any, ins: list[Any]) -> str:
 
 
 def not_invertible_error(
-    jaxpr: Any, solution: Solution, missing: Sequence[int]
+    jaxpr: compat.Jaxpr, solution: Solution, missing: Sequence[int]
 ) -> NotInvertibleError:
     """Build the `NotInvertibleError` for unknown inputs `missing` of `jaxpr`."""
     names = ", ".join(
