@@ -96,14 +96,14 @@ def retrace_reference(closed: Any) -> Callable[[], Any]:
 
 
 def retrace_walker(closed: Any) -> Callable[[], Any]:
-    """Trace `jaxinterp.eval_jaxpr` walking `closed` (a fresh function each run).
+    """Trace `jaxinterp.eval_closed_jaxpr` walking `closed` (a fresh function each run).
 
     A fresh function per run keeps `jax.make_jaxpr` from answering from its
     tracing cache.
     """
 
     def run() -> None:
-        jax.make_jaxpr(lambda x, y: jaxinterp.eval_jaxpr(closed, x, y))(*SPECS)
+        jax.make_jaxpr(lambda x, y: jaxinterp.eval_closed_jaxpr(closed, x, y))(*SPECS)
 
     return run
 
@@ -116,13 +116,13 @@ def per_equation(sizes: tuple[int, ...], repeats: dict[int, int]) -> dict[int, A
         times = compare(
             {
                 "jax.core.eval_jaxpr": retrace_reference(closed),
-                "jaxinterp.eval_jaxpr": retrace_walker(closed),
+                "jaxinterp.eval_closed_jaxpr": retrace_walker(closed),
             },
             repeats=repeats[n],
         )
         for name, ts in times.items():
             print(f"  {name}, {n} eqns: {describe(ts, per=n)} per eqn")
-        names = ("jaxinterp.eval_jaxpr", "jax.core.eval_jaxpr")
+        names = ("jaxinterp.eval_closed_jaxpr", "jax.core.eval_jaxpr")
         print(f"  ratio of the fastest runs: {ratio(times, *names):.2f}")
         report(f"walker/eval_jaxpr ratio, {n} eqns", paired_ratio(times, *names), 1.10)
     return staged

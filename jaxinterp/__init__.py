@@ -3,6 +3,11 @@
 from . import _higher_order as _higher_order  # registers the built-in handlers
 from ._backward import BackwardWalker as BackwardWalker
 from ._caches import clear_caches as clear_caches
+from ._deprecated import (  # deprecated since 0.2, removed in the next release
+    eval_jaxpr as eval_jaxpr,
+    register_binary as register_binary,
+    register_elementwise as register_elementwise,
+)
 from ._env import Env as Env
 from ._errors import (
     CustomValueError as CustomValueError,
@@ -14,7 +19,7 @@ from ._errors import (
 )
 from ._eval._api import (
     EvalInterpreter as EvalInterpreter,
-    eval_jaxpr as eval_jaxpr,
+    eval_closed_jaxpr as eval_closed_jaxpr,
     evaluate as evaluate,
 )
 from ._eval._rules import eval_rules as eval_rules
@@ -37,8 +42,8 @@ from ._inverse._rules import (
     Piece as Piece,
     PieceResult as PieceResult,
     inverse_rules as inverse_rules,
-    register_binary as register_binary,
-    register_elementwise as register_elementwise,
+    register_binary_inverse as register_binary_inverse,
+    register_elementwise_inverse as register_elementwise_inverse,
 )
 from ._jax_compat import (
     SUPPORTED_JAX as SUPPORTED_JAX,

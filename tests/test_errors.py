@@ -18,7 +18,7 @@ from jaxinterp import (
     RuleError,
     RuleRegistry,
     StagingError,
-    eval_jaxpr,
+    eval_closed_jaxpr,
     evaluate,
     stage,
 )
@@ -140,20 +140,21 @@ def test_eval_jaxpr_checks_the_argument_count_and_types():
     with pytest.raises(
         StagingError,
         match=re.escape(
-            f"`eval_jaxpr` got 1 arguments ({F}[] (Python float)) for a Jaxpr "
+            f"`eval_closed_jaxpr` got 1 arguments ({F}[] (Python float)) for a Jaxpr "
             f"with 2 inputs ({F}[], {F}[3])."
         ),
     ):
-        eval_jaxpr(closed, 1.0)
+        eval_closed_jaxpr(closed, 1.0)
     with pytest.raises(
         StagingError,
-        match=re.escape(f"`eval_jaxpr` input 1 expects {F}[3], got {F}[4]."),
+        match=re.escape(f"`eval_closed_jaxpr` input 1 expects {F}[3], got {F}[4]."),
     ):
-        eval_jaxpr(closed, 1.0, jnp.ones(4))
+        eval_closed_jaxpr(closed, 1.0, jnp.ones(4))
     with pytest.raises(
-        StagingError, match=re.escape(f"`eval_jaxpr` input 0 expects {F}[], got i32[].")
+        StagingError,
+        match=re.escape(f"`eval_closed_jaxpr` input 0 expects {F}[], got i32[]."),
     ):
-        eval_jaxpr(closed, jnp.int32(1), jnp.ones(3))
+        eval_closed_jaxpr(closed, jnp.int32(1), jnp.ones(3))
 
 
 # ---------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""`evaluate` and `eval_jaxpr` against the functions themselves, over a corpus.
+"""`evaluate` and `eval_closed_jaxpr` against the functions themselves, over a corpus.
 
-Every row is checked bit for bit eagerly, through `eval_jaxpr`, and with
+Every row is checked bit for bit eagerly, through `eval_closed_jaxpr`, and with
 `compare_with_reference` under `jax.jit`, `jax.vmap` and `jax.grad`.
 """
 
@@ -20,7 +20,7 @@ from helpers import assert_tree_equal, compare_with_reference, run_python
 from jax import lax
 
 from conftest import FUTURE_FLAGS_ON
-from jaxinterp import eval_jaxpr, evaluate, stage
+from jaxinterp import eval_closed_jaxpr, evaluate, stage
 
 State = namedtuple("State", ["position", "velocity"])
 
@@ -385,11 +385,13 @@ def test_evaluate_is_bitwise_equal_to_the_function(fn, args, kwargs, opts):
 def test_eval_jaxpr_is_bitwise_equal_to_the_function(fn, args, kwargs, opts):
     staged = stage(fn, *args, **kwargs)
     leaves = jtu.tree_leaves((args, kwargs))
-    got = staged.unflatten_out(eval_jaxpr(staged.closed_jaxpr, *leaves))
+    got = staged.unflatten_out(eval_closed_jaxpr(staged.closed_jaxpr, *leaves))
     assert_tree_equal(got, fn(*args, **kwargs))
-    # `eval_jaxpr` also takes what `jax.make_jaxpr` returns.
+    # `eval_closed_jaxpr` also takes what `jax.make_jaxpr` returns.
     closed = jax.make_jaxpr(partial(fn, **kwargs))(*args)
-    assert_tree_equal(eval_jaxpr(closed, *jtu.tree_leaves(args)), jtu.tree_leaves(got))
+    assert_tree_equal(
+        eval_closed_jaxpr(closed, *jtu.tree_leaves(args)), jtu.tree_leaves(got)
+    )
 
 
 @pytest.mark.parametrize("fn, args, kwargs, opts", CORPUS)

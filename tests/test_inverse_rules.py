@@ -981,3 +981,32 @@ def test_a_rule_of_the_old_signature_is_adapted_with_a_deprecation_warning():
     np.testing.assert_allclose(sol.invals[0], np.zeros(3), atol=1e-7)
     assert seen == [((3,), False)]
     assert operand_aval(0) is None  # only inside the adapted call
+
+
+def test_built_in_rules_take_the_context_and_never_read_the_legacy_context_vars():
+    # Built-in rules read avals and "ildj wanted" from `ctx`; the ContextVars
+    # behind `operand_aval()` / `ildj_wanted()` serve adapted rules of the 0.1
+    # signature only, so only their own helpers may touch them.
+    import ast
+    from pathlib import Path
+
+    from jaxinterp._inverse._rules import _takes_context
+
+    for prim in inverse_rules:
+        rule = inverse_rules.get(prim)
+        assert _takes_context(rule), f"the rule for `{prim}` has the old signature"
+        assert not hasattr(rule, "__wrapped__"), f"`{prim}`'s rule is adapted"
+    legacy = {"_WANT_ILDJ", "_AVALS", "ildj_wanted", "operand_aval"}
+    helpers = {"ildj_wanted", "operand_aval", "_legacy_context"}
+    uses = []
+    for path in sorted(Path(jaxinterp.__file__).parent.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for top in tree.body:
+            if getattr(top, "name", None) in helpers:
+                continue
+            for node in ast.walk(top):
+                name = node.id if isinstance(node, ast.Name) else None
+                is_target = isinstance(top, ast.AnnAssign | ast.Assign)
+                if name in legacy and not is_target:
+                    uses.append(f"{path.name}:{node.lineno} {name}")
+    assert uses == []

@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 from jax import lax
 from strategies import batched_cases, elementwise_cases
 
-from jaxinterp import eval_jaxpr, evaluate, stage
+from jaxinterp import eval_closed_jaxpr, evaluate, stage
 
 
 @given(elementwise_cases())
@@ -29,7 +29,7 @@ def test_property_evaluate_is_bitwise_equal(case):
 def test_property_eval_jaxpr_is_bitwise_equal(case):
     fn, x = case
     closed = jax.make_jaxpr(fn)(x)
-    assert_tree_equal(eval_jaxpr(closed, x), jtu.tree_leaves(fn(x)))
+    assert_tree_equal(eval_closed_jaxpr(closed, x), jtu.tree_leaves(fn(x)))
 
 
 @settings(max_examples=15)

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import inspect
 import re
+import warnings
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
+from jax import lax
 
 import jaxinterp
 import jaxinterp.testing
@@ -88,3 +93,89 @@ def test_public_name_is_in_the_api_reference(module, name):
     assert re.search(pattern, API_PAGE.read_text(), flags=re.MULTILINE), (
         f"docs/api.md has no `::: {module}.{name}` entry"
     )
+
+
+# ---------------------------------------------------------------------------
+# Names renamed in 0.2: the old ones warn, then do what the new ones do.
+
+
+def _renamed_message(old: str, new: str) -> str:
+    return re.escape(
+        f"`jaxinterp.{old}` is deprecated since 0.2, removed in the next release: "
+        f"use `jaxinterp.{new}`, which takes the same arguments."
+    )
+
+
+def _run_rule(rule, outvals, *invals):
+    return rule(jaxinterp.InverseContext(), outvals, *invals)
+
+
+def test_register_elementwise_is_a_deprecated_alias():
+    y = jnp.linspace(-0.9, 0.9, 7)
+    new = jaxinterp.InverseRuleRegistry("new", parent=jaxinterp.inverse_rules)
+    old = jaxinterp.InverseRuleRegistry("old", parent=jaxinterp.inverse_rules)
+    jaxinterp.register_elementwise_inverse(
+        lax.tanh_p, jnp.arctanh, registry=new, override=True
+    )
+    with pytest.warns(
+        DeprecationWarning,
+        match=_renamed_message("register_elementwise", "register_elementwise_inverse"),
+    ):
+        jaxinterp.register_elementwise(
+            lax.tanh_p, jnp.arctanh, registry=old, override=True
+        )
+    (got,), got_ildj = _run_rule(old.get(lax.tanh_p), [y], None)
+    (want,), want_ildj = _run_rule(new.get(lax.tanh_p), [y], None)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got_ildj, want_ildj)
+    # And both against the closed form: x = atanh(y), log|dx/dy| = -log(1 - y^2).
+    np.testing.assert_allclose(got, np.arctanh(np.asarray(y)), rtol=1e-6)
+    np.testing.assert_allclose(
+        got_ildj, -np.sum(np.log1p(-(np.asarray(y) ** 2))), rtol=1e-5
+    )
+
+
+def test_register_binary_is_a_deprecated_alias():
+    y, b = jnp.arange(1.0, 6.0), jnp.full(5, 4.0)
+    new = jaxinterp.InverseRuleRegistry("new", parent=jaxinterp.inverse_rules)
+    old = jaxinterp.InverseRuleRegistry("old", parent=jaxinterp.inverse_rules)
+
+    def lhs(y, b):
+        return y - b
+
+    def rhs(y, a):
+        return y - a
+
+    jaxinterp.register_binary_inverse(lax.add_p, lhs, rhs, registry=new, override=True)
+    with pytest.warns(
+        DeprecationWarning,
+        match=_renamed_message("register_binary", "register_binary_inverse"),
+    ):
+        jaxinterp.register_binary(lax.add_p, lhs, rhs, registry=old, override=True)
+    got, got_ildj = _run_rule(old.get(lax.add_p), [y], None, b)
+    want, want_ildj = _run_rule(new.get(lax.add_p), [y], None, b)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[0], np.asarray(y) - np.asarray(b))
+    np.testing.assert_array_equal(got_ildj, want_ildj)
+
+
+def test_eval_jaxpr_is_a_deprecated_alias():
+    def f(x, y):
+        return jnp.sin(x) * y + 1.0
+
+    args = (jnp.linspace(0.0, 1.0, 4), jnp.float32(3.0))
+    closed = jax.make_jaxpr(f)(*args)
+    with pytest.warns(
+        DeprecationWarning, match=_renamed_message("eval_jaxpr", "eval_closed_jaxpr")
+    ):
+        got = jaxinterp.eval_jaxpr(closed, *args)
+    np.testing.assert_array_equal(got[0], jaxinterp.eval_closed_jaxpr(closed, *args)[0])
+    np.testing.assert_array_equal(got[0], f(*args))
+
+
+def test_interpreter_eval_jaxpr_keeps_its_name_and_does_not_warn():
+    closed = jax.make_jaxpr(lambda x: jnp.exp(x) - 1.0)(2.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        got = jaxinterp.EvalInterpreter().eval_jaxpr(closed.jaxpr, closed.consts, 2.0)
+    np.testing.assert_array_equal(got[0], jnp.exp(jnp.float32(2.0)) - 1.0)

@@ -1,4 +1,4 @@
-"""`evaluate` and `eval_jaxpr`: the identity transformation."""
+"""`evaluate` and `eval_closed_jaxpr`: the identity transformation."""
 
 from __future__ import annotations
 
@@ -50,8 +50,12 @@ def evaluate(
     return EvalInterpreter().transform(fn, static_argnums=static_argnums)
 
 
-def eval_jaxpr(closed_jaxpr: compat.ClosedJaxpr, *args: Any) -> list[Any]:
+def eval_closed_jaxpr(closed_jaxpr: compat.ClosedJaxpr, *args: Any) -> list[Any]:
     """Evaluate a `ClosedJaxpr` on flat arguments with the walker.
+
+    Unlike `Interpreter.eval_jaxpr(jaxpr, consts, *args)`, which mirrors
+    `jax.core.eval_jaxpr` and takes an open Jaxpr and its consts, this takes
+    the closed Jaxpr `jax.make_jaxpr` returns.
 
     Args:
         closed_jaxpr: the Jaxpr, as returned by `jax.make_jaxpr`.
@@ -67,7 +71,7 @@ def eval_jaxpr(closed_jaxpr: compat.ClosedJaxpr, *args: Any) -> list[Any]:
     Example:
         >>> import jax, jax.numpy as jnp
         >>> closed = jax.make_jaxpr(lambda x, y: x * y + 1.0)(2.0, 3.0)
-        >>> eval_jaxpr(closed, 2.0, 3.0)
+        >>> eval_closed_jaxpr(closed, 2.0, 3.0)
         [Array(7., dtype=float32, weak_type=True)]
     """
     jaxpr = compat.open_jaxpr(closed_jaxpr)
@@ -75,20 +79,20 @@ def eval_jaxpr(closed_jaxpr: compat.ClosedJaxpr, *args: Any) -> list[Any]:
     if len(args) != len(invars):
         expected = ", ".join(describe_aval(v.aval) for v in invars) or "none"
         raise StagingError(
-            f"`eval_jaxpr` got {len(args)} arguments ({describe_values(args)}) "
+            f"`eval_closed_jaxpr` got {len(args)} arguments ({describe_values(args)}) "
             f"for a Jaxpr with {len(invars)} inputs ({expected})."
         )
     for i, (var, arg) in enumerate(zip(invars, args, strict=True)):
         got = compat.aval_of(arg)
         if got.shape != var.aval.shape or got.dtype != var.aval.dtype:
             raise StagingError(
-                f"`eval_jaxpr` input {i} expects {describe_aval(var.aval)}, got "
+                f"`eval_closed_jaxpr` input {i} expects {describe_aval(var.aval)}, got "
                 f"{describe_value(arg)}."
             )
     with _recursion.recursion_limit(_recursion.DEEP_RECURSION_LIMIT):
         return _SHARED.eval_closed(closed_jaxpr, *args)
 
 
-# `eval_jaxpr` shares one interpreter, so the `jit`s it rebuilds inside a Jaxpr
+# `eval_closed_jaxpr` shares one interpreter, so the `jit`s it rebuilds inside a Jaxpr
 # stay cached (compiled once) across calls.
 _SHARED = EvalInterpreter()

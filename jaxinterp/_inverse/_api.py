@@ -48,7 +48,7 @@ def _describe(tree: Any, leaves: Sequence[Any]) -> str:
 class _Compiled:
     """The cached inverse of one staged signature, for one mode."""
 
-    closed: Any  # ClosedJaxpr: (*y, *known) -> ((*x, ildj) | (*x) | (ildj,), *counts)
+    closed: compat.ClosedJaxpr  # (*y, *known) -> ((*x, ildj) | (*x) | (ildj,), *counts)
     x_trees: tuple[Any, ...]
     n_x: int
     # `strict` mode: one message per NaN count appended to the outputs.
@@ -62,7 +62,7 @@ _jit_cache: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _caches.on_clear(_jit_cache.clear)
 
 
-def _jitted(closed: Any) -> Callable[..., list[Any]]:
+def _jitted(closed: compat.ClosedJaxpr) -> Callable[..., list[Any]]:
     fn = _jit_cache.get(closed)
     if fn is None:
         fn = jex_core.jaxpr_as_fun(closed)
@@ -72,7 +72,7 @@ def _jitted(closed: Any) -> Callable[..., list[Any]]:
     return fn
 
 
-def _pmap_across_processes(closed: Any) -> bool:
+def _pmap_across_processes(closed: compat.ClosedJaxpr) -> bool:
     """Whether `closed` runs an `xla_pmap` (`jax.pmap` before JAX 0.10) in a
     multi-process program, which JAX cannot run inside `jax.jit`: such an
     inverse runs equation by equation instead."""

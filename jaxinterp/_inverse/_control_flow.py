@@ -41,7 +41,7 @@ def _ildj_dtype(values: Sequence[Any]) -> Any:
 
 
 def _invert_closed(
-    closed: Any,
+    closed: compat.Jaxpr | compat.ClosedJaxpr,
     invals: Sequence[Any],
     outvals: Sequence[Any],
     out_branches: Sequence[br.Interval | None] | None = None,
@@ -250,7 +250,7 @@ _caches.on_clear(_jit_cache.clear)
 
 
 def _jitted_inverse(
-    closed: Any,
+    closed: compat.Jaxpr | compat.ClosedJaxpr,
     mask: tuple[bool, ...],
     name: str,
     baked: dict[int, Any],
@@ -387,7 +387,7 @@ def _cond_inverse(
     # Per operand, the union over the branches of the solved value's interval.
     op_branches: list[br.Interval | None] = [None] * len(ops)
 
-    def branch_inverse(closed: Any) -> Callable[..., Any]:
+    def branch_inverse(closed: compat.ClosedJaxpr) -> Callable[..., Any]:
         def inv(outs: list[Any], known_ops: list[Any]) -> tuple[list[Any], Any]:
             invals = _merge_known(mask, baked, known_ops)
             solved, ildj, got = _invert_closed(
@@ -424,7 +424,7 @@ def _cond_inverse(
 # known values only) and an unknown part that is solved backwards.
 
 
-def forward_known(jaxpr: Any, in_known: Sequence[bool]) -> list[bool]:
+def forward_known(jaxpr: compat.Jaxpr, in_known: Sequence[bool]) -> list[bool]:
     """Which outputs of `jaxpr` depend only on inputs marked known."""
     known: set[Any] = {v for v, k in zip(jaxpr.invars, in_known, strict=True) if k}
     known.update(jaxpr.constvars)
@@ -435,7 +435,7 @@ def forward_known(jaxpr: Any, in_known: Sequence[bool]) -> list[bool]:
 
 
 def _known_carry(
-    body: Any, n_before: int, carry_known: list[bool], rest_known: list[bool]
+    body: compat.Jaxpr, n_before: int, carry_known: list[bool], rest_known: list[bool]
 ) -> list[bool]:
     """Fixpoint of carries whose init is known and whose update stays known."""
     n_carry = len(carry_known)

@@ -126,7 +126,9 @@ class custom_inverse:  # noqa: N801 - named like jax.custom_jvp, a decorator
 
     # ------------------------------------------------------------------
 
-    def solve(self, outvals: Sequence[Any], invals: Sequence[Any], body: Any) -> Any:
+    def solve(
+        self, outvals: Sequence[Any], invals: Sequence[Any], body: compat.ClosedJaxpr
+    ) -> Any:
         """The inverse rule for the marker `jit`; `None` if it does not apply.
 
         The marker `jit` has the shapes `fn` was called with or, under

@@ -23,7 +23,7 @@ from ._rules import (
     InverseContext,
     describe_elements,
     inverse_rules,
-    register_elementwise,
+    register_elementwise_inverse,
     total,
     undetermined,
 )
@@ -60,63 +60,69 @@ def _log_cosh(y: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------
-# Unary maps. `register_elementwise(prim, inverse_fn, log|dx/dy|(y, x))`.
+# Unary maps. `register_elementwise_inverse(prim, inverse_fn, log|dx/dy|(y, x))`.
 
-register_elementwise(
+register_elementwise_inverse(
     lax.exp2_p,
     lambda y: lax.log(y) * (1 / _LN2),
     lambda y, x: -lax.log(y) - math.log(_LN2),
 )
-register_elementwise(lax.log1p_p, lax.expm1, lambda y, x: y)
-register_elementwise(lax.expm1_p, lax.log1p, lambda y, x: -lax.log1p(y))
-register_elementwise(lax.atanh_p, lax.tanh, lambda y, x: -2 * _log_cosh(y))
-register_elementwise(lax.sinh_p, lax.asinh, lambda y, x: -0.5 * _log1p_square(y))
-register_elementwise(lax.asinh_p, lax.sinh, lambda y, x: _log_cosh(y))
+register_elementwise_inverse(lax.log1p_p, lax.expm1, lambda y, x: y)
+register_elementwise_inverse(lax.expm1_p, lax.log1p, lambda y, x: -lax.log1p(y))
+register_elementwise_inverse(lax.atanh_p, lax.tanh, lambda y, x: -2 * _log_cosh(y))
+register_elementwise_inverse(
+    lax.sinh_p, lax.asinh, lambda y, x: -0.5 * _log1p_square(y)
+)
+register_elementwise_inverse(lax.asinh_p, lax.sinh, lambda y, x: _log_cosh(y))
 # Principal branch x >= 0 (`acosh` returns the non-negative root).
-register_elementwise(
+register_elementwise_inverse(
     lax.cosh_p, lax.acosh, lambda y, x: -0.5 * (lax.log(y - 1) + lax.log(y + 1))
 )
 # `acosh` is >= 0, so its inverse `cosh` needs no branch: log sinh(y).
-register_elementwise(
+register_elementwise_inverse(
     lax.acosh_p, lax.cosh, lambda y, x: y + lax.log(-lax.expm1(-2 * y)) - _LN2
 )
 # Principal branches: sin on [-pi/2, pi/2], cos on [0, pi], tan on (-pi/2, pi/2).
-register_elementwise(
+register_elementwise_inverse(
     lax.sin_p, lax.asin, lambda y, x: -0.5 * (lax.log1p(-y) + lax.log1p(y))
 )
-register_elementwise(
+register_elementwise_inverse(
     lax.cos_p, lax.acos, lambda y, x: -0.5 * (lax.log1p(-y) + lax.log1p(y))
 )
-register_elementwise(lax.tan_p, lax.atan, lambda y, x: -_log1p_square(y))
-register_elementwise(lax.asin_p, lax.sin, lambda y, x: _log_abs(lax.cos(y)))
-register_elementwise(lax.acos_p, lax.cos, lambda y, x: _log_abs(lax.sin(y)))
-register_elementwise(lax.atan_p, lax.tan, lambda y, x: -2 * _log_abs(lax.cos(y)))
-register_elementwise(
+register_elementwise_inverse(lax.tan_p, lax.atan, lambda y, x: -_log1p_square(y))
+register_elementwise_inverse(lax.asin_p, lax.sin, lambda y, x: _log_abs(lax.cos(y)))
+register_elementwise_inverse(lax.acos_p, lax.cos, lambda y, x: _log_abs(lax.sin(y)))
+register_elementwise_inverse(
+    lax.atan_p, lax.tan, lambda y, x: -2 * _log_abs(lax.cos(y))
+)
+register_elementwise_inverse(
     lax.logistic_p,
     lambda y: lax.log(y) - lax.log1p(-y),
     lambda y, x: -lax.log(y) - lax.log1p(-y),
 )
 # sqrt and rsqrt return non-negative values, so their inverses need no branch.
-register_elementwise(lax.sqrt_p, lax.square, lambda y, x: _LN2 + _log_abs(y))
-register_elementwise(
+register_elementwise_inverse(lax.sqrt_p, lax.square, lambda y, x: _LN2 + _log_abs(y))
+register_elementwise_inverse(
     lax.rsqrt_p,
     lambda y: lax.reciprocal(lax.square(y)),
     lambda y, x: _LN2 - 3 * _log_abs(y),
 )
-register_elementwise(
+register_elementwise_inverse(
     lax.cbrt_p, lambda y: y * y * y, lambda y, x: math.log(3.0) + 2 * _log_abs(y)
 )
 # Principal branch x >= 0.
-register_elementwise(lax.square_p, lax.sqrt, lambda y, x: -_LN2 - 0.5 * lax.log(y))
-register_elementwise(
+register_elementwise_inverse(
+    lax.square_p, lax.sqrt, lambda y, x: -_LN2 - 0.5 * lax.log(y)
+)
+register_elementwise_inverse(
     lax.erf_p, lax.erf_inv, lambda y, x: _LOG_SQRT_PI - _LN2 + lax.square(x)
 )
-register_elementwise(
+register_elementwise_inverse(
     lax.erfc_p,
     lambda y: lax.erf_inv(1 - y),
     lambda y, x: _LOG_SQRT_PI - _LN2 + lax.square(x),
 )
-register_elementwise(
+register_elementwise_inverse(
     lax.erf_inv_p, lax.erf, lambda y, x: _LN2 - _LOG_SQRT_PI - lax.square(y)
 )
 
@@ -233,7 +239,7 @@ def _register_binary(
     *,
     floats_only: bool = True,
 ) -> None:
-    """Like `register_binary`, with `solve_*(y, known) -> (x, log|dx/dy|)` and a
+    """Like `register_binary_inverse`, with `solve_*(y, known) -> (x, log|dx/dy|)` and a
     shape check against the unknown operand's aval (a broadcast scalar operand
     cannot be recovered)."""
 

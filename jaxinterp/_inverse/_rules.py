@@ -71,7 +71,7 @@ class InverseContext:
     @classmethod
     def of(
         cls,
-        eqn: Any,
+        eqn: compat.JaxprEqn,
         *,
         want_ildj: bool = True,
         result_branches: Sequence[Any] = (),
@@ -175,8 +175,9 @@ inverse_rules: InverseRuleRegistry = InverseRuleRegistry(
 Solve = Callable[..., Any]
 
 
-# The 0.3 rule signature read the context from ContextVars; they are set only
-# around rules of that form (see `InverseRuleRegistry`), for one release.
+# jaxinterp 0.1's rule signature read the context from ContextVars; they are
+# set only around rules of that form (see `InverseRuleRegistry`), for one
+# release. Built-in rules read `ctx` (a test checks that none reads these).
 _WANT_ILDJ: ContextVar[bool] = ContextVar("jaxinterp_want_ildj", default=True)
 
 
@@ -225,7 +226,7 @@ def elementwise_ildj(inverse_fn: Solve, y: Any) -> Any:
     return _sum_log_abs(dx)
 
 
-def register_elementwise(
+def register_elementwise_inverse(
     prim: Any,
     inverse_fn: Solve,
     log_abs_dinv: Solve | None = None,
@@ -274,7 +275,7 @@ def register_elementwise(
     return registry.register(prim, rule, override=override)
 
 
-def register_binary(
+def register_binary_inverse(
     prim: Any,
     solve_lhs: Solve | None,
     solve_rhs: Solve | None,
@@ -345,18 +346,20 @@ def zero_ildj(like: Any = None) -> Any:
 # ---------------------------------------------------------------------------
 # The core rules every other family builds on; more live in sibling modules.
 
-register_elementwise(lax.neg_p, lax.neg, lambda y, x: jnp.zeros_like(y))
-register_elementwise(lax.exp_p, lax.log, lambda y, x: -lax.log(y))
-register_elementwise(lax.log_p, lax.exp, lambda y, x: y)
-register_elementwise(lax.tanh_p, lax.atanh, lambda y, x: -lax.log1p(-lax.square(y)))
-register_binary(
+register_elementwise_inverse(lax.neg_p, lax.neg, lambda y, x: jnp.zeros_like(y))
+register_elementwise_inverse(lax.exp_p, lax.log, lambda y, x: -lax.log(y))
+register_elementwise_inverse(lax.log_p, lax.exp, lambda y, x: y)
+register_elementwise_inverse(
+    lax.tanh_p, lax.atanh, lambda y, x: -lax.log1p(-lax.square(y))
+)
+register_binary_inverse(
     lax.add_p,
     lambda y, b: lax.sub(y, b),
     lambda y, a: lax.sub(y, a),
     log_abs_dlhs=lambda y, b, a: 0.0,
     log_abs_drhs=lambda y, a, b: 0.0,
 )
-register_binary(
+register_binary_inverse(
     lax.sub_p,
     lambda y, b: lax.add(y, b),
     lambda y, a: lax.sub(a, y),
@@ -407,7 +410,7 @@ def _divide_back(y: Any, known: Any) -> Any:
     )
 
 
-register_binary(
+register_binary_inverse(
     lax.mul_p,
     _divide_back,
     _divide_back,

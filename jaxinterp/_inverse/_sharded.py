@@ -189,7 +189,7 @@ _register_host_global(
 
 
 def _shard_inverse(
-    jaxpr: Any,
+    jaxpr: compat.Jaxpr | compat.ClosedJaxpr,
     mask: Sequence[bool],
     n_out: int,
     out_branches: tuple[Any, ...],

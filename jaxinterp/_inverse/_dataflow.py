@@ -1,0 +1,234 @@
+"""The bookkeeping of one run of the inverse engine (see `_engine.py`).
+
+`SolveState` holds what a run knows: the values found so far, which equation
+produces and which read each variable, the worklist of equations to look at,
+the intervals of values that depend on a principal-branch choice (see
+`_branches.py`), values known only in pieces, and what each equation did. Its
+methods only keep these consistent; the engine decides what to solve.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from .. import _jax_compat as compat
+from .._env import Env
+from . import _branches as br
+
+_Literal = compat.Literal
+_DropVar = compat.DropVar
+
+# Equation states, as reported by `explain_inverse`.
+FORWARD = "forward"
+INVERTED = "inverted"
+BLOCKING = "blocking"
+UNUSED = "unused"
+
+
+@dataclasses.dataclass(frozen=True)
+class SolveOptions:
+    """How one run of the engine may solve (see `InverseWalker.solve`)."""
+
+    nan_checks: bool = False
+    want_ildj: bool = True
+    solvers: bool = True
+    blocks: bool = True
+
+
+class SolveState:
+    """The mutable state of one run of the engine over a Jaxpr.
+
+    Args:
+        jaxpr: the open Jaxpr being solved.
+        consts: values of its constvars.
+        invals: per invar, a value or `None` if unknown.
+        outvals: per outvar, a value or `None` if not given.
+        out_branches: per outvar, the interval a given output lies in when an
+            enclosing equation chose its branch, else `None` (or `None` for all).
+        options: how the run may solve.
+    """
+
+    def __init__(
+        self,
+        jaxpr: compat.Jaxpr,
+        consts: Sequence[Any],
+        invals: Sequence[Any],
+        outvals: Sequence[Any],
+        out_branches: Sequence[br.Interval | None] | None,
+        options: SolveOptions,
+    ) -> None:
+        self.jaxpr = jaxpr
+        self.eqns: list[compat.JaxprEqn] = jaxpr.eqns
+        self.options = options
+        n = len(self.eqns)
+        self.env = Env()
+        # Dicts below are keyed by `Var`s, typed `Any`: JAX types a Jaxpr's
+        # atoms as `Var | Literal`, and checks `type(v) is not Literal`
+        # (fast) do not narrow that for type checkers.
+        # Values that depend on a principal-branch choice: the interval each
+        # lies in, and the equation that chose (for messages; `None` for an
+        # enclosing equation, a `SolverOrigin` for a numerical solve).
+        self.taint: dict[Any, br.Interval] = {}
+        self.chooser: dict[Any, Any] = {}
+        # Values known only in parts (see `_rules.Pieces`), and the interval
+        # of the parts that came from a choice.
+        self.pieces: dict[Any, list[Any]] = {}
+        self.piece_branch: dict[Any, br.Interval] = {}
+        self.status = [UNUSED] * n
+        self.reasons: dict[int, str] = {}
+        self.methods: dict[int, str] = {}
+        self.ildj_terms: list[Any] = []
+        self.checks: list[tuple[Any, str]] = []
+        # A stack, last equation on top: inversion mostly runs backwards, so
+        # each equation of a chain is usually looked at once.
+        self.stack = list(range(n))
+        self.queued = bytearray(b"\x01") * n
+        self.done = bytearray(n)
+        # Equations whose rule would choose a principal branch wait here until
+        # no exact step can make progress (see `_branches.py`); `allowed` is
+        # the one let through last.
+        self.deferred: list[int] = []
+        self.allowed = -1
+        self._seed_known(consts, invals, outvals, out_branches)
+        self._index_uses()
+
+    def _seed_known(
+        self,
+        consts: Sequence[Any],
+        invals: Sequence[Any],
+        outvals: Sequence[Any],
+        out_branches: Sequence[br.Interval | None] | None,
+    ) -> None:
+        """Record the values known from the start: consts, inputs, outputs."""
+        jaxpr, env = self.jaxpr, self.env
+        v: Any
+        for v, val in zip(jaxpr.constvars, consts, strict=True):
+            env[v] = val
+        for v, val in zip(jaxpr.invars, invals, strict=True):
+            if val is not None:
+                env[v] = val
+        for k, (v, val) in enumerate(zip(jaxpr.outvars, outvals, strict=True)):
+            if val is not None and type(v) is not _Literal and v not in env:
+                env[v] = val
+                given = None if out_branches is None else out_branches[k]
+                if given is not None:
+                    self.taint[v] = given
+                    self.chooser[v] = None
+
+    def _index_uses(self) -> None:
+        """Index which equation produces and which read each variable."""
+        self.producer: dict[Any, int] = {}
+        self.consumers: dict[Any, list[int]] = {}
+        # How many unfinished equations still refer to each variable: a value
+        # is released once none does (long programs would otherwise keep every
+        # intermediate tracer alive, and the garbage collector's full passes
+        # over them make tracing super-linear).
+        self.pending: dict[Any, int] = {}
+        producer, consumers, pending = self.producer, self.consumers, self.pending
+        v: Any
+        for i, eqn in enumerate(self.eqns):
+            for v in eqn.outvars:
+                producer[v] = i
+                pending[v] = 1
+            for v in eqn.invars:
+                if type(v) is not _Literal:
+                    uses = consumers.get(v)
+                    if uses is None:
+                        consumers[v] = [i]
+                    elif uses[-1] == i:
+                        continue  # the same variable twice in one equation
+                    else:
+                        uses.append(i)
+                    pending[v] = pending.get(v, 0) + 1
+        jaxpr = self.jaxpr
+        protected: set[Any] = {*jaxpr.invars, *jaxpr.constvars}
+        protected.update(v for v in jaxpr.outvars if type(v) is not _Literal)
+        # The Jaxpr's own variables: never released.
+        self.protected = protected
+
+    # -- the worklist ---------------------------------------------------
+
+    def next_equation(self) -> int | None:
+        """The next equation to look at, or `None` when nothing is queued.
+
+        A deferred equation (one that would choose a branch) is let through,
+        as `allowed`, only once no other equation is queued.
+        """
+        while True:
+            if not self.stack:
+                if not self.deferred:
+                    return None
+                self.allowed = self.deferred.pop()
+                if self.done[self.allowed]:
+                    continue
+                self.stack.append(self.allowed)
+            i = self.stack.pop()
+            self.queued[i] = 0
+            if not self.done[i]:
+                return i
+
+    def learned(self, v: Any) -> None:
+        """Queue the unfinished equations that produce or read `v`."""
+        done, queued, stack = self.done, self.queued, self.stack
+        p = self.producer.get(v)
+        if p is not None and not done[p] and not queued[p]:
+            queued[p] = 1
+            stack.append(p)
+        for c in self.consumers.get(v, ()):
+            if not done[c] and not queued[c]:
+                queued[c] = 1
+                stack.append(c)
+
+    def finish(self, i: int, status: str) -> None:
+        """Mark equation `i` done (`status`) and release the values it held."""
+        self.done[i] = 1
+        self.status[i] = status
+        self.reasons.pop(i, None)
+        self.release(i)
+
+    # -- values ---------------------------------------------------------
+
+    def release(self, i: int) -> None:
+        """Equation `i` is finished: drop the values no other equation needs."""
+        eqn = self.eqns[i]
+        v: Any
+        for v in eqn.outvars:
+            self._drop(v)
+        invars = eqn.invars
+        for k, v in enumerate(invars):
+            if type(v) is not _Literal and not any(v is u for u in invars[:k]):
+                self._drop(v)
+
+    def _drop(self, v: Any) -> None:
+        left = self.pending[v] - 1
+        self.pending[v] = left
+        if not left and v not in self.protected:
+            self.env.pop(v, None)
+
+    def dropped(self, v: compat.Var) -> bool:
+        """Whether `v` is a result nobody reads (never known)."""
+        # JAX >= 0.8 leaves such results as plain `Var`s that appear nowhere
+        # else, older releases use `DropVar`.
+        return isinstance(v, _DropVar) or (
+            v not in self.consumers and v not in self.protected
+        )
+
+    def mark(self, v: Any, interval: br.Interval | None, origin: Any) -> None:
+        """Record that `v` lies in `interval`, chosen by `origin` (if any)."""
+        if interval is not None:
+            self.taint[v] = interval
+            self.chooser[v] = origin
+
+    def read(self, variables: Sequence[Any]) -> list[Any]:
+        """Values of `variables` (literals included), `None` where unknown."""
+        env = self.env
+        return [v.val if type(v) is _Literal else env.get(v) for v in variables]
+
+    def tainted(self, variables: Sequence[Any]) -> list[compat.Var]:
+        """The known `variables` whose value depends on a branch choice."""
+        taint, env = self.taint, self.env
+        return [
+            v for v in variables if type(v) is not _Literal and v in taint and v in env
+        ]
