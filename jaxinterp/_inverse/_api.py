@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import threading
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -58,8 +57,7 @@ class _Compiled:
         return self.closed, _jitted(self.closed)
 
 
-_jit_cache: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-_caches.on_clear(_jit_cache.clear)
+_jit_cache = _caches.Cache(1024, weak=True)
 
 
 def _jitted(closed: compat.ClosedJaxpr) -> Callable[..., list[Any]]:
@@ -68,7 +66,7 @@ def _jitted(closed: compat.ClosedJaxpr) -> Callable[..., list[Any]]:
         fn = jex_core.jaxpr_as_fun(closed)
         if not _pmap_across_processes(closed):
             fn = jax.jit(fn)
-        _jit_cache[closed] = fn
+        _jit_cache.put(closed, fn)
     return fn
 
 
@@ -81,11 +79,9 @@ def _pmap_across_processes(closed: compat.ClosedJaxpr) -> bool:
     return any(eqn.primitive is compat.pmap_p for eqn in closed.jaxpr.eqns)
 
 
-_compiled_cache: weakref.WeakKeyDictionary[Staged, dict[Any, _Compiled]] = (
-    weakref.WeakKeyDictionary()
-)
+# Per staged function, its compiled inverses by signature and mode.
+_compiled_cache = _caches.Cache(1024, weak=True)
 _compiled_lock = threading.Lock()
-_caches.on_clear(_compiled_cache.clear)
 
 
 def _num_positional(fn: Callable[..., Any]) -> int:
@@ -288,7 +284,9 @@ def _compile(
     """
     key = (mask, tuple(_spec(y) for y in y_leaves), mode, strict, solvers)
     with _compiled_lock:
-        per_staged = _compiled_cache.setdefault(staged, {})
+        per_staged = _compiled_cache.get(staged)
+        if per_staged is None:
+            per_staged = _compiled_cache.put(staged, {})
         hit = per_staged.get(key)
     if hit is not None:
         return hit

@@ -245,8 +245,8 @@ def _merge_known(
     ]
 
 
-_jit_cache: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
-_caches.on_clear(_jit_cache.clear)
+# Per `jit` body, its inverses by (mask, ildj wanted, branches, shardings).
+_jit_cache = _caches.Cache(1024, weak=True)
 
 
 def _jitted_inverse(
@@ -272,7 +272,9 @@ def _jitted_inverse(
     """
     # JAX caches the trace per function: one function per (mask, ildj wanted,
     # branch intervals of the results). Tracing fills `branches_in`.
-    per_body = _jit_cache.setdefault(closed, {})
+    per_body = _jit_cache.get(closed)
+    if per_body is None:
+        per_body = _jit_cache.put(closed, {})
     key = (mask, wanted, solvers, out_branches, shardings)
     got = None if baked else per_body.get(key)
     if got is not None:
