@@ -335,10 +335,15 @@ def test_clear_caches_forgets_everything_and_results_stay():
         y = jax.jit(lambda a: jnp.sin(a) * 2.0)(x)
         return lax.scan(lambda c, a: (c + a, c), 0.0, y)[0] + jnp.exp(x).sum()
 
+    class Walking(jaxinterp.EvalInterpreter):
+        """Changes something (a handler), so it walks and rebuilds the `jit`."""
+
+    Walking.register(lax.exp_p, lambda interp, eqn, invals: [jnp.exp(*invals)])
     x = jnp.array([0.3, -0.2, 0.5])
-    interp = jaxinterp.EvalInterpreter()
+    interp = Walking()
     run = interp.transform(f)
     first = run(x)
+    run(x)  # the second eager walk compiles the fused plan
     inv = jaxinterp.inverse(lambda x: jnp.exp(x) * 2.0)
     x_rec = inv(jnp.exp(x) * 2.0)
     assert jaxinterp._trace.cache_size(f) == 1 and interp._subcalls
