@@ -286,7 +286,7 @@ class EagerPlan:
         if prim is compat.jit_p:
             # An interpreter that changes nothing re-binds a `jit` (JAX has
             # compiled it already) until the plan is worth compiling for.
-            identity = not fused and type(interp).changes_nothing()
+            identity = not fused and interp.rebinds()
             fn = None if identity else _jit_callable(interp, eqn)
         elif prim in type(interp).dispatch_table():
             fn = None  # a built-in higher-order handler, through `process_eqn`

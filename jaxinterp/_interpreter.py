@@ -261,6 +261,17 @@ class Interpreter:
         cls.dispatch_table()
         return cls._identity
 
+    def rebinds(self) -> bool:
+        """Whether this interpreter re-binds higher-order primitives under
+        `recursive` (see `changes_nothing`): its class changes nothing and no
+        policy of its is `inline` (which would drop constructs nested in
+        the bodies)."""
+        return (
+            type(self).changes_nothing()
+            and self.higher_order != "inline"
+            and "inline" not in self._policies.values()
+        )
+
     def __init__(
         self,
         *,
@@ -645,7 +656,7 @@ def builtin_handler(
         ) -> Any:
             policy = interp.policy_of(eqn)
             if policy == "opaque" or (
-                policy == "recursive" and rebind_when_identity and interp._identity
+                policy == "recursive" and rebind_when_identity and interp.rebinds()
             ):
                 return interp.default_rule(eqn, invals)
             return fn(interp, eqn, invals, policy)

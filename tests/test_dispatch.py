@@ -206,3 +206,28 @@ def test_a_handler_on_interpreter_serves_every_interpreter():
     finally:
         jaxinterp.Interpreter.unregister(logged_call_p)
     assert logged_call_p not in jaxinterp.higher_order_primitives()
+
+
+def test_an_interpreter_that_changes_nothing_rebinds_constructs():
+    inner = jax.jit(lambda v: jnp.sin(v) * 2.0)
+
+    def f(x):
+        return inner(x) + lax.cond(x.sum() > 0, jnp.cos, jnp.sin, x)
+
+    x = jnp.array([0.3, 0.4])
+    assert jaxinterp.EvalInterpreter.changes_nothing()
+    assert jaxinterp.EvalInterpreter().rebinds()
+    staged = jaxinterp.stage(f, x).closed_jaxpr
+    walked = jax.make_jaxpr(jaxinterp.evaluate(f))(x)
+    body = {e.primitive.name: e for e in staged.jaxpr.eqns}
+    again = {e.primitive.name: e for e in walked.jaxpr.eqns}
+    jit_name = jaxinterp._jax_compat.jit_p.name
+    # The very same bodies: re-bound, not walked and traced again.
+    assert again[jit_name].params["jaxpr"] is body[jit_name].params["jaxpr"]
+    assert again["cond"].params["branches"] == body["cond"].params["branches"]
+    np.testing.assert_allclose(jaxinterp.evaluate(f)(x), f(x))
+    # An `inline` policy changes nested constructs: no longer re-bound.
+    inlining = jaxinterp.EvalInterpreter(policies={"cond": "inline"})
+    assert not inlining.rebinds()
+    SinToCos = _sin_to_cos_class()
+    assert not SinToCos.changes_nothing()
