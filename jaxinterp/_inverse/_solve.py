@@ -46,6 +46,15 @@ from jax import lax
 # map defined on (0, 1) or on the positive reals has a point to start from.
 _STARTS = (0.0, 0.5, -0.5, 1.0, -1.0, 2.0, -2.0)
 
+# The fast path's Newton steps come in rounds (fused), at most this many.
+_MAX_ROUNDS = 16
+
+
+def _newton_round(y: Any) -> int:
+    """Newton steps in a round of the fast path: from a start within about
+    10%, enough for the dtype's precision (convergence is quadratic)."""
+    return 4 if jnp.finfo(jnp.result_type(y)).bits <= 32 else 6
+
 Elementwise = Callable[..., Any]  # g(x, *known) -> y, elementwise in x
 
 
@@ -135,6 +144,100 @@ def _finite(v: Any) -> Any:
 
 
 def _find_roots(g: Callable[[Any], Any], y: Any) -> Any:
+    """`x` with `g(x) == y` per element, NaN where none is accepted.
+
+    A fast path first, with no loop, which XLA compiles to a pass or two
+    over the elements: the best of the fixed starts, a few Newton steps, and
+    the acceptance test of the full search (`_accept`). Only when some
+    element is left undecided does the full search (`_search`) run, for all
+    elements, inside a `while_loop` of at most one step: a `cond` that stays
+    lazy under `vmap` (a batched `cond` runs both branches; the loop runs
+    once if any member needs it).
+    """
+    # One value out of the fast path (NaN: not accepted), so that XLA keeps
+    # it one fusion (an intermediate with two consumers is materialised).
+    x_fast = _fast(g, y)
+    nan = jnp.full_like(y, jnp.nan)
+    # A NaN `y` is NaN either way.
+    need = jnp.isnan(x_fast) & ~jnp.isnan(y)
+    any_need = jnp.any(need)
+
+    # XLA hoists work that does not depend on a loop's state out of the
+    # loop, and inlines a loop it can prove runs at most once; either would
+    # run the search always. So the search reads `y` through the loop's flag
+    # (false inside the loop: `y` itself), and the state starts behind an
+    # optimisation barrier (the trip count is unknown).
+    def body(state: tuple[Any, Any]) -> tuple[Any, Any]:
+        ran, x = state
+        return jnp.bool_(True), jnp.where(need, _search(g, jnp.where(ran, nan, y)), x)
+
+    start = lax.optimization_barrier((jnp.bool_(False), x_fast))
+    _, x = lax.while_loop(lambda s: ~s[0] & any_need, body, start)
+    return x
+
+
+def _fast(g: Callable[[Any], Any], y: Any) -> Any:
+    """A root by a few Newton steps from the best of the fixed starts, where
+    `_accept` accepts it, else NaN. No loop: one pass of XLA."""
+
+    def value_and_slope(x: Any) -> tuple[Any, Any]:
+        return jax.jvp(g, (x,), (jnp.ones_like(x),))
+
+    x = jnp.full_like(y, jnp.nan)
+    best = jnp.full_like(y, jnp.inf)
+    for s in [y, *(jnp.full_like(y, s) for s in _STARTS)]:
+        fs = g(s) - y
+        better = _finite(fs) & ~(jnp.abs(fs) >= jnp.abs(best)) & jnp.isfinite(s)
+        x = jnp.where(better, s, x)
+        best = jnp.where(better, fs, best)
+    eps, tiny = jnp.finfo(jnp.result_type(y)).eps, jnp.finfo(jnp.result_type(y)).tiny
+
+    def newton(x: Any, previous: Any = None) -> tuple[Any, Any]:
+        gx, slope = value_and_slope(x)
+        residual = gx - y
+        step = jnp.where(residual == 0, x, x - residual / slope)
+        if previous is None:
+            return step, None
+        # A step that left the domain (NaN) goes back halfway.
+        outside = jnp.isnan(residual)
+        return (
+            jnp.where(outside, previous / 2 + x / 2, step),
+            jnp.where(outside, previous, x),
+        )
+
+    # Newton steps in rounds of a few, fused; another round while the
+    # residual of some element is not yet down to rounding (a far root:
+    # Newton's steps double on the way).
+    def cond(state: tuple[Any, ...]) -> Any:
+        i, *_, moving = state
+        return (i < _MAX_ROUNDS) & jnp.any(moving)
+
+    def body(state: tuple[Any, ...]) -> tuple[Any, ...]:
+        i, x, x0, moving = state
+        # Where a step left the domain (NaN), start again from the start,
+        # going back halfway from each step outside (the first round,
+        # fused with the starts, does not: it keeps one value per element).
+        previous = None
+        if i is not None:
+            x = previous = jnp.where(jnp.isnan(x), x0, x)
+        for _ in range(_newton_round(y)):
+            x, previous = newton(x, previous)
+        at, slope = value_and_slope(x)
+        moving = moving & ~_close(y, x, at, slope)
+        return (0 if i is None else i + 1), x, x0, moving
+
+    # The first round outside the loop: the loop usually runs no round.
+    _, x1, _, moving = body((None, x, x, ~jnp.isnan(x)))
+    state = (jnp.int32(1), x1, x, moving)
+    _, x, _, _ = lax.while_loop(cond, body, state)
+    at, slope = value_and_slope(x)
+    close, single = _accept(g, y, x, at, slope)
+    return jnp.where(close & single, x, jnp.nan)
+
+
+def _search(g: Callable[[Any], Any], y: Any) -> Any:
+    """The full search (steps 1 to 4 of the module's docstring), for every
+    element: what the fast path (`_find_roots`) leaves undecided."""
     dtype = jnp.result_type(y)
     finfo = jnp.finfo(dtype)
     eps, tiny = finfo.eps, finfo.tiny
@@ -294,18 +397,34 @@ def _find_roots(g: Callable[[Any], Any], y: Any) -> Any:
     # or, where `g` rounds intermediates larger than `y`, a sign change of
     # the residual across a few ulps of `x` with a residual below
     # `sqrt(eps) * (1 + |y|)` (a jump of a discontinuous `g` is larger).
-    _, slope = jax.jvp(g, (x,), (jnp.ones_like(x),))
-    scale = jnp.abs(y) + jnp.abs(x * jnp.where(jnp.isfinite(slope), slope, 0.0))
-    close = jnp.abs(fx) <= 16 * eps * scale + 16 * tiny
+    at, slope = jax.jvp(g, (x,), (jnp.ones_like(x),))
+    close, single = _accept(g, y, x, at, slope)
     tight = width_small(neg, pos) & ~jnp.isnan(neg) & ~jnp.isnan(pos)
     small = jnp.abs(fx) <= jnp.sqrt(eps) * (1 + jnp.abs(y))
     ok = bracketed & (close | (tight & small))
-    # ... and not where many `x` share `y`: on a plateau (a constant branch,
-    # a saturated clamp: `g'(x) == 0` and `g` flat on a side) or at an
-    # extremum (both neighbours on one side of `g(x)`, beyond rounding, for
-    # steps of three sizes; a neighbour outside the domain, NaN, counts as
-    # neither).
-    at = g(x)
+    return jnp.where(ok & single, x, jnp.nan)
+
+
+def _close(y: Any, x: Any, at: Any, slope: Any) -> Any:
+    """Whether `at = g(x)` is `y` within rounding: of `y`, and of `x` through
+    `slope = g'(x)`."""
+    finfo = jnp.finfo(jnp.result_type(y))
+    eps, tiny = finfo.eps, finfo.tiny
+    scale = jnp.abs(y) + jnp.abs(x * jnp.where(jnp.isfinite(slope), slope, 0.0))
+    return jnp.abs(at - y) <= 16 * eps * scale + 16 * tiny
+
+
+def _accept(g: Callable[[Any], Any], y: Any, x: Any, at: Any, slope: Any) -> Any:
+    """`(close, single)` per element, for a candidate `x` with `g(x) = at`
+    and `g'(x) = slope`: whether `at` is `y` within rounding (of `y`, and of
+    `x` through `g'`), and whether no other `x` nearby shares it: not on a
+    plateau (a constant branch, a saturated clamp: `g'(x) == 0` and `g` flat
+    on a side) nor at an extremum (both neighbours on one side of `g(x)`,
+    beyond rounding, for steps of three sizes; a neighbour outside the
+    domain, NaN, counts as neither)."""
+    finfo = jnp.finfo(jnp.result_type(y))
+    eps, tiny = finfo.eps, finfo.tiny
+    close = _close(y, x, at, slope)
     noise = 4 * eps * jnp.abs(at) + tiny
     extremum = jnp.zeros(jnp.shape(y), bool)
     flat_below = flat_above = jnp.ones(jnp.shape(y), bool)
@@ -318,4 +437,4 @@ def _find_roots(g: Callable[[Any], Any], y: Any) -> Any:
         flat_below = flat_below & ~(jnp.abs(below) > noise)
         flat_above = flat_above & ~(jnp.abs(above) > noise)
     single = ((slope != 0) | ~(flat_below | flat_above)) & ~extremum
-    return jnp.where(ok & single, x, jnp.nan)
+    return close, single
