@@ -213,7 +213,9 @@ def judge_tangent_grad(got: Any, want: Any, jac: np.ndarray) -> Outcome:
         want_t = jac.T @ flat(want)
         detail.update(want=brief(want), tangent_library=brief(want_t))
     if excess(got_t, ones, GRAD_TOL, scale) > 1:
-        return Outcome("wrong", "gradient is not 1 along the image's tangents", **detail)
+        return Outcome(
+            "wrong", "gradient is not 1 along the image's tangents", **detail
+        )
     if want_t is not None and excess(got_t, want_t, GRAD_TOL, scale) <= 1:
         note = "differs from the library's only normal to the image (a left inverse)"
     else:
