@@ -58,13 +58,14 @@ from jax import lax
 # map defined on (0, 1) or on the positive reals has a point to start from.
 _STARTS = (0.0, 0.5, -0.5, 1.0, -1.0, 2.0, -2.0)
 
-# The fast path's Newton steps come in rounds (fused), at most this many.
+# The second tier's rounds of Newton steps (each fused): at most this many.
 _MAX_ROUNDS = 4
 
 
 def _newton_round(y: Any) -> int:
-    """Newton steps in a round of the fast path: from a start within about
-    10%, enough for the dtype's precision (convergence is quadratic)."""
+    """Newton steps in the first tier, and in each round of the second: from
+    a start within about 10%, enough for the dtype's precision (convergence
+    is quadratic)."""
     return 4 if jnp.finfo(jnp.result_type(y)).bits <= 32 else 6
 
 
@@ -307,10 +308,12 @@ def _rounds(g: Callable[[Any], Any], y: Any, otherwise: Callable[[Any], Any]) ->
         previous = x
         settled = jnp.zeros(jnp.shape(y), bool)
         for _ in range(_newton_round(y)):
-            step, settled = _newton(g, y, x)
-            outside = jnp.isnan(step)
+            moved, settled = _newton(g, y, x)
+            # NaN: `x` itself is outside the domain; back halfway to the
+            # last point inside.
+            outside = jnp.isnan(moved)
             x, previous = (
-                jnp.where(outside, previous / 2 + x / 2, step),
+                jnp.where(outside, previous / 2 + x / 2, moved),
                 jnp.where(outside, previous, x),
             )
         return x, settled
