@@ -642,9 +642,12 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
     known operands are constants, else NaN where it turns."""
     if not any(compat.is_tracer(k) for k in known):
         shape, dtype = jnp.shape(y), jnp.result_type(y)
+        uniform = all(not jnp.shape(k) for k in known)
         with jax.ensure_compile_time_eval():
             ok = np.asarray(
-                _solve.monotone_on_grid(lambda x: block.g(x, *known), shape, dtype)
+                _solve.monotone_on_grid(
+                    lambda x: block.g(x, *known), shape, dtype, uniform=uniform
+                )
             )
         if not ok.all():
             raise NotInvertibleError(

@@ -1,0 +1,187 @@
+"""The elementwise solver's tiers (`jaxinterp/_inverse/_solve.py`).
+
+`_find_roots` decides most elements in a fused first pass and runs its later
+tiers (Newton rounds, then the full search) only for what is left. These
+tests hold it to the full search (`_search`, a different algorithm:
+bracketing plus safeguarded Newton from scratch) and to closed forms, over
+maps whose elements need each tier.
+"""
+
+from __future__ import annotations
+
+import functools as ft
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import jaxinterp
+from jaxinterp._inverse import _solve
+from jaxinterp.testing import compare_with_reference
+
+
+def softsign(x):
+    return x / (1 + jnp.abs(x))
+
+
+def logit(x):  # defined on (0, 1) only: Newton steps leave the domain
+    return jnp.log(x) - jnp.log1p(-x)
+
+
+def cubic(x):
+    return x**3 + x
+
+
+def sinh_arcsinh(x):
+    return jnp.sinh(1.3 * jnp.arcsinh(x) + 0.2)
+
+
+# (map, closed-form inverse or None, sampler bounds for x)
+MAPS = {
+    "softsign": (softsign, lambda y: y / (1 - jnp.abs(y)), (-300.0, 300.0)),
+    "logit": (logit, jax.nn.sigmoid, (0.002, 0.998)),
+    "cubic": (cubic, None, (-50.0, 50.0)),
+    "sinh_arcsinh": (
+        sinh_arcsinh,
+        lambda y: jnp.sinh((jnp.arcsinh(y) - 0.2) / 1.3),
+        (-30.0, 30.0),
+    ),
+}
+
+
+# Compiled once per map (one shape throughout: `SIZE` elements).
+SIZE = 16
+_TIERED = {
+    name: jax.jit(ft.partial(_solve._find_roots, g)) for name, (g, *_) in MAPS.items()
+}
+_FULL = {name: jax.jit(ft.partial(_solve._search, g)) for name, (g, *_) in MAPS.items()}
+
+
+def _xs(data, bounds, label="x"):
+    low, high = (float(np.float32(b)) for b in bounds)
+    values = data.draw(
+        st.lists(st.floats(low, high, width=32), min_size=SIZE, max_size=SIZE),
+        label=label,
+    )
+    return jnp.asarray(values, jnp.float32)
+
+
+def _tolerance(g, x):
+    """How far two preimages within rounding of `y = g(x)` may be apart:
+    a few ulps of `y` through `1 / g'(x)`, plus a few ulps of `x`."""
+    slope = jax.vmap(jax.grad(g))(x)
+    eps = float(jnp.finfo(jnp.float32).eps)
+    y = g(x)
+    return 64 * eps * (jnp.abs(y) + jnp.abs(x * slope)) / jnp.abs(slope) + 8 * eps * (
+        1 + jnp.abs(x)
+    )
+
+
+@given(st.data())
+def test_tiers_agree_with_the_full_search(data):
+    name = data.draw(st.sampled_from(sorted(MAPS)), label="map")
+    g, _, bounds = MAPS[name]
+    x = _xs(data, bounds)
+    y = g(x)
+    got = _TIERED[name](y)
+    full = _FULL[name](y)
+    assert not np.isnan(np.asarray(full)).any(), (x, full)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(full))
+    assert np.all(np.abs(got - full) <= _tolerance(g, x)), (x, got, full)
+
+
+@pytest.mark.parametrize("name", [k for k, v in sorted(MAPS.items()) if v[1]])
+def test_inverse_matches_the_closed_form_eager_jit_vmap_and_grad(name):
+    g, closed_form, (low, high) = MAPS[name]
+    # Points across the range, the far ones needing the later tiers.
+    x = jnp.linspace(low, high, 61, dtype=jnp.float32)
+    y = g(x)
+    batch = jnp.stack([y, g(x / 2)])  # both in the image
+    compare_with_reference(
+        jaxinterp.inverse(g),
+        closed_form,
+        (y,),
+        rtol=2e-3,
+        atol=1e-4,
+        vmap_args=(batch,),
+    )
+
+
+def test_each_tier_is_needed_by_some_map():
+    # The fixture above is only worth its name if the later tiers run (in
+    # float32; float64 takes more Newton steps a round):
+    # softsign far out needs more Newton rounds than the first pass takes,
+    # and logit near its ends needs the full search.
+    x = jnp.linspace(-300.0, 300.0, 1001, dtype=jnp.float32)
+    first = _solve._fast(softsign, softsign(x))
+    assert np.isnan(np.asarray(first)).any()
+    x = jnp.linspace(0.002, 0.998, 1001, dtype=jnp.float32)
+    y = logit(x)
+    rounds = _solve._rounds(logit, y, lambda y: jnp.full_like(y, jnp.nan))
+    assert np.isnan(np.asarray(rounds)).any()
+    np.testing.assert_allclose(_solve._find_roots(logit, y), x, rtol=1e-4)
+
+
+def test_outside_the_image_is_nan_in_every_tier():
+    y = jnp.array([0.5, 1.5, -2.0, 0.999, jnp.nan])
+    got = jax.jit(lambda y: _solve._find_roots(softsign, y))(y)
+    want = jnp.array([1.0, jnp.nan, jnp.nan, 999.0, jnp.nan])
+    np.testing.assert_allclose(got, want, rtol=1e-3)
+
+
+def test_vmap_runs_a_later_tier_for_one_member_only_where_needed():
+    def scaled(x, a):
+        return x / (a + jnp.abs(x)) + 0.01 * x
+
+    # The second member has a root far out (about 2900): later tiers.
+    y = jnp.array([[0.5, 0.2, 0.9], [0.3, 30.0, -0.4]])
+    a = jnp.array([1.0, 2.0])
+    inv = jaxinterp.inverse(scaled, argnums=0)
+    got = jax.vmap(inv)(y, a)
+    loop = jnp.stack([inv(y[i], a[i]) for i in range(2)])
+    np.testing.assert_allclose(got, loop, rtol=1e-5)
+    np.testing.assert_allclose(scaled(got, a[:, None]), y, rtol=1e-5, atol=1e-6)
+
+
+def scaled(x, a):
+    return x / (a + jnp.abs(x))
+
+
+_scaled_inverse = jax.jit(jaxinterp.inverse(scaled, argnums=0))
+
+
+@given(st.floats(0.5, 3.0, width=32), st.data())
+def test_a_traced_scalar_parameter_checks_the_grid_like_a_constant(a, data):
+
+    x = _xs(data, (-50.0, 50.0))
+    y = scaled(x, a)
+    traced = _scaled_inverse(y, jnp.float32(a))
+    np.testing.assert_allclose(traced, a * y / (1 - jnp.abs(y)), rtol=1e-3, atol=1e-5)
+
+
+def test_a_traced_scalar_parameter_that_makes_the_map_turn_gives_nan():
+    def quadratic(x, a):  # x**2 + a*x turns at -a/2: not injective
+        return x * x + a * x
+
+    inv = jax.jit(jaxinterp.inverse(quadratic, argnums=0))
+    got = inv(jnp.array([0.5, 2.0, 6.0]), jnp.float32(1.0))
+    assert np.isnan(np.asarray(got)).all(), got
+
+
+def test_the_uniform_grid_check_matches_the_loop():
+    maps = [
+        softsign,
+        logit,
+        cubic,
+        lambda x: x / (1 - x),  # a pole: rises on both sides
+        lambda x: x * x,
+        lambda x: x + 2 * jnp.sin(x),
+        lambda x: -jnp.expm1(-x) * jnp.exp(-0.7 * jnp.exp(-x)),
+    ]
+    for shape in [(1,), (7,), (3, 5), (200,)]:
+        for g in maps:
+            loop = _solve.monotone_on_grid(g, shape, jnp.float32)
+            once = _solve.monotone_on_grid(g, shape, jnp.float32, uniform=True)
+            np.testing.assert_array_equal(loop, once)
