@@ -389,9 +389,13 @@ def test_call_primitives(kind):
     closed = _call_jaxpr(kind)
     reference = jex.core.jaxpr_as_fun(closed)
 
-    assert_tree_equal(jaxinterp.eval_jaxpr(closed, X), reference(X))
-    staged = jax.make_jaxpr(lambda x: jaxinterp.eval_jaxpr(closed, x))(X)
-    assert top_level_primitives(staged)[0] is jex.core.primitives.closed_call_p
+    assert_tree_equal(jaxinterp.eval_closed_jaxpr(closed, X), reference(X))
+    # `evaluate`'s interpreter changes nothing: it re-binds the call as it is.
+    staged = jax.make_jaxpr(lambda x: jaxinterp.eval_closed_jaxpr(closed, x))(X)
+    assert top_level_primitives(staged)[0] is top_level_primitives(closed)[0]
+    # One that walks the body rebuilds a `core_call` as a `closed_call`.
+    walked = jax.make_jaxpr(lambda x: SinToCos().eval_closed(closed, x))(X)
+    assert top_level_primitives(walked)[0] is jex.core.primitives.closed_call_p
 
     cos_expected = jnp.cos(X) * 2.0 + 1.0
     tree_allclose(SinToCos().eval_closed(closed, X)[0], cos_expected)
@@ -404,11 +408,13 @@ def test_call_primitives(kind):
     assert "call" not in primitive_names(inline)
 
     tree_allclose(
-        jax.grad(lambda x: jaxinterp.eval_jaxpr(closed, x)[0].sum())(X),
+        jax.grad(lambda x: jaxinterp.eval_closed_jaxpr(closed, x)[0].sum())(X),
         jax.grad(lambda x: reference(x)[0].sum())(X),
     )
     tree_allclose(
-        jax.vmap(lambda x: jaxinterp.eval_jaxpr(closed, x)[0])(jnp.stack([X, X])),
+        jax.vmap(lambda x: jaxinterp.eval_closed_jaxpr(closed, x)[0])(
+            jnp.stack([X, X])
+        ),
         jnp.stack([reference(X)[0]] * 2),
     )
 

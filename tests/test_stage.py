@@ -140,7 +140,9 @@ def test_flatten_args_and_unflatten_out_round_trip():
     staged = stage(f, *args)
     leaves = staged.flatten_args(*args)
     assert [jax.typeof(v) for v in leaves] == list(staged.in_avals)
-    out = staged.unflatten_out(jaxinterp.eval_jaxpr(staged.closed_jaxpr, *leaves))
+    out = staged.unflatten_out(
+        jaxinterp.eval_closed_jaxpr(staged.closed_jaxpr, *leaves)
+    )
     assert_tree_equal(out, f(*args))
 
 
