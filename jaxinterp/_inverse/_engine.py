@@ -247,7 +247,7 @@ class InverseWalker:
         the equation is done; a refusal is kept in `st.reasons`.
         """
         eqn = st.eqns[i]
-        if st.pieces and mk.touches(st, eqn):
+        if (st.pieces and mk.touches(st, eqn)) or mk.zero_product(st, eqn):
             # Partly known values: only their unknown elements are solved.
             mk.step(self, st, i)
             return

@@ -91,6 +91,21 @@ def touches(st: SolveState, eqn: compat.JaxprEqn) -> bool:
     )
 
 
+def zero_product(st: SolveState, eqn: compat.JaxprEqn) -> bool:
+    """Whether `eqn` is a `mul` of an unknown by a concrete factor with
+    zeros, whose result is then known there (`x * mask`)."""
+    if eqn.primitive is not lax.mul_p or eqn.outvars[0] in st.env:
+        return False
+    if not eqn.outvars[0].aval.shape:
+        return False
+    for v in eqn.invars:
+        if _known(st, v):
+            val = _value(st, v)
+            if not compat.is_tracer(val) and np.any(np.asarray(val) == 0):
+                return True
+    return False
+
+
 # -- views of partly known values -------------------------------------------
 
 
