@@ -477,8 +477,15 @@ class MaskedPiece:
     mask: np.ndarray
     value: Any
 
+    def __post_init__(self) -> None:
+        if np.ndim(self.mask) == 0:  # a scalar: the value itself, unraveled
+            object.__setattr__(self, "value", jnp.reshape(self.value, ()))
+
     def index(self) -> tuple[np.ndarray, ...]:
-        """The masked elements as a tuple of integer index arrays."""
+        """The masked elements as a tuple of integer index arrays (`()` for
+        a scalar, whose mask is true)."""
+        if np.ndim(self.mask) == 0:
+            return ()
         return tuple(np.nonzero(self.mask))
 
 
