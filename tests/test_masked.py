@@ -132,15 +132,9 @@ def test_a_2d_mask_with_an_mlp_conditioner_and_known_weights():
         )(y, params)
         for a, b in zip(jax.tree.leaves(g_got), jax.tree.leaves(g_want), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
-        gx_got = jax.grad(lambda y, p: jnp.sum(inv(y, p)[0] ** 2), argnums=k)(
-            y, params
-        )
-        gx_want = jax.grad(lambda y, p: jnp.sum(f_inv(y, p) ** 2), argnums=k)(
-            y, params
-        )
-        for a, b in zip(
-            jax.tree.leaves(gx_got), jax.tree.leaves(gx_want), strict=True
-        ):
+        gx_got = jax.grad(lambda y, p: jnp.sum(inv(y, p)[0] ** 2), argnums=k)(y, params)
+        gx_want = jax.grad(lambda y, p: jnp.sum(f_inv(y, p) ** 2), argnums=k)(y, params)
+        for a, b in zip(jax.tree.leaves(gx_got), jax.tree.leaves(gx_want), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 

@@ -91,7 +91,7 @@ def touches(st: SolveState, eqn: compat.JaxprEqn) -> bool:
     )
 
 
-def zero_product(st: SolveState, eqn: compat.JaxprEqn) -> bool:
+def zero_product(st: SolveState, eqn: Any) -> bool:
     """Whether `eqn` is a `mul` of an unknown by a concrete factor with
     zeros, whose result is then known there (`x * mask`)."""
     if eqn.primitive is not lax.mul_p or eqn.outvars[0] in st.env:
@@ -176,7 +176,7 @@ def _add_piece(
 def step(walker: InverseWalker, st: SolveState, i: int) -> bool:
     """Solve what equation `i` determines of its partly known values (see
     the module docstring); whether it learned anything."""
-    eqn = st.eqns[i]
+    eqn: Any = st.eqns[i]
     variables = [v for v in (*eqn.invars, *eqn.outvars) if type(v) is not _Literal]
     if any(v in st.taint or v in st.piece_branch for v in variables):
         return False
@@ -208,7 +208,7 @@ def step(walker: InverseWalker, st: SolveState, i: int) -> bool:
 def _select_n(st: SolveState, i: int) -> bool:
     """`select_n` with a concrete predicate: each case is the result where
     selected, and the result is each selected case where that is known."""
-    eqn = st.eqns[i]
+    eqn: Any = st.eqns[i]
     pred_var, cases = eqn.invars[0], eqn.invars[1:]
     (out,) = eqn.outvars
     if not _known(st, pred_var):
@@ -248,7 +248,7 @@ def _refresh_reason(st: SolveState, i: int) -> None:
     """Say which elements a blocked `select_n` with a concrete predicate
     discards of its cases still unknown (the rule's refusal may predate
     values learned since)."""
-    eqn = st.eqns[i]
+    eqn: Any = st.eqns[i]
     (out,) = eqn.outvars
     pred = st.read(eqn.invars[:1])[0]
     if pred is None or compat.is_tracer(pred):
@@ -289,7 +289,7 @@ def _no_branch(res: Any) -> bool:
 def _backward(walker: InverseWalker, st: SolveState, i: int) -> bool:
     """An elementwise primitive: solve the unknown operand's elements where
     the result is known, with the rule run on those elements alone."""
-    eqn = st.eqns[i]
+    eqn: Any = st.eqns[i]
     (out,) = eqn.outvars
     k = _the_unknown(st, eqn)
     if k is None:
@@ -342,7 +342,7 @@ def _forward(walker: InverseWalker, st: SolveState, i: int) -> bool:
     """An elementwise primitive: its result where every operand is known
     (run on those elements alone), and `0` where a `mul` has a concrete zero
     factor."""
-    eqn = st.eqns[i]
+    eqn: Any = st.eqns[i]
     (out,) = eqn.outvars
     if out in st.env:
         return False
@@ -378,7 +378,7 @@ def _whole_call(walker: InverseWalker, st: SolveState, i: int) -> bool:
     """An elementwise call whose result is known wherever its one unknown
     operand is not: its own rule on the whole value (the operand's known
     elements mapped forwards to fill the result), the new elements kept."""
-    eqn = st.eqns[i]
+    eqn: Any = st.eqns[i]
     if len(eqn.outvars) != 1:
         return False
     (out,) = eqn.outvars
@@ -404,9 +404,7 @@ def _whole_call(walker: InverseWalker, st: SolveState, i: int) -> bool:
         return False
 
     def run(t: Any) -> Any:
-        return walker._forward(eqn, [t if j == k else v for j, v in enumerate(ins)])[
-            0
-        ]
+        return walker._forward(eqn, [t if j == k else v for j, v in enumerate(ins)])[0]
 
     y = jnp.where(out_mask, _value(st, out), run(_value(st, x)))
     ctx = InverseContext.of(
@@ -430,12 +428,10 @@ def _call(walker: InverseWalker, st: SolveState, i: int) -> bool:
     """A call solved in place, its partly known operands and results as
     seeds: forwards (a result partly known) its results only; backwards
     (every result known) its operands and ildj, once."""
-    eqn = st.eqns[i]
+    eqn: Any = st.eqns[i]
     body = _BODIES[eqn.primitive](eqn.params)
     jaxpr, consts = compat.open_jaxpr(body), compat.jaxpr_consts(body)
-    if len(jaxpr.invars) != len(eqn.invars) or len(jaxpr.outvars) != len(
-        eqn.outvars
-    ):
+    if len(jaxpr.invars) != len(eqn.invars) or len(jaxpr.outvars) != len(eqn.outvars):
         return False
     backward = all(_known(st, v) or st.dropped(v) for v in eqn.outvars)
     if backward and i in st.masked_inverted:
