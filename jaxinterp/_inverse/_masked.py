@@ -101,7 +101,12 @@ def zero_product(st: SolveState, eqn: Any) -> bool:
     for v in eqn.invars:
         if _known(st, v):
             val = _value(st, v)
-            if not compat.is_tracer(val) and np.any(np.asarray(val) == 0):
+            # A mask (an array), not a scalar `0.0 * x`.
+            if (
+                np.ndim(val)
+                and not compat.is_tracer(val)
+                and np.any(np.asarray(val) == 0)
+            ):
                 return True
     return False
 
@@ -364,7 +369,7 @@ def _forward(walker: InverseWalker, st: SolveState, i: int) -> bool:
         for v in eqn.invars:
             if _known(st, v):
                 val = _value(st, v)
-                if not compat.is_tracer(val):
+                if np.ndim(val) and not compat.is_tracer(val):
                     zero |= np.broadcast_to(np.asarray(val) == 0, shape)
         new = zero & ~out_mask
         if new.any():
