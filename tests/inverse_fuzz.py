@@ -933,6 +933,37 @@ def _coupling(g: _Gen) -> Stmt | None:
     return Stmt("coupling", (v.name,), expr, guard=lambda vs: _amax(vs[0]) < 20)
 
 
+@_op("masked_coupling", ["select_n", "mul", "tanh", "exp", "add"], 2)
+def _masked_coupling(g: _Gen) -> Stmt | None:
+    """A masked coupling (RealNVP, distrax `MaskedCoupling`): the elements off
+    a constant mask transformed, conditioned on those on it (`x * mask`)."""
+    v = g.pick(lambda v: len(v.shape) >= 1 and v.np.size >= 2 and _amax(v.np) < 20)
+    if v is None:
+        return None
+    m = _mask(g, v.shape, "partial")
+    mask = _array_lit(m)
+    shift = _lit(g.rng().uniform(-1, 1))
+    expr = (
+        f"(lambda x, m: jnp.where(m, x, x * jnp.exp(jnp.tanh(jnp.sum(x * m) + {shift}))"
+        f" + jnp.sin(x * m).sum()))({{0}}, {mask})"
+    )
+    return Stmt("masked_coupling", (v.name,), expr, guard=lambda vs: _amax(vs[0]) < 20)
+
+
+@_op("masked_diagonal", ["select_n", "exp"], 1)
+def _masked_diagonal(g: _Gen) -> Stmt | None:
+    """A map applied on the diagonal only (`TransformDiagonal`): `where(eye,
+    exp(x), x)` on the last two axes."""
+    v = g.pick(
+        lambda v: len(v.shape) >= 2 and v.shape[-1] == v.shape[-2] and _amax(v.np) < 20
+    )
+    if v is None:
+        return None
+    n = v.shape[-1]
+    expr = f"jnp.where(jnp.eye({n}, dtype=bool), jnp.exp({{0}}), {{0}})"
+    return Stmt("masked_diagonal", (v.name,), expr, guard=lambda vs: _amax(vs[0]) < 20)
+
+
 def _mask(g: _Gen, shape: tuple[int, ...], kind: str) -> Any:
     rng = g.rng()
     if kind == "full":

@@ -58,6 +58,7 @@ class SolveState:
         outvals: Sequence[Any],
         out_branches: Sequence[br.Interval | None] | None,
         options: SolveOptions,
+        seeds: Sequence[tuple[Any, list[Any]]] = (),
     ) -> None:
         self.jaxpr = jaxpr
         self.eqns: list[compat.JaxprEqn] = jaxpr.eqns
@@ -76,6 +77,10 @@ class SolveState:
         # of the parts that came from a choice.
         self.pieces: dict[Any, list[Any]] = {}
         self.piece_branch: dict[Any, br.Interval] = {}
+        # Equations that solved elements of a partly known value backwards
+        # (`_masked.py`), and what each last saw (to skip unchanged retries).
+        self.masked_inverted: set[int] = set()
+        self.masked_seen: dict[int, Any] = {}
         self.status = [UNUSED] * n
         self.reasons: dict[int, str] = {}
         self.methods: dict[int, str] = {}
@@ -92,6 +97,9 @@ class SolveState:
         self.deferred: list[int] = []
         self.allowed = -1
         self._seed_known(consts, invals, outvals, out_branches)
+        for v, have in seeds:
+            if v not in self.env:
+                self.pieces[v] = list(have)
         self._index_uses()
 
     def _seed_known(

@@ -377,15 +377,29 @@ def _select_n_inverse(
 ) -> Any:
     """With a known predicate and one unknown case, the case equals the result
     where the predicate selects it. Elsewhere it was discarded: a concrete
-    predicate that does not select the case everywhere raises; under tracing
-    those elements come back as NaN."""
+    predicate that does not select the case everywhere raises (the engine
+    still takes the selected elements, see `_masked.py`, in case other
+    equations determine the rest); under tracing those elements come back as
+    NaN. With several unknown cases only a concrete predicate helps, the same
+    way."""
     if which is None:
         return None
     unknown = [k for k, c in enumerate(cases) if c is None]
+    (y,) = outvals
+    if len(unknown) > 1 and not _is_tracer(which):
+        picks = np.broadcast_to(np.asarray(which).astype(np.int32), np.shape(y))
+        dropped = [
+            f"case {k} where the predicate selects another case (elements "
+            f"{describe_elements(picks != k)})"
+            for k in unknown
+        ]
+        raise NotInvertibleError(
+            f"`select_n` with several unknown cases discards {' and '.join(dropped)}, "
+            "so each case is recovered there only if other equations determine it."
+        )
     if len(unknown) != 1:
         return None
     (k,) = unknown
-    (y,) = outvals
     if not _is_tracer(which):
         selected = np.broadcast_to(np.asarray(which).astype(np.int32) == k, np.shape(y))
         if np.all(selected):

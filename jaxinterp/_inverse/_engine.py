@@ -37,7 +37,7 @@ from .._errors import (
     reraise,
 )
 from .._registry import RuleRegistry
-from . import _blocks as bl, _branches as br, _refusals as rf
+from . import _blocks as bl, _branches as br, _masked as mk, _refusals as rf
 from ._dataflow import (
     BLOCKING as BLOCKING,
     FORWARD as FORWARD,
@@ -72,7 +72,11 @@ class Solution:
         uncovered: (variable, boolean mask of the elements no piece
             covers) for each value only partly recovered from pieces.
         methods: per equation solved as part of an elementwise block, how
-            (`piecewise` or `elementwise solve`, see `_blocks.py`).
+            (`piecewise` or `elementwise solve`, see `_blocks.py`), or on
+            partly known values (`masked`, see `_masked.py`).
+        pieces: the values known only in parts at the end, with their
+            pieces (for an enclosing equation's partial solve).
+        chose: whether some value depends on a principal-branch choice.
     """
 
     invals: list[Any]
@@ -84,6 +88,8 @@ class Solution:
     nan_checks: list[tuple[Any, str]] = dataclasses.field(default_factory=list)
     uncovered: list[tuple[Any, Any]] = dataclasses.field(default_factory=list)
     methods: dict[int, str] = dataclasses.field(default_factory=dict)
+    pieces: dict[Any, list[Any]] = dataclasses.field(default_factory=dict)
+    chose: bool = False
 
 
 class InverseWalker:
@@ -115,6 +121,7 @@ class InverseWalker:
         want_ildj: bool = True,
         solvers: bool = True,
         blocks: bool = True,
+        seeds: Sequence[tuple[Any, list[Any]]] = (),
     ) -> Solution:
         """Find the unknown inputs of `jaxpr` (and any outputs not given).
 
@@ -134,12 +141,15 @@ class InverseWalker:
                 solved numerically (see `_blocks.py`).
             blocks: whether to solve elementwise blocks at all (off for the
                 engine's own runs on one case of a piecewise block).
+            seeds: (variable, pieces) of values known in parts from the
+                start (an enclosing equation's partly known operands and
+                results, see `_masked.py`).
 
         Returns:
             A `Solution`.
         """
         options = SolveOptions(nan_checks, want_ildj, solvers, blocks)
-        st = SolveState(jaxpr, consts, invals, outvals, out_branches, options)
+        st = SolveState(jaxpr, consts, invals, outvals, out_branches, options, seeds)
         while True:
             i = st.next_equation()
             if i is None:
@@ -175,6 +185,7 @@ class InverseWalker:
             for v, val in zip(eqn.outvars, outs, strict=True):
                 if v not in env:
                     env[v] = val
+                    st.pieces.pop(v, None)
                     if tainted:
                         rounded = all(taint[u] is br.ROUNDED for u in tainted)
                         st.mark(
@@ -183,6 +194,8 @@ class InverseWalker:
                             st.chooser[tainted[0]],
                         )
                     st.learned(v)
+        if i in st.masked_inverted:
+            st.status[i] = INVERTED  # its partly known values were solved
         st.release(i)
 
     @staticmethod
@@ -234,6 +247,10 @@ class InverseWalker:
         the equation is done; a refusal is kept in `st.reasons`.
         """
         eqn = st.eqns[i]
+        if (st.pieces and mk.touches(st, eqn)) or mk.zero_product(st, eqn):
+            # Partly known values: only their unknown elements are solved.
+            mk.step(self, st, i)
+            return
         # Dropped results are never known; a rule sees them as `None`.
         any_out, all_out = False, True
         for v in eqn.outvars:
@@ -274,6 +291,8 @@ class InverseWalker:
         )
         res = self._apply_rule(st, i, rule, ctx, outs, ins)
         if res is None:
+            if mk.may_split(eqn):
+                mk.step(self, st, i)
             return
         if tainted_results:
             # Checked once the rule accepts: a refusal of its own says more.
@@ -576,6 +595,8 @@ class InverseWalker:
             st.checks,
             uncovered,
             st.methods,
+            dict(st.pieces),
+            bool(st.taint or st.piece_branch),
         )
         if strict:
             missing = [

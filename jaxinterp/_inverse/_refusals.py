@@ -97,13 +97,7 @@ def uncovered(v: Any, have: Sequence[Any]) -> np.ndarray:
     """The elements of `v` that none of the pieces `have` covers."""
     covered = np.zeros(v.aval.shape, dtype=bool)
     for piece in have:
-        stride = piece.stride or (1,) * len(piece.start)
-        covered[
-            tuple(
-                slice(a, b, c)
-                for a, b, c in zip(piece.start, piece.limit, stride, strict=True)
-            )
-        ] = True
+        covered[piece.index()] = True
     return ~covered
 
 

@@ -463,6 +463,32 @@ class Piece:
         )
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class MaskedPiece:
+    """The elements of operand `operand` where the static boolean `mask`
+    holds equal `value`, a 1-D array of them in row-major order.
+
+    Masked pieces come from `select_n` with a concrete predicate and from the
+    engine's steps on partly known values (see `_masked.py`); like `Piece`,
+    their coverage is static bookkeeping.
+    """
+
+    operand: int
+    mask: np.ndarray
+    value: Any
+
+    def __post_init__(self) -> None:
+        if np.ndim(self.mask) == 0:  # a scalar: the value itself, unraveled
+            object.__setattr__(self, "value", jnp.reshape(self.value, ()))
+
+    def index(self) -> tuple[np.ndarray, ...]:
+        """The masked elements as a tuple of integer index arrays (`()` for
+        a scalar, whose mask is true)."""
+        if np.ndim(self.mask) == 0:
+            return ()
+        return tuple(np.nonzero(self.mask))
+
+
 @dataclasses.dataclass(frozen=True)
 class PieceResult:
     """What a rule returns instead of `(solved, ildj)` when it only learns
@@ -490,6 +516,8 @@ def assemble(shape: Sequence[int], dtype: Any, pieces: Sequence[Piece]) -> Any:
     if not covered.all():
         return None
     values = [lax.convert_element_type(jnp.asarray(p.value), dtype) for p in pieces]
+    if any(isinstance(p, MaskedPiece) for p in pieces):
+        return _gather_pieces(shape, pieces, values)
     strided = [p.stride is not None and any(s != 1 for s in p.stride) for p in pieces]
     for p, v, st in zip(pieces, values, strided, strict=True):
         if not st and tuple(p.start) == (0,) * len(shape) and v.shape == shape:
@@ -530,3 +558,24 @@ def _tile_axis(
             pos = pieces[k].limit[axis]
         return (axis, order) if pos == shape[axis] else None
     return None
+
+
+def _gather_pieces(
+    shape: tuple[int, ...], pieces: Sequence[Any], values: Sequence[Any]
+) -> Any:
+    """The array the `pieces` (some masked) cover, as one gather from their
+    concatenated elements (positions are static; a later piece wins)."""
+    size = math.prod(shape)
+    grid = np.arange(size).reshape(shape)
+    source = np.zeros(size, np.int64)
+    offset = 0
+    flat_values = []
+    for p, v in zip(pieces, values, strict=True):
+        flat = grid[p.index()].ravel()
+        source[flat] = offset + np.arange(flat.size)
+        offset += flat.size
+        flat_values.append(jnp.ravel(v))
+    joined = flat_values[0] if len(flat_values) == 1 else jnp.concatenate(flat_values)
+    if offset == size and np.array_equal(source, np.arange(size)):
+        return jnp.reshape(joined, shape)
+    return jnp.reshape(joined[source.astype(np.int32)], shape)

@@ -1,0 +1,493 @@
+"""Partly known values: masked couplings and diagonal rewrites.
+
+`jnp.where(mask, a, b)` with a constant `mask` (a `select_n` with a concrete
+predicate) and two unknown cases tells each case only where the mask selects
+it: each gets a `MaskedPiece` (see `_rules.py`), and a value becomes known
+once its pieces cover it. Until then the engine takes steps on the partly
+known values, element by element, where that is exact:
+
+- **forwards**, an elementwise equation gives its result where every operand
+  is known, and where a concrete zero factor of a `mul` makes the unknown
+  elements irrelevant (the conditioner `s(x * mask)` of a masked coupling);
+  `select_n` with a concrete predicate gives its result where the selected
+  case is known;
+- **backwards**, an elementwise equation whose result is known where its one
+  unknown operand is not solves for exactly those elements: its inverse rule
+  runs on them alone (gathered at static positions, so no filler value ever
+  reaches a rule, a result or a gradient), and its ildj counts only them;
+- a call (`jit`, a `custom_jvp` function, ...) is solved in place with its
+  operands' and results' pieces as seeds. Forwards (some result only partly
+  known) only what it computes of its results is taken, backwards (every
+  result known) its solved operands and ildj, once. An elementwise call whose
+  result is known wherever its unknown operand is not is inverted by its own
+  rule on the whole value, the known elements filled in by running it
+  forwards, and its ildj counted by `jax.jvp` over the new elements only.
+
+Every element is solved at most once, so the ildj adds one term per element
+of the unknown, as for a triangular Jacobian. Values that depend on a
+principal-branch choice (`_branches.py`) are left to the engine's other
+steps. An element that no step determines stays unknown, and `inverse`
+refuses, naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import _jax_compat as compat
+from .._errors import NotInvertibleError
+from . import _blocks as bl, _branches as br
+from ._dataflow import FORWARD, SolveState
+from ._rules import (
+    InverseContext,
+    MaskedPiece,
+    assemble,
+    describe_elements,
+    elementwise_ildj,
+)
+
+if TYPE_CHECKING:
+    from ._engine import InverseWalker
+
+_Literal = compat.Literal
+
+# How `explain_inverse` names an equation solved on partly known values.
+MASKED = "masked"
+
+_BODIES: dict[Any, Callable[[Any], Any]] = {
+    p: get
+    for p, get in (
+        (compat.jit_p, lambda params: compat.jit_params(params).jaxpr),
+        (compat.closed_call_p, compat.call_jaxpr),
+        (compat.core_call_p, compat.call_jaxpr),
+        (compat.custom_jvp_call_p, compat.call_jaxpr),
+        (compat.remat_p, lambda params: compat.remat_params(params).jaxpr),
+    )
+    if p is not None
+}
+
+
+def may_split(eqn: compat.JaxprEqn) -> bool:
+    """Whether `eqn`, refused by its rule, may still solve some elements:
+    a `select_n` (with a concrete predicate) or a call."""
+    return eqn.primitive is lax.select_n_p or eqn.primitive in _BODIES
+
+
+def _masked(st: SolveState, v: Any) -> bool:
+    have = st.pieces.get(v)
+    return have is not None and any(isinstance(p, MaskedPiece) for p in have)
+
+
+def touches(st: SolveState, eqn: compat.JaxprEqn) -> bool:
+    """Whether an operand or result of `eqn` is known only in masked pieces."""
+    return any(
+        type(v) is not _Literal and _masked(st, v) for v in (*eqn.invars, *eqn.outvars)
+    )
+
+
+def zero_product(st: SolveState, eqn: Any) -> bool:
+    """Whether `eqn` is a `mul` of an unknown by a concrete factor with
+    zeros, whose result is then known there (`x * mask`)."""
+    if eqn.primitive is not lax.mul_p or eqn.outvars[0] in st.env:
+        return False
+    if not eqn.outvars[0].aval.shape:
+        return False
+    for v in eqn.invars:
+        if _known(st, v):
+            val = _value(st, v)
+            # A mask (an array), not a scalar `0.0 * x`.
+            if (
+                np.ndim(val)
+                and not compat.is_tracer(val)
+                and np.any(np.asarray(val) == 0)
+            ):
+                return True
+    return False
+
+
+# -- views of partly known values -------------------------------------------
+
+
+def _shape(v: Any) -> tuple[int, ...]:
+    return tuple(int(d) for d in v.aval.shape)
+
+
+def _known(st: SolveState, v: Any) -> bool:
+    return type(v) is _Literal or v in st.env
+
+
+def _mask(st: SolveState, v: Any) -> np.ndarray:
+    """The elements of `v` known (a static boolean array of its shape)."""
+    shape = _shape(v)
+    if _known(st, v):
+        return np.ones(shape, bool)
+    mask = np.zeros(shape, bool)
+    for piece in st.pieces.get(v, ()):
+        mask[piece.index()] = True
+    return mask
+
+
+def _value(st: SolveState, v: Any) -> Any:
+    """`v`'s value; for a partly known one, its pieces and zeros elsewhere
+    (constants, so nothing computed from them reaches a gradient)."""
+    if type(v) is _Literal:
+        return v.val
+    if v in st.env:
+        return st.env[v]
+    dtype = v.aval.dtype
+    base = jnp.zeros(_shape(v), dtype)
+    for piece in st.pieces.get(v, ()):
+        base = base.at[piece.index()].set(jnp.asarray(piece.value, dtype))
+    return base
+
+
+def _gather(value: Any, flat: np.ndarray) -> Any:
+    """The elements `flat` (row-major positions) of `value`; a scalar as is.
+    A concrete value stays concrete, so rules can check it."""
+    if np.ndim(value) == 0:
+        return value
+    if compat.is_tracer(value):
+        return jnp.ravel(value)[flat.astype(np.int32)]
+    return np.asarray(value).reshape(-1)[flat]
+
+
+def _add_piece(
+    st: SolveState, v: Any, mask: np.ndarray, value: Any, i: int, backward: bool
+) -> None:
+    """Record that `v` equals `value` (1-D) where `mask` holds."""
+    have = st.pieces.setdefault(v, [])
+    have.append(MaskedPiece(0, mask, jnp.asarray(value)))
+    whole = assemble(_shape(v), v.aval.dtype, have)
+    if whole is not None:
+        st.env[v] = whole
+        del st.pieces[v]
+    if backward:
+        st.masked_inverted.add(i)
+        st.methods[i] = MASKED
+    elif i not in st.masked_inverted:
+        st.status[i] = FORWARD
+    st.learned(v)
+
+
+# -- one step ------------------------------------------------------------------
+
+
+def step(walker: InverseWalker, st: SolveState, i: int) -> bool:
+    """Solve what equation `i` determines of its partly known values (see
+    the module docstring); whether it learned anything."""
+    eqn: Any = st.eqns[i]
+    variables = [v for v in (*eqn.invars, *eqn.outvars) if type(v) is not _Literal]
+    if any(v in st.taint or v in st.piece_branch for v in variables):
+        return False
+    seen = tuple(int(_mask(st, v).sum()) for v in variables)
+    if st.masked_seen.get(i) == seen:
+        return False  # nothing new since the last try
+    st.masked_seen[i] = seen
+    try:
+        user_ctx, eqn_ctx = compat.eqn_contexts(eqn)
+        with user_ctx, eqn_ctx:
+            if eqn.primitive is lax.select_n_p:
+                progress = _select_n(st, i)
+                if i in st.reasons:
+                    _refresh_reason(st, i)
+                return progress
+            if eqn.primitive in _BODIES:
+                return _whole_call(walker, st, i) or _call(walker, st, i)
+            if len(eqn.outvars) != 1 or not bl.is_elementwise(
+                eqn, _shape(eqn.outvars[0])
+            ):
+                return False
+            backward = _backward(walker, st, i)
+            forward = _forward(walker, st, i)
+            return backward or forward
+    except NotInvertibleError:
+        return False
+
+
+def _select_n(st: SolveState, i: int) -> bool:
+    """`select_n` with a concrete predicate: each case is the result where
+    selected, and the result is each selected case where that is known."""
+    eqn: Any = st.eqns[i]
+    pred_var, cases = eqn.invars[0], eqn.invars[1:]
+    (out,) = eqn.outvars
+    if not _known(st, pred_var):
+        return False
+    pred = _value(st, pred_var)
+    if compat.is_tracer(pred):
+        return False
+    shape = _shape(out)
+    which = np.broadcast_to(np.asarray(pred).astype(np.int32), shape)
+    out_mask = _mask(st, out)
+    case_masks = [_mask(st, c) for c in cases]
+    progress = False
+    if out_mask.any():
+        out_value = None
+        for k, c in enumerate(cases):
+            if _known(st, c):
+                continue
+            new = (which == k) & out_mask & ~case_masks[k]
+            if new.any():
+                if out_value is None:
+                    out_value = _value(st, out)
+                flat = np.flatnonzero(new)
+                _add_piece(st, c, new, _gather(out_value, flat), i, True)
+                progress = True
+    if out not in st.env:
+        for k, c in enumerate(cases):
+            new = (which == k) & case_masks[k] & ~out_mask
+            if new.any():
+                flat = np.flatnonzero(new)
+                value = jnp.broadcast_to(_value(st, c), shape)
+                _add_piece(st, out, new, _gather(value, flat), i, False)
+                progress = True
+    return progress
+
+
+def _refresh_reason(st: SolveState, i: int) -> None:
+    """Say which elements a blocked `select_n` with a concrete predicate
+    discards of its cases still unknown (the rule's refusal may predate
+    values learned since)."""
+    eqn: Any = st.eqns[i]
+    (out,) = eqn.outvars
+    pred = st.read(eqn.invars[:1])[0]
+    if pred is None or compat.is_tracer(pred):
+        return
+    which = np.broadcast_to(np.asarray(pred).astype(np.int32), _shape(out))
+    dropped = []
+    for k, c in enumerate(eqn.invars[1:]):
+        lost = (which != k) & ~_mask(st, c)
+        if lost.any():
+            dropped.append(
+                f"case {k} where the predicate selects another case (elements "
+                f"{describe_elements(lost)})"
+            )
+    if dropped:
+        st.reasons[i] = (
+            f"`select_n` discards {' and '.join(dropped)}, so those elements "
+            "cannot be recovered"
+        )
+
+
+def _the_unknown(st: SolveState, eqn: compat.JaxprEqn) -> int | None:
+    """The index of `eqn`'s one operand not fully known (of the result's
+    shape), or `None`."""
+    unknown = [k for k, v in enumerate(eqn.invars) if not _known(st, v)]
+    if len(unknown) != 1:
+        return None
+    (k,) = unknown
+    if _shape(eqn.invars[k]) != _shape(eqn.outvars[0]):
+        return None
+    return k
+
+
+def _no_branch(res: Any) -> bool:
+    """Whether a rule's result chose no principal branch."""
+    return len(res) <= 2 or res[2] is None or all(b is None for b in res[2])
+
+
+def _backward(walker: InverseWalker, st: SolveState, i: int) -> bool:
+    """An elementwise primitive: solve the unknown operand's elements where
+    the result is known, with the rule run on those elements alone."""
+    eqn: Any = st.eqns[i]
+    (out,) = eqn.outvars
+    k = _the_unknown(st, eqn)
+    if k is None:
+        return False
+    x = eqn.invars[k]
+    new = _mask(st, out) & ~_mask(st, x)
+    if not new.any():
+        return False
+    ins = st.read(eqn.invars)
+    name = eqn.primitive.name
+    if br.principal_range(eqn, ins) is not None or name in br.CLAMPS:
+        return False
+    rule = walker.rules.get(eqn.primitive)
+    if rule is None:
+        return False
+    flat = np.flatnonzero(new)
+    y = _gather(_value(st, out), flat)
+    ins_c = [None if j == k else _gather(val, flat) for j, val in enumerate(ins)]
+    n = flat.size
+    in_avals = [
+        compat.ShapedArray((n,), v.aval.dtype) if v.aval.shape else v.aval
+        for v in eqn.invars
+    ]
+    ctx = InverseContext(
+        in_avals,
+        [compat.ShapedArray((n,), out.aval.dtype)],
+        want_ildj=st.options.want_ildj,
+        solvers=st.options.solvers,
+    )
+    res = rule(ctx, [y], *ins_c, **eqn.params)
+    if res is None or hasattr(res, "pieces") or not _no_branch(res):
+        return False
+    solved = res[0][k]
+    if solved is None or np.shape(solved) != (n,):
+        return False
+    if st.options.want_ildj:
+        ildj = res[1]
+        if ildj is None:
+
+            def solve(t: Any) -> Any:
+                return rule(ctx, [t], *ins_c, **eqn.params)[0][k]
+
+            ildj = elementwise_ildj(solve, y)
+        st.ildj_terms.append(ildj)
+    _add_piece(st, x, new, solved, i, True)
+    return True
+
+
+def _forward(walker: InverseWalker, st: SolveState, i: int) -> bool:
+    """An elementwise primitive: its result where every operand is known
+    (run on those elements alone), and `0` where a `mul` has a concrete zero
+    factor."""
+    eqn: Any = st.eqns[i]
+    (out,) = eqn.outvars
+    if out in st.env:
+        return False
+    shape = _shape(out)
+    masks = [np.broadcast_to(_mask(st, v), shape) for v in eqn.invars]
+    everywhere = np.logical_and.reduce(masks) if masks else np.ones(shape, bool)
+    out_mask = _mask(st, out)
+    progress = False
+    new = everywhere & ~out_mask
+    if new.any():
+        flat = np.flatnonzero(new)
+        ins = [_gather(_value(st, v), flat) for v in eqn.invars]
+        (value,) = walker._forward(eqn, ins)
+        _add_piece(st, out, new, value, i, False)
+        out_mask = out_mask | new
+        progress = True
+    if eqn.primitive is lax.mul_p and out not in st.env:
+        zero = np.zeros(shape, bool)
+        for v in eqn.invars:
+            if _known(st, v):
+                val = _value(st, v)
+                if np.ndim(val) and not compat.is_tracer(val):
+                    zero |= np.broadcast_to(np.asarray(val) == 0, shape)
+        new = zero & ~out_mask
+        if new.any():
+            count = int(new.sum())
+            _add_piece(st, out, new, jnp.zeros((count,), out.aval.dtype), i, False)
+            progress = True
+    return progress
+
+
+def _whole_call(walker: InverseWalker, st: SolveState, i: int) -> bool:
+    """An elementwise call whose result is known wherever its one unknown
+    operand is not: its own rule on the whole value (the operand's known
+    elements mapped forwards to fill the result), the new elements kept."""
+    eqn: Any = st.eqns[i]
+    if len(eqn.outvars) != 1:
+        return False
+    (out,) = eqn.outvars
+    shape = _shape(out)
+    if not bl.is_elementwise(eqn, shape):
+        return False
+    if not jnp.issubdtype(out.aval.dtype, jnp.inexact):
+        return False
+    k = _the_unknown(st, eqn)
+    if k is None:
+        return False
+    x = eqn.invars[k]
+    x_mask, out_mask = _mask(st, x), _mask(st, out)
+    new = out_mask & ~x_mask
+    if not new.any() or (~out_mask & ~x_mask).any():
+        return False
+    ins = st.read(eqn.invars)
+    # Traced known operands would get NaN gradients from the filler.
+    if any(j != k and compat.is_tracer(val) for j, val in enumerate(ins)):
+        return False
+    rule = walker.rules.get(eqn.primitive)
+    if rule is None:
+        return False
+
+    def run(t: Any) -> Any:
+        return walker._forward(eqn, [t if j == k else v for j, v in enumerate(ins)])[0]
+
+    y = jnp.where(out_mask, _value(st, out), run(_value(st, x)))
+    ctx = InverseContext.of(
+        eqn, want_ildj=st.options.want_ildj, solvers=st.options.solvers
+    )
+    res = rule(ctx, [y], *ins, **eqn.params)
+    if res is None or hasattr(res, "pieces") or not _no_branch(res):
+        return False
+    solved = res[0][k]
+    if solved is None or np.shape(solved) != shape:
+        return False
+    if st.options.want_ildj:
+        _, slope = jax.jvp(run, (solved,), (jnp.ones_like(solved),))
+        log_slope = jnp.log(jnp.abs(slope))
+        st.ildj_terms.append(-jnp.sum(jnp.where(new, log_slope, 0)))
+    _add_piece(st, x, new, _gather(solved, np.flatnonzero(new)), i, True)
+    return True
+
+
+def _call(walker: InverseWalker, st: SolveState, i: int) -> bool:
+    """A call solved in place, its partly known operands and results as
+    seeds: forwards (a result partly known) its results only; backwards
+    (every result known) its operands and ildj, once."""
+    eqn: Any = st.eqns[i]
+    body = _BODIES[eqn.primitive](eqn.params)
+    jaxpr, consts = compat.open_jaxpr(body), compat.jaxpr_consts(body)
+    if len(jaxpr.invars) != len(eqn.invars) or len(jaxpr.outvars) != len(eqn.outvars):
+        return False
+    backward = all(_known(st, v) or st.dropped(v) for v in eqn.outvars)
+    if backward and i in st.masked_inverted:
+        return False  # solved backwards once already
+    seeds: list[tuple[Any, list[Any]]] = []
+    for outer, inner in (
+        *zip(eqn.invars, jaxpr.invars, strict=True),
+        *zip(eqn.outvars, jaxpr.outvars, strict=True),
+    ):
+        if type(inner) is not _Literal and not _known(st, outer) and outer in st.pieces:
+            seeds.append((inner, st.pieces[outer]))
+    invals = st.read(eqn.invars)
+    outvals = [st.env.get(v) for v in eqn.outvars]
+    sol = walker.solve(
+        jaxpr,
+        consts,
+        invals,
+        outvals,
+        strict=False,
+        want_ildj=st.options.want_ildj,
+        solvers=st.options.solvers,
+        seeds=seeds,
+    )
+    if sol.chose:
+        return False
+    progress = False
+    pairs: Sequence[tuple[Any, Any, Any]] = list(
+        zip(eqn.outvars, jaxpr.outvars, sol.outvals, strict=True)
+    )
+    if backward:
+        pairs = list(zip(eqn.invars, jaxpr.invars, sol.invals, strict=True))
+    for outer, inner, value in pairs:
+        if _known(st, outer) or st.dropped(outer):
+            continue
+        if value is not None:
+            st.env[outer] = value
+            st.pieces.pop(outer, None)
+            st.learned(outer)
+            progress = True
+        elif type(inner) is not _Literal and inner in sol.pieces:
+            have = sol.pieces[inner]
+            before = _mask(st, outer)
+            after = np.zeros_like(before)
+            for piece in have:
+                after[piece.index()] = True
+            if (after & ~before).any():
+                st.pieces[outer] = list(have)
+                st.learned(outer)
+                progress = True
+    if progress and backward:
+        st.ildj_terms.append(sol.ildj)
+        st.masked_inverted.add(i)
+        st.methods[i] = MASKED
+    return progress
