@@ -877,7 +877,8 @@ def vary_over(values: Any, axes: frozenset[Any]) -> Any:
         pcast = getattr(jax.lax, "pcast", None)
         if pcast is not None:
             return pcast(value, missing, to="varying")
-        return jax.lax.pvary(value, missing)  # pyright: ignore[reportAttributeAccessIssue]
+        pvary = getattr(jax.lax, "pvary")  # noqa: B009 - absent from JAX 0.10
+        return pvary(value, missing)
 
     return jax.tree.map(one, values)
 

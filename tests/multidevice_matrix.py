@@ -58,7 +58,10 @@ INVERSE_PMAPS = ("one_per_device", "two_per_device", "broadcast_known")
 MEMORY_KINDS = ("device", "pinned_host", "unpinned_host")
 
 CHECK_NAMES = (
-    [f"walker/{w}/{m}/{mode}" for w, m, mode in itertools.product(WALKERS, MESHES, MODES)]
+    [
+        f"walker/{w}/{m}/{mode}"
+        for w, m, mode in itertools.product(WALKERS, MESHES, MODES)
+    ]
     + [
         f"collective/{c}/{m}/vma={v}"
         for c, m, v in itertools.product(COLLECTIVES, MESHES, VMA)
@@ -119,7 +122,9 @@ def main() -> None:  # noqa: C901 - one flat list of checks reads best
             if only:
                 traceback.print_exc()
         took = time.perf_counter() - start
-        print(f"{name}: {results[name][:60]} ({took:.1f} s)", file=sys.stderr, flush=True)
+        print(
+            f"{name}: {results[name][:60]} ({took:.1f} s)", file=sys.stderr, flush=True
+        )
 
     set_mesh = getattr(jax, "set_mesh", None) or jax.sharding.use_mesh
     explicit, auto = AxisType.Explicit, AxisType.Auto
@@ -173,11 +178,15 @@ def main() -> None:  # noqa: C901 - one flat list of checks reads best
             "matmul": lambda t: lambda v: t(v) @ v,
             "softplus": lambda t: lambda v: jax.nn.softplus(t(v)),
             "reshape": lambda t: lambda v: t(v).reshape(-1),
-            "scan": lambda t: lambda v: lax.scan(
-                lambda c, r: (c + t(r), c), jnp.zeros_like(v[0]), v
-            )[1],
-            "cond": lambda t: lambda v: lax.cond(
-                v[0, 0] >= 0, lambda u: t(u) * 2.0, lambda u: u - 1.0, v
+            "scan": lambda t: (
+                lambda v: lax.scan(lambda c, r: (c + t(r), c), jnp.zeros_like(v[0]), v)[
+                    1
+                ]
+            ),
+            "cond": lambda t: (
+                lambda v: lax.cond(
+                    v[0, 0] >= 0, lambda u: t(u) * 2.0, lambda u: u - 1.0, v
+                )
             ),
             "jit_placed": lambda t: jax.jit(lambda v: t(v) * 3.0, **jit_placed),
         }
@@ -261,7 +270,9 @@ def main() -> None:  # noqa: C901 - one flat list of checks reads best
                     y = f(x)
                     want = f_inv(y) if name == "jit_placed" else wrap(mode, f_inv)(y)
                     got, ildj = wrap(mode, jaxinterp.inverse_and_ildj(f))(y)
-                    np.testing.assert_allclose(got, x, rtol=1e-5, atol=1e-6, err_msg=what)
+                    np.testing.assert_allclose(
+                        got, x, rtol=1e-5, atol=1e-6, err_msg=what
+                    )
                     np.testing.assert_allclose(
                         got, want, rtol=1e-5, atol=1e-6, err_msg=what
                     )
@@ -285,14 +296,20 @@ def main() -> None:  # noqa: C901 - one flat list of checks reads best
             f = wrap(mode, make(jnp.sin))
             with set_mesh(mesh):
                 v = placed(mesh, spec)
-                want_jaxpr = plain(jax.make_jaxpr(f), v)
+                try:
+                    want_jaxpr = plain(jax.make_jaxpr(f), v)
+                except PlainJaxFails as err:
+                    notes.append(f"{mesh_name} {what}: {err}"[:300])
+                    continue
                 staged = jaxinterp.stage(f, v)
                 assert list(staged.closed_jaxpr.out_avals) == list(
                     want_jaxpr.out_avals
                 ), what
                 jaxpr = staged.closed_jaxpr.jaxpr
                 outs = OpCounter().eval_jaxpr(
-                    jaxpr, [c.aval for c in jaxpr.constvars], *staged.closed_jaxpr.in_avals
+                    jaxpr,
+                    [c.aval for c in jaxpr.constvars],
+                    *staged.closed_jaxpr.in_avals,
                 )
                 assert list(outs) == list(want_jaxpr.out_avals), (what, outs)
                 counts = count_staged(staged)
@@ -329,8 +346,9 @@ def main() -> None:  # noqa: C901 - one flat list of checks reads best
         ops = {
             "psum": lambda b: lax.psum(b, axis),
             "pmean": lambda b: lax.pmean(b, axis),
-            "all_gather": lambda b: lax.all_gather(b, axis, tiled=True)[: b.shape[0]]
-            * 2.0,
+            "all_gather": lambda b: (
+                lax.all_gather(b, axis, tiled=True)[: b.shape[0]] * 2.0
+            ),
             "ppermute": lambda b: lax.ppermute(b, axis, ring(n)),
             "axis_index": lambda b: b + lax.axis_index(axis).astype(b.dtype),
             "psum_scatter": lambda b: lax.psum_scatter(b, axis, tiled=True),
@@ -341,7 +359,9 @@ def main() -> None:  # noqa: C901 - one flat list of checks reads best
 
     def mapped(mesh, body, spec, check_vma):
         if is_explicit(mesh):  # the context mesh
-            return jax.shard_map(body, in_specs=spec, out_specs=spec, check_vma=check_vma)
+            return jax.shard_map(
+                body, in_specs=spec, out_specs=spec, check_vma=check_vma
+            )
         return jax.shard_map(
             body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=check_vma
         )
@@ -387,15 +407,19 @@ def main() -> None:  # noqa: C901 - one flat list of checks reads best
 
     body_constructs = {
         "custom_jvp": lambda t: lambda b: jax.nn.relu(t(b)) + lax.pmax(b, "d"),
-        "scan": lambda t: lambda b: lax.scan(
-            lambda c, r: (c + t(r), c * 2.0), jnp.zeros_like(b[0]), b
-        )[1]
-        + lax.psum(b, "d"),
+        "scan": lambda t: (
+            lambda b: (
+                lax.scan(lambda c, r: (c + t(r), c * 2.0), jnp.zeros_like(b[0]), b)[1]
+                + lax.psum(b, "d")
+            )
+        ),
         # The predicate varies by shard, so no collective inside a branch.
-        "cond": lambda t: lambda b: lax.cond(
-            b[0] > 0.0, lambda u: t(u) * 2.0, lambda u: u - 1.0, b
-        )
-        + lax.pmin(b, "d"),
+        "cond": lambda t: (
+            lambda b: (
+                lax.cond(b[0] > 0.0, lambda u: t(u) * 2.0, lambda u: u - 1.0, b)
+                + lax.pmin(b, "d")
+            )
+        ),
     }
     for cname, check_vma in itertools.product(BODY_CONSTRUCTS, VMA):
         check(
