@@ -30,6 +30,18 @@ def tests(session: nox.Session, x64: bool) -> None:
 
 
 @nox.session(python=ENDS[-1:])
+def multidevice(session: nox.Session) -> None:
+    """The multi-device check matrix of issue 13 (8 simulated CPU devices)."""
+    session.install("-e", ".[test]")
+    session.run(
+        "pytest",
+        "tests/test_multidevice.py",
+        *session.posargs,
+        env={"JAXINTERP_TEST_MATRIX": "1"},
+    )
+
+
+@nox.session(python=ENDS[-1:])
 def tests_future_flags(session: nox.Session) -> None:
     """The suite and gallery with JAX's hijax future-default flags on (newest JAX)."""
     session.install("-e", ".[test]")

@@ -843,11 +843,71 @@ def varying_axes(aval: Any) -> frozenset[Any]:
     return frozenset(getattr(aval, "vma", None) or ())
 
 
+def in_manual_body() -> bool:
+    """Whether tracing is inside a `shard_map` body: the ambient abstract mesh
+    has manual axes. Values there, constants included, belong to a shard, so
+    they cannot be computed eagerly (`jax.ensure_compile_time_eval`)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return not mesh.empty and bool(getattr(mesh, "manual_axes", ()))
+
+
+def vary_like(values: Any, like: Any) -> Any:
+    """`values` (a pytree of arrays) made to vary over the manual mesh axes
+    the array `like` varies over: see `vary_over`."""
+    return vary_over(values, varying_axes(jax.typeof(like)))
+
+
+def vary_over(values: Any, axes: frozenset[Any]) -> Any:
+    """`values` (a pytree of arrays) made to vary over the manual mesh axes
+    `axes` too, inside a `shard_map` body with `check_vma=True`: the carry
+    of a loop that starts invariant and comes back varying is a type error,
+    and so is an equation replayed with operands varying unlike the Jaxpr's.
+    With no axes (outside a body, or `check_vma=False`) the values are
+    returned as they are.
+
+    `lax.pvary` up to JAX 0.9, `lax.pcast(..., to="varying")` from 0.10.
+    """
+    if not axes:
+        return values
+
+    def one(value: Any) -> Any:
+        missing = tuple(sorted(axes - varying_axes(jax.typeof(value)), key=str))
+        if not missing:
+            return value
+        pcast = getattr(jax.lax, "pcast", None)
+        if pcast is not None:
+            return pcast(value, missing, to="varying")
+        pvary = getattr(jax.lax, "pvary")  # noqa: B009 - absent from JAX 0.10
+        return pvary(value, missing)
+
+    return jax.tree.map(one, values)
+
+
 def varies_over_manual_axes(eqn: Any) -> bool:
     """Whether a result of `eqn` varies over manual mesh axes: it is computed
     per shard in a `shard_map` body, so no concrete value outside one can
-    stand for it."""
-    return any(varying_axes(v.aval) for v in eqn.outvars)
+    stand for it.
+
+    Also true of an equation that names mapped axes (`axis_index`, `psum`,
+    ... : an `axis_name` or `axes` param holding names, not dimensions): with
+    `check_vma=False` (and in `jax.pmap`'s bodies) no type says it varies, but
+    outside its `shard_map` the axis is unbound.
+    """
+    if any(varying_axes(v.aval) for v in eqn.outvars):
+        return True
+    return bool(named_axes(eqn))
+
+
+def named_axes(eqn: Any) -> tuple[Any, ...]:
+    """The mapped axis names an equation's `axis_name` or `axes` param holds
+    (`psum`, `axis_index`, `all_gather`, ...); none for a reduction's integer
+    `axes`."""
+    params = eqn.params
+    names = params.get("axis_name", params.get("axes", ()))
+    names = names if isinstance(names, tuple | list) else (names,)
+    return tuple(
+        n for n in names if n is not None and not isinstance(n, int | np.integer)
+    )
 
 
 def has_explicit_axes(sharding: Any) -> bool:

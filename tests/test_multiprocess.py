@@ -216,11 +216,15 @@ def _():
                 same(wrap(evaluate(h))(v), wrap(h)(v), f"around {how} on {name}")
 
 
+RING = range(8)
 BODIES = {
     "psum": lambda b: b * 2.0 + lax.psum(b, "d"),
     "all_gather": lambda b: b + lax.all_gather(b, "d", tiled=True)[: b.shape[0]],
     "psum_scalar": lambda b: jnp.sin(b) + lax.psum(jnp.sum(b), "d"),
     "axis_index": lambda b: b + lax.axis_index("d").astype(b.dtype),
+    # Each device's block to the next device: blocks 3 -> 4 and 7 -> 0 cross
+    # from one process to the other.
+    "ppermute": lambda b: b + lax.ppermute(b, "d", [(i, (i + 1) % 8) for i in RING]),
 }
 
 
@@ -232,6 +236,7 @@ NUMPY_VALUES = {
     "all_gather": GLOBAL + np.tile(BLOCKS[0], (8, 1)),
     "psum_scalar": np.sin(GLOBAL) + GLOBAL.sum(),
     "axis_index": GLOBAL + np.repeat(np.arange(8.0), 2)[:, None],
+    "ppermute": GLOBAL + np.roll(BLOCKS, 1, axis=0).reshape(16, 4),
 }
 
 
@@ -316,6 +321,59 @@ def _():
                 same_sharding(back, v, what)
                 np.testing.assert_allclose(gathered(ildj), want_ildj, rtol=1e-5)
                 record(f"inv_jit_{name}_{how}", back)
+
+
+# A 2-D mesh over both processes' devices: `psum` over `a` and the ildj's
+# sum run across processes; NumPy gives the reference values.
+MESHES_2D = {
+    "default": jax.sharding.Mesh(np.array(jax.devices()).reshape(4, 2), ("a", "b"))
+}
+if "explicit" in MESHES:
+    MESHES_2D["explicit"] = jax.make_mesh(
+        (4, 2), ("a", "b"), axis_types=(AxisType.Explicit,) * 2
+    )
+
+
+@check("mesh_2d")
+def _():
+    spec = P("a", "b")
+    blocks_a = GLOBAL.reshape(4, 4, 4)  # the four row-blocks along `a`
+    want_values = GLOBAL * 2.0 + np.tile(blocks_a.sum(0), (4, 1))
+    for name, mesh in MESHES_2D.items():
+        ctx = set_mesh(mesh) if name == "explicit" else in_mesh("default")
+        with ctx:
+            sharding = NamedSharding(mesh, spec)
+            v = jax.make_array_from_callback(
+                GLOBAL.shape, sharding, lambda i: GLOBAL[i]
+            )
+            body = lambda b: b * 2.0 + lax.psum(b, "a")
+            f = jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)
+            want = f(v)
+            np.testing.assert_allclose(gathered(want), want_values, rtol=1e-6)
+            for how, wrap in (("eager", lambda h: h), ("jit", jax.jit)):
+                what = f"2-D {how} on {name}"
+                same(wrap(evaluate(f))(v), want, what, key=f"2d_{name}_{how}")
+                inner = jax.shard_map(
+                    evaluate(body), mesh=mesh, in_specs=spec, out_specs=spec
+                )
+                same(wrap(inner)(v), want, f"{what} inside")
+                g = lambda u: jnp.sin(u) * 2.0 + 1.0
+                same(wrap(evaluate(g))(v), wrap(g)(v), f"{what} elementwise")
+            flow = jax.shard_map(FLOW, mesh=mesh, in_specs=spec, out_specs=spec)
+            y = flow(v)
+            want_ildj = gathered(reference_ildj(v))
+            for how, wrap in (("eager", lambda h: h), ("jit", jax.jit)):
+                what = f"2-D inverse {how} on {name}"
+                back, ildj = wrap(jaxinterp.inverse_and_ildj(flow))(y)
+                np.testing.assert_allclose(
+                    gathered(back), GLOBAL, rtol=1e-5, atol=1e-6, err_msg=what
+                )
+                same_sharding(back, v, what)
+                np.testing.assert_allclose(
+                    gathered(ildj), want_ildj, rtol=1e-5, err_msg=what
+                )
+                record(f"inv_2d_{name}_{how}", back)
+                shared[f"ildj_2d_{name}_{how}"] = float(gathered(ildj))
 
 
 # `jax.pmap` takes and returns each process's local data (one row a local
@@ -441,6 +499,7 @@ CHECKS = [
     "evaluate_shard_map",
     "inverse_shard_map",
     "inverse_sharded_jit",
+    "mesh_2d",
     "pmap",
 ]
 

@@ -640,7 +640,7 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
     """`x` by the elementwise solver (NaN where no root is found). A map that
     turns (`_solve.monotone_on_grid`) is not injective: refused now when its
     known operands are constants, else NaN where it turns."""
-    if not any(compat.is_tracer(k) for k in known):
+    if not any(compat.is_tracer(k) for k in known) and not compat.in_manual_body():
         shape, dtype = jnp.shape(y), jnp.result_type(y)
         uniform = all(not jnp.shape(k) for k in known)
         with jax.ensure_compile_time_eval():
@@ -657,6 +657,12 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
                 "values more than once and has no inverse"
             )
         return _solve.solver(block.g, check_grid=False)(y, *known)
+    # Inside a `shard_map` body the solver's trial values vary as the
+    # unknown does in the Jaxpr, so the block's equations replay as typed.
+    axes = compat.varying_axes(block.x.aval)
+    if axes:
+        g = block.g
+        return _solve.solver(lambda x, *k: g(compat.vary_over(x, axes), *k))(y, *known)
     return _solve.solver(block.g)(y, *known)
 
 

@@ -54,6 +54,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import _jax_compat as compat
+
 # Where the search starts (besides `y` itself): small numbers first, so that a
 # map defined on (0, 1) or on the positive reals has a point to start from.
 _STARTS = (0.0, 0.5, -0.5, 1.0, -1.0, 2.0, -2.0)
@@ -84,7 +86,9 @@ def solver(g: Elementwise, *, check_grid: bool = True) -> Callable[..., Any]:
         if check_grid:
             shape, dtype = jnp.shape(y), jnp.result_type(y)
             uniform = all(not jnp.shape(k) for k in known)
-            ok = monotone_on_grid(lambda x: g(x, *known), shape, dtype, uniform=uniform)
+            ok = monotone_on_grid(
+                lambda x: g(x, *known), shape, dtype, uniform=uniform, like=y
+            )
             x = jnp.where(ok, x, jnp.nan)
         return x
 
@@ -113,13 +117,19 @@ def grid(dtype: Any) -> np.ndarray:
 
 
 def monotone_on_grid(
-    g: Callable[[Any], Any], shape: Any, dtype: Any, *, uniform: bool = False
+    g: Callable[[Any], Any],
+    shape: Any,
+    dtype: Any,
+    *,
+    uniform: bool = False,
+    like: Any = None,
 ) -> Any:
     """Per element, whether `g` (elementwise) never turns on `grid`: its
     finite values either never decrease or never increase, on every stretch
     between values that are not finite (poles, holes in the domain). A map
     that turns is not injective (a continuous one takes a value twice), so a
-    preimage found for it may not be the one meant.
+    preimage found for it may not be the one meant. Inside a `shard_map`
+    body the loop's carry varies as `like` (`g`'s values) does.
 
     `uniform`: `g` is the same map for every element (its known operands are
     scalars), so one call of `g` on `shape` samples many grid points at once
@@ -153,6 +163,8 @@ def monotone_on_grid(
         jnp.ones(shape, bool),
         jnp.ones(shape, bool),
     )
+    if like is not None:
+        start = compat.vary_like(start, like)
     count = points.shape[0]
     _, _, rising, falling = lax.while_loop(lambda s: s[0] < count, step, start)
     return rising | falling
@@ -416,6 +428,8 @@ def _search(g: Callable[[Any], Any], y: Any) -> Any:
         started & ~is_root,
         jnp.zeros(jnp.shape(y), jnp.int32),
     )
+    # Inside a `shard_map` body every carry varies as `y` does.
+    state = compat.vary_like(state, y)
     _, a, fa, b, fb, _, _, _ = lax.while_loop(expand_cond, expand_body, state)
     bracketed = ~jnp.isnan(b)
 
@@ -483,6 +497,7 @@ def _search(g: Callable[[Any], Any], y: Any) -> Any:
         jnp.zeros(jnp.shape(y), bool),
         bracketed & (f0 != 0) & ~width_small(neg, pos),
     )
+    state = compat.vary_like(state, y)
     _, x, fx, dfx, neg, pos, _, _ = lax.while_loop(refine_cond, refine_body, state)
     # The bracket's ends: keep whichever fits best.
     for end in (neg, pos):

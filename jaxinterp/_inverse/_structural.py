@@ -614,7 +614,8 @@ def _scatter_rule(name: str) -> Any:
         if upd_aval is None:  # a context without avals: the updates' shape
             return None  # is not known
         updates_shape = tuple(upd_aval.shape)
-        if not _is_tracer(indices):
+        # (In a `shard_map` body even constant indices are per shard.)
+        if not _is_tracer(indices) and not compat.in_manual_body():
             with jax.ensure_compile_time_eval():
                 counts = np.asarray(_landings(jnp.shape(y), indices, updates_shape, dn))
             total = int(np.prod(updates_shape))
