@@ -286,7 +286,7 @@ class EagerPlan:
         if prim is compat.jit_p:
             # An interpreter that changes nothing re-binds a `jit` (JAX has
             # compiled it already) until the plan is worth compiling for.
-            identity = not fused and interp.rebinds()
+            identity = not fused and interp.rebinds() and not contains_hijax(eqn)
             fn = None if identity else _jit_callable(interp, eqn)
         elif prim in type(interp).dispatch_table():
             fn = None  # a built-in higher-order handler, through `process_eqn`
@@ -469,3 +469,32 @@ def _process_in(interp: Interpreter, env: dict[Any, Any], eqn: compat.JaxprEqn) 
 def new_plan_table() -> _caches.Cache:
     """An interpreter's plans, per Jaxpr (held weakly)."""
     return _caches.Cache(1024, weak=True, register=False)
+
+
+# Per sub-Jaxpr, whether a hijax `call_hi_primitive` is inside it.
+_hijax_inside = _caches.Cache(4096, weak=True)
+
+
+def contains_hijax(eqn: compat.JaxprEqn) -> bool:
+    """Whether a hijax `call_hi_primitive` (JAX's future-default constructs)
+    is nested in `eqn`'s bodies. Such a construct is walked even by an
+    interpreter that changes nothing: the walker rebuilds a `Scan3` that JAX
+    cannot differentiate or batch (and that JAX 0.12.0.1 mishandles inside
+    `jit`) as the classic `scan`."""
+    hi = compat.call_hi_primitive_p
+    if hi is None:
+        return False
+    for sub in compat.sub_jaxprs(eqn):
+        try:
+            inside = _hijax_inside.get(sub)
+        except TypeError:  # not weakly referenceable
+            inside = None
+        if inside is None:
+            inside = any(e.primitive is hi for e in compat.iter_eqns(sub))
+            try:
+                _hijax_inside.put(sub, inside)
+            except TypeError:
+                pass
+        if inside:
+            return True
+    return False

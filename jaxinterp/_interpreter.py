@@ -656,7 +656,10 @@ def builtin_handler(
         ) -> Any:
             policy = interp.policy_of(eqn)
             if policy == "opaque" or (
-                policy == "recursive" and rebind_when_identity and interp.rebinds()
+                policy == "recursive"
+                and rebind_when_identity
+                and interp.rebinds()
+                and not _eager.contains_hijax(eqn)
             ):
                 return interp.default_rule(eqn, invals)
             return fn(interp, eqn, invals, policy)
