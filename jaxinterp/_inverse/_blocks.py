@@ -643,12 +643,17 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
     if not any(compat.is_tracer(k) for k in known) and not compat.in_manual_body():
         shape, dtype = jnp.shape(y), jnp.result_type(y)
         uniform = all(not jnp.shape(k) for k in known)
-        with jax.ensure_compile_time_eval():
-            ok = np.asarray(
-                _solve.monotone_on_grid(
-                    lambda x: block.g(x, *known), shape, dtype, uniform=uniform
+        try:
+            with jax.ensure_compile_time_eval():
+                ok = np.asarray(
+                    _solve.monotone_on_grid(
+                        lambda x: block.g(x, *known), shape, dtype, uniform=uniform
+                    )
                 )
-            )
+        except jax.errors.TracerArrayConversionError:
+            # Some bodies stage even here (a `custom_jvp` on older JAX): the
+            # check then runs with the solve, NaN where the map turns.
+            return _solve.solver(block.g)(y, *known)
         if not ok.all():
             raise NotInvertibleError(
                 "its unknown operand is an elementwise function of one value that "

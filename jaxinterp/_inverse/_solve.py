@@ -236,7 +236,10 @@ def _lazily(x: Any, y: Any, solve: Callable[[Any], Any]) -> Any:
     # optimisation barrier (the trip count is unknown).
     def body(state: tuple[Any, Any]) -> tuple[Any, Any]:
         ran, x = state
-        return jnp.bool_(True), jnp.where(need, solve(jnp.where(ran, nan, y)), x)
+        # (`ran | True`, not a fresh `True`: it keeps the flag's type, which
+        # varies over the mesh axes inside a `shard_map` body on older JAX.)
+        done = ran | jnp.bool_(True)
+        return done, jnp.where(need, solve(jnp.where(ran, nan, y)), x)
 
     start = lax.optimization_barrier((jnp.bool_(False), x))
     _, x = lax.while_loop(lambda s: ~s[0] & any_need, body, start)
