@@ -179,7 +179,8 @@ def main():
         box = Interval(x0 - radius, x0 + radius)
         out = bounds(fn, box)
         xs = jnp.asarray(RNG.uniform(box.lo, box.hi, (2000, 3)), jnp.float32)
-        ys = jax.vmap(fn)(xs)
+        # lax.map, not vmap: JAX's hijax scan (future flags) cannot batch yet.
+        ys = jax.jit(lambda xs, fn=fn: lax.map(fn, xs))(xs)
         print(f"{fn.__name__} radius {radius:<4}: bounds [{out.lo:+.4f}, "
               f"{out.hi:+.4f}]   sampled [{ys.min():+.4f}, "
               f"{ys.max():+.4f}]")  # fmt: skip
