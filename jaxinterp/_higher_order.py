@@ -60,9 +60,16 @@ def _lift_to(
     tree: Callable[[Any], Any] = jax.tree_util.tree_structure
     if tree(value) == tree(like):
         return value
+    at = f"{eqn_context(interp.name, eqn)}: {where} of `{eqn.primitive.name}`"
+    if type(value) is type(like):
+        # One class, different static fields (a unit, a tag...).
+        raise CustomValueError(
+            f"{at} has the pytree structure {tree(value)} where the construct "
+            f"needs {tree(like)}: both sides of a construct must agree on the "
+            "static fields of a value."
+        )
     context = (
-        f"{eqn_context(interp.name, eqn)}: {where} of `{eqn.primitive.name}` is "
-        f"a {_describe(value)} where the construct needs a {_describe(like)}"
+        f"{at} is a {_describe(value)} where the construct needs a {_describe(like)}"
     )
     if not is_plain(value):
         raise CustomValueError(f"{context}; only a plain array can be lifted.")

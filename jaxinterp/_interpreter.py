@@ -19,6 +19,7 @@ from . import _caches, _eager, _jax_compat as compat, _recursion, _registry
 from ._custom_types import PyTree, has_custom
 from ._env import Env as Env, release_plan
 from ._errors import (
+    CustomValueError,
     JaxinterpError,
     MissingRuleError,
     RuleError,
@@ -443,7 +444,22 @@ class Interpreter:
             fast = _eager.eager_primitive(eqn.primitive, eqn.params, invals)
             if fast is not None:
                 return fast
-        return compat.bind_eqn(eqn.primitive, invals, eqn.params)
+        try:
+            return compat.bind_eqn(eqn.primitive, invals, eqn.params)
+        except TypeError as err:
+            if not has_custom(invals):
+                raise
+            kinds = ", ".join(
+                f"operand {k} is a `{type(v).__name__}`"
+                for k, v in enumerate(invals)
+                if has_custom([v])
+            )
+            raise CustomValueError(
+                f"{eqn_context(self.name, eqn)}: no rule, so the primitive is "
+                f"re-bound, but {kinds}, which JAX cannot take. "
+                f"Register a rule for `{eqn.primitive.name}` in the "
+                "interpreter's `rules` (or handle it in `default_rule`)."
+            ) from err
 
     # ------------------------------------------------------------------
     # Walking.

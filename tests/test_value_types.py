@@ -1,4 +1,4 @@
-"""Two interpreters whose values are their own pytrees, through every construct.
+"""Interpreters whose values are their own pytrees, through every construct.
 
 Written here as a new user would, independently of the gallery: dual numbers
 with hand-written derivatives (checked against `jax.jvp`) and interval
@@ -12,6 +12,10 @@ handling, eagerly and under `jax.jit` of the transformed function, with
 JAX's hijax future flags off and on. Loop carries that start plain and
 become custom need `lift`; `cond` branches returning different types are
 joined by it too.
+
+Two more value types check what the first two do not: taint tags (a boolean
+leaf; no rules at all, `default_rule` only) and units (a static field, which
+both sides of a construct must agree on).
 """
 
 from __future__ import annotations
@@ -593,3 +597,169 @@ def test_interval_bounds_hold_over_any_box(name, x, radius):
     x = jnp.asarray(x, jnp.float32)
     lo, hi = x - radius, x + radius
     check_bounds(REFERENCES.get(name, f), lo, hi, flags_off(box_bounds, f, lo, hi))
+
+
+# ---------------------------------------------------------------------------
+# Two more value types: one with a boolean leaf and no rules at all (taint
+# tracking through `default_rule` alone), one with a static field (units).
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Tainted:
+    v: jax.Array
+    tag: jax.Array  # bool, one per element: derived from the tainted input
+
+
+class TaintTest(jaxinterp.Interpreter):
+    """No rules: every first-order primitive goes through `default_rule`,
+    which marks every result of an equation that reads a tainted value."""
+
+    name = "taint_test"
+
+    def default_rule(self, eqn, invals):
+        plain = [v.v if isinstance(v, Tainted) else v for v in invals]
+        outs = eqn.primitive.bind(*plain, **eqn.params)
+        outs = list(outs) if eqn.primitive.multiple_results else [outs]
+        tags = [jnp.any(v.tag) for v in invals if isinstance(v, Tainted)]
+        if not tags:
+            return outs
+        tag = ft.reduce(jnp.logical_or, tags)
+        return [Tainted(o, jnp.broadcast_to(tag, jnp.shape(o))) for o in outs]
+
+    def lift(self, value, like):
+        return Tainted(value, jnp.zeros(jnp.shape(value), bool))
+
+
+def taint(fn, x):
+    staged = jaxinterp.stage(fn, jax.ShapeDtypeStruct(x.shape, x.dtype))
+    (out,) = TaintTest().run(staged, [Tainted(x, jnp.ones(x.shape, bool))])
+    return out
+
+
+@pytest.mark.parametrize("mode", sorted(m for m, flags in MODES.items() if not flags))
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_taint_tags_through(name, mode):
+    f = PROGRAMS[name]
+    got = _under(mode, lambda x: taint(f, x), X)
+    want = flags_off(REFERENCES.get(name, f), X)
+    # The output is tainted exactly when it depends on `x`: when its Jacobian
+    # is not zero (none of these programs depends on `x` only through a
+    # piecewise-constant step); a plain branch output is lifted untainted.
+    depends = bool(np.any(flags_off(jax.jacfwd(REFERENCES.get(name, f)), X) != 0))
+    assert isinstance(got, Tainted) and got.tag.dtype == jnp.bool_
+    np.testing.assert_array_equal(got.tag, jnp.full(got.tag.shape, depends))
+    try:
+        np.testing.assert_allclose(got.v, want, rtol=1e-5, atol=1e-6)
+    except AssertionError as err:
+        _plain_jax_differs_or_raise(mode, REFERENCES.get(name, f), err)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Quantity:
+    v: jax.Array
+    unit: str = dataclasses.field(metadata=dict(static=True))
+
+
+unit_rules = jaxinterp.RuleRegistry("units_test")
+
+
+def _same_unit(prim):
+    def rule(*invals, **params):
+        units = {v.unit for v in invals if isinstance(v, Quantity)}
+        if len(units) > 1:
+            raise TypeError(f"`{prim.name}` of mixed units {sorted(units)}")
+        plain = [v.v if isinstance(v, Quantity) else v for v in invals]
+        out = prim.bind(*plain, **params)
+        return [Quantity(out, units.pop()) if units else out]
+
+    unit_rules.register(prim, rule)
+
+
+for _prim in [lax.add_p, lax.sub_p, lax.neg_p, lax.max_p, lax.select_n_p,
+              lax.broadcast_in_dim_p, lax.reduce_sum_p, lax.copy_p,
+              lax.convert_element_type_p]:  # fmt: skip
+    _same_unit(_prim)
+
+
+def _mul_units(*invals, **params):
+    units = [v.unit for v in invals if isinstance(v, Quantity)]
+    out = lax.mul_p.bind(*[v.v if isinstance(v, Quantity) else v for v in invals])
+    return [Quantity(out, "*".join(units)) if units else out]
+
+
+unit_rules.register(lax.mul_p, _mul_units)
+for _prim in [lax.lt_p, lax.gt_p]:
+    unit_rules.register(
+        _prim,
+        lambda *invals, _p=_prim, **params: [
+            _p.bind(*[v.v if isinstance(v, Quantity) else v for v in invals])
+        ],
+    )
+
+
+class UnitsTest(jaxinterp.Interpreter):
+    name = "units_test"
+    rules = unit_rules
+
+
+def with_units(fn, x):
+    staged = jaxinterp.stage(fn, jax.ShapeDtypeStruct(x.v.shape, x.v.dtype))
+    (out,) = UnitsTest().run(staged, [x])
+    return out
+
+
+UNIT_PROGRAMS = {
+    "while": lambda x: lax.while_loop(
+        lambda s: s[0] < 3, lambda s: (s[0] + 1, s[1] + x), (0, x)
+    )[1],
+    "cond": lambda x: lax.cond(X[0] > 0, lambda: x + x, lambda: x * 2.0),
+    "scan": lambda x: lax.scan(lambda c, a: (c + a * 2.0, None), x, x[None])[0],
+    "relu-in-checkpoint": lambda x: jax.checkpoint(jax.nn.relu)(x - x * 0.5),
+    "jit": lambda x: jax.jit(lambda y: (y * 3.0) * y)(x),
+}
+UNITS_OUT = {"jit": "m*m"}
+
+
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("name", sorted(UNIT_PROGRAMS))
+def test_a_static_field_goes_through(name, jitted):
+    f = UNIT_PROGRAMS[name]
+    run = jax.jit(with_units, static_argnums=0) if jitted else with_units
+    got = run(f, Quantity(X, "m"))
+    assert isinstance(got, Quantity) and got.unit == UNITS_OUT.get(name, "m")
+    np.testing.assert_allclose(got.v, flags_off(f, X), rtol=1e-6)
+
+
+def test_branches_disagreeing_on_a_static_field_are_refused():
+    def f(x):
+        return lax.cond(X[0] > 0, lambda: x * x, lambda: x)
+
+    with pytest.raises(jaxinterp.CustomValueError) as info:
+        with_units(f, Quantity(X, "m"))
+    message = str(info.value)
+    assert message.startswith("`units_test` at primitive `cond`, used at ")
+    assert f"test_value_types.py:{_line_of(f, 'lax.cond')}" in message
+    assert (
+        "output 0 of branch 1 of `cond` has the pytree structure "
+        "PyTreeDef(CustomNode(Quantity[('m*m',)], [*])) where the construct needs "
+        "PyTreeDef(CustomNode(Quantity[('m',)], [*])): both sides of a construct "
+        "must agree on the static fields of a value."
+    ) in message
+
+
+def test_a_custom_value_reaching_a_primitive_without_rule_is_named():
+    def f(x):
+        return jnp.sin(x)
+
+    with pytest.raises(jaxinterp.CustomValueError) as info:
+        with_units(f, Quantity(X, "m"))
+    message = str(info.value)
+    assert message.startswith("`units_test` at primitive `sin`, used at ")
+    assert f"test_value_types.py:{_line_of(f, 'jnp.sin')}" in message
+    assert message.endswith(
+        ": no rule, so the primitive is re-bound, but operand 0 is a `Quantity`, "
+        "which JAX cannot take. Register a rule for `sin` in the interpreter's "
+        "`rules` (or handle it in `default_rule`)."
+    )
