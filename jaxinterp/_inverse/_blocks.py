@@ -36,7 +36,7 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
-from . import _solve
+from . import _linear_parts as lp, _solve
 
 _Literal = compat.Literal
 
@@ -144,7 +144,7 @@ _LINEAR: dict[str, Callable[[Sequence[bool]], bool]] = {
         for name in (
             "add sub add_any neg reshape transpose squeeze expand_dims "
             "broadcast_in_dim slice concatenate rev pad reduce_sum cumsum copy "
-            "copy_p split"
+            "copy_p split real imag conj complex fft"
         ).split()
     },
     "mul": lambda unknown: sum(unknown) == 1,
@@ -159,12 +159,15 @@ _LINEAR: dict[str, Callable[[Sequence[bool]], bool]] = {
 
 def is_linear(eqn: Any, unknown: Sequence[bool]) -> bool:
     """Whether `eqn`'s results are an affine function of its unknown operands
-    (`unknown`: one flag per operand), all of a real floating type."""
-    if not all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in eqn.outvars):
+    (`unknown`: one flag per operand) over the reals, all of a floating or
+    complex type (complex values count as pairs of reals: `fft`, `real`,
+    `imag`, `conj`, `complex` and products with known complex values are
+    linear steps)."""
+    if not all(_inexact(v) for v in eqn.outvars):
         return False
     name = eqn.primitive.name
     if name == "convert_element_type":
-        return all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in eqn.invars)
+        return all(_inexact(v) for v in eqn.invars)
     if eqn.primitive is compat.jit_p:
         body = compat.jit_params(eqn.params).jaxpr.jaxpr
         inner = {v for v, u in zip(body.invars, unknown, strict=True) if u}
@@ -177,6 +180,10 @@ def is_linear(eqn: Any, unknown: Sequence[bool]) -> bool:
         return True
     check = _LINEAR.get(name)
     return check is not None and check(unknown)
+
+
+def _inexact(v: Any) -> bool:
+    return bool(jnp.issubdtype(v.aval.dtype, jnp.inexact))
 
 
 @dataclasses.dataclass
@@ -218,6 +225,10 @@ class Block:
     # Unknowns of a linear block partly known already (from pieces): their
     # known value (zeros elsewhere) and the flat indices still unknown.
     partial: dict[Any, tuple[Any, np.ndarray]] = dataclasses.field(default_factory=dict)
+    # Values inside a linear block known in parts (a slice of them passed
+    # to the results): their known value (zeros elsewhere) and the flat
+    # indices known, more results to solve from (see `_linear_parts.py`).
+    parts: dict[Any, tuple[Any, np.ndarray]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.ys:
@@ -245,6 +256,7 @@ class Block:
             [*self.ys, *other.ys],
             xs,
             {**self.partial, **other.partial},
+            {**self.parts, **other.parts},
         )
 
     def run(
@@ -328,7 +340,7 @@ def find_block(
         return None
     y = eqn.outvars[0]
     shape = y.aval.shape
-    if not jnp.issubdtype(y.aval.dtype, jnp.floating):
+    if not jnp.issubdtype(y.aval.dtype, jnp.floating if kind == ELEMENTWISE else jnp.inexact):
         return None
 
     def member(e: Any) -> bool:
@@ -583,7 +595,7 @@ def linear_matrix(block: Block, known: Sequence[Any]) -> tuple[Any, Any]:
     def flat(u: Any) -> Any:
         parts = _place(block, u)
         env = block.run(parts if len(parts) > 1 else parts[0], known)
-        return jnp.concatenate([jnp.ravel(env[v]) for v in block.ys])
+        return lp.flatten_results(block, env)
 
     zero = jnp.zeros((sum(sizes),), dtype)
     return jax.jacfwd(flat)(zero), flat(zero)
@@ -617,21 +629,27 @@ def solve_linear(
     """The unknowns (one value, or a list for several) and `-log|det J|`
     for a linear block `ys = J u + c`: an LU solve when `J` is square, least
     squares when there are more results than unknowns (the results hold the
-    unknowns redundantly; the ildj is then NaN: the map has no log-det). NaN
-    unless the residual is within rounding (`ys` outside the image, or `J`
-    singular)."""
+    unknowns redundantly; the ildj is then `-0.5 log det(J^T J)`, minus the
+    log of the volume factor of the map onto its image). NaN unless the
+    residual is within rounding (`ys` outside the image, or `J` singular).
+    Complex results count as their real and imaginary parts."""
     jac, offset = linear_matrix(block, known)
-    rhs = jnp.concatenate([jnp.ravel(y) for y in ys]) - offset
+    rhs = lp.flatten_values(block, ys) - offset
     m, n = jac.shape
+    eps = jnp.finfo(jnp.result_type(rhs)).eps
+    # Singular values: `J` must have full column rank at this precision
+    # (else the unknowns are not determined, and LU or least squares would
+    # return one preimage among many).
+    sv = jnp.linalg.svd(jac, compute_uv=False)
+    full_rank = sv[-1] > max(m, n) * eps * sv[0]
     if m == n:
         u = jnp.linalg.solve(jac, rhs)
         ildj = -jnp.linalg.slogdet(jac)[1]
     else:
         u = jnp.linalg.lstsq(jac, rhs)[0]
-        ildj = jnp.asarray(jnp.nan, jnp.result_type(rhs))
-    eps = jnp.finfo(jnp.result_type(rhs)).eps
+        ildj = -jnp.sum(jnp.log(sv))
     scale = jnp.abs(jac) @ jnp.abs(u) + jnp.abs(rhs)
-    ok = jnp.all(jnp.abs(jac @ u - rhs) <= 8 * n * eps * scale)
+    ok = full_rank & jnp.all(jnp.abs(jac @ u - rhs) <= 8 * n * eps * scale)
     parts = _place(block, jnp.where(ok, u, jnp.nan))
     return (parts if len(parts) > 1 else parts[0]), ildj
 
@@ -708,6 +726,8 @@ def too_large(block: Block) -> str:
 
 def too_few(block: Block) -> str:
     results = ", ".join(v.aval.str_short() for v in block.ys)
+    if block.parts:
+        results += f", and {lp.parts_size(block)} elements known of values inside"
     return (
         f"its unknown operand is a linear function of "
         f"{_describe_unknowns(block)}, and the known results it reaches "

@@ -20,7 +20,6 @@ live in `_refusals.py`.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -37,7 +36,13 @@ from .._errors import (
     reraise,
 )
 from .._registry import RuleRegistry
-from . import _blocks as bl, _branches as br, _masked as mk, _refusals as rf
+from . import (
+    _blocks as bl,
+    _branches as br,
+    _linear_parts as lp,
+    _masked as mk,
+    _refusals as rf,
+)
 from ._dataflow import (
     BLOCKING as BLOCKING,
     FORWARD as FORWARD,
@@ -477,6 +482,7 @@ class InverseWalker:
                         block.partial[v] = bl.partly_known(
                             v.aval.shape, v.aval.dtype, st.pieces[v]
                         )
+                lp.add_parts(block, st.pieces, bl.partly_known)
             elif block.x in st.pieces:
                 continue
             try:
@@ -508,7 +514,7 @@ class InverseWalker:
         ildj: Any = 0.0
         if block.kind == bl.LINEAR:
             size = bl.unknown_size(block)
-            if size > sum(math.prod(v.aval.shape) for v in block.ys):
+            if size > lp.result_size(block):
                 return bl.too_few(block)
             if size > bl.MAX_LINEAR:
                 return bl.too_large(block)
