@@ -410,7 +410,9 @@ def find_block(
         for v in inner.invars
         if type(v) is not _Literal and not known(v)
     ]
-    if len(reads) == len(set(reads)):
+    if len(reads) == len(set(reads)) and not (
+        kind == LINEAR and lp.through_complex(block_eqns)
+    ):
         return None
     known_vars: list[Any] = []
     seen: set[Any] = set()
@@ -597,6 +599,11 @@ def linear_matrix(block: Block, known: Sequence[Any]) -> tuple[Any, Any]:
         env = block.run(parts if len(parts) > 1 else parts[0], known)
         return lp.flatten_results(block, env)
 
+    if not any(compat.is_tracer(k) for k in known) and not compat.in_manual_body():
+        # Constants only: `J` is concrete, and its rank is checked now.
+        with jax.ensure_compile_time_eval():
+            zero = jnp.zeros((sum(sizes),), dtype)
+            return jax.jacfwd(flat)(zero), flat(zero)
     zero = jnp.zeros((sum(sizes),), dtype)
     return jax.jacfwd(flat)(zero), flat(zero)
 
@@ -634,6 +641,7 @@ def solve_linear(
     residual is within rounding (`ys` outside the image, or `J` singular).
     Complex results count as their real and imaginary parts."""
     jac, offset = linear_matrix(block, known)
+    lp.check_rank(block, jac)
     rhs = lp.flatten_values(block, ys) - offset
     m, n = jac.shape
     eps = jnp.finfo(jnp.result_type(rhs)).eps

@@ -26,6 +26,9 @@ from typing import TYPE_CHECKING, Any
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _jax_compat as compat
+from .._errors import NotInvertibleError
+
 if TYPE_CHECKING:
     from ._blocks import Block
 
@@ -85,3 +88,35 @@ def add_parts(block: Block, pieces: dict[Any, list[Any]], partly_known: Any) -> 
             known = np.setdiff1d(np.arange(math.prod(v.aval.shape)), uncovered)
             if known.size:
                 block.parts[v] = (base, known)
+
+
+def through_complex(eqns: Sequence[Any]) -> bool:
+    """Whether a chain of linear steps passes through complex values: then a
+    step that alone discards a part (`real`, an `IRFFT`) may discard only
+    what an earlier step made redundant, so the chain is solved as a block."""
+    return any(
+        jnp.issubdtype(v.aval.dtype, jnp.complexfloating)
+        for e in eqns
+        for v in e.outvars
+    )
+
+
+def check_rank(block: Block, jac: Any) -> None:
+    """Refuse a block whose concrete matrix `J` has rank below its number of
+    unknowns (they are not determined); a traced `J` is checked when solved
+    (NaN)."""
+    if compat.is_tracer(jac):
+        return
+    mat = np.asarray(jac, np.float64)
+    m, n = mat.shape
+    if n == 0:
+        return
+    sv = np.linalg.svd(mat, compute_uv=False)
+    eps = float(jnp.finfo(jac.dtype).eps)
+    rank = int(np.sum(sv > max(m, n) * eps * sv[0])) if sv[0] > 0 else 0
+    if rank < n:
+        raise NotInvertibleError(
+            f"its unknown operand is a linear function of {n} unknowns whose "
+            f"matrix has rank {rank}: the known results it reaches do not "
+            "determine them"
+        )

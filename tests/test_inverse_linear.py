@@ -1,0 +1,254 @@
+"""Linear blocks through complex values (`fft`, `real`, known complex factors),
+linear blocks whose results are merged from pieces (Haar of odd length),
+non-square linear blocks (zero-sum) and the `fft` inverse rule."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import jaxinterp
+from jaxinterp import NotInvertibleError
+
+FLOATS = st.floats(-3, 3, allow_nan=False, width=32)
+
+
+def vectors(n):
+    return hnp.arrays(np.float32, (n,), elements=FLOATS)
+
+
+# -- the maps, written as libraries write them --------------------------------
+
+
+def dct(x):
+    """Orthonormal DCT-II along the last axis by one complex FFT (Makhoul)."""
+    n = x.shape[-1]
+    v = jnp.concatenate([x[..., ::2], x[..., 1::2][..., ::-1]], -1)
+    k = jnp.arange(n)
+    twiddle = jnp.exp(-1j * jnp.pi * k / (2 * n))
+    scale = jnp.where(k == 0, jnp.sqrt(1.0 / (4 * n)), jnp.sqrt(1.0 / (2 * n)))
+    return 2 * scale * jnp.real(jnp.fft.fft(v) * twiddle)
+
+
+def dct_matrix(n):
+    """The same DCT as an explicit cosine matrix (no FFT)."""
+    k = np.arange(n)[:, None]
+    j = np.arange(n)[None, :]
+    c = np.cos(np.pi * k * (2 * j + 1) / (2 * n)) * np.sqrt(2.0 / n)
+    c[0] /= np.sqrt(2.0)
+    return c
+
+
+def haar(x):
+    """Orthonormal Haar transform of any length: sums and differences of
+    pairs, the odd element passed through at each level."""
+    r = 1 / math.sqrt(2)
+    lo, parts = x, []
+    while lo.shape[-1] > 1:
+        n = lo.shape[-1] // 2
+        even, odd = lo[..., 0 : 2 * n : 2], lo[..., 1 : 2 * n : 2]
+        parts.append(lo[..., 2 * n :])
+        parts.append(r * (even - odd))
+        lo = r * (even + odd)
+    return jnp.concatenate([lo, *parts[::-1]], -1)
+
+
+def haar_inverse(y, n):
+    """Hand-written inverse of `haar` for length `n`."""
+    r = 1 / math.sqrt(2)
+    sizes = []
+    m = n
+    while m > 1:
+        sizes.append(m)
+        m //= 2
+    lo, pos = y[:1], 1
+    for size in reversed(sizes):
+        half, extra = size // 2, size % 2
+        hi, end = y[pos : pos + half], y[pos + half : pos + half + extra]
+        pos += extra + half
+        even, odd = r * (lo + hi), r * (lo - hi)
+        lo = np.concatenate([np.stack([even, odd], -1).reshape(-1), end])
+    return lo
+
+
+def zero_sum(x):
+    """R^{n-1} to the zero-sum vectors of R^n (an orthonormal basis)."""
+    n = x.shape[-1] + 1
+    total = jnp.sum(x, -1, keepdims=True)
+    norm = total / (jnp.sqrt(n) + n)
+    fill = norm - total / jnp.sqrt(n)
+    return jnp.concatenate([x, fill], -1) - norm
+
+
+def real_jacobian(f, x):
+    """The Jacobian of `f` with complex results split into real and imaginary parts."""
+
+    def flat(v):
+        out = f(v)
+        if jnp.iscomplexobj(out):
+            return jnp.concatenate([jnp.real(out).ravel(), jnp.imag(out).ravel()])
+        return out.ravel()
+
+    return jax.jacfwd(flat)(x)
+
+
+# -- DCT via fft: a square linear block through complex values ------------------
+
+
+@settings(max_examples=15, deadline=None)
+@given(x=vectors(6))
+def test_dct_via_fft_is_inverted_exactly_with_its_log_det(x):
+    y = dct(x)
+    np.testing.assert_allclose(y, dct_matrix(6) @ x, atol=2e-5)
+    got = jaxinterp.inverse(dct)(y)
+    want = np.linalg.solve(dct_matrix(6), np.asarray(y, np.float64))
+    np.testing.assert_allclose(got, want, atol=3e-5)
+    ildj = jaxinterp.ildj(dct)(y)
+    np.testing.assert_allclose(ildj, -np.linalg.slogdet(jax.jacfwd(dct)(x))[1], atol=1e-4)
+
+
+def test_dct_inverse_composes_with_jit_vmap_and_grad():
+    xs = jnp.asarray(np.random.default_rng(0).normal(size=(3, 8)), jnp.float32)
+    inv = jaxinterp.inverse(dct)
+    ys = jax.vmap(dct)(xs)
+    np.testing.assert_allclose(jax.jit(inv)(ys[0]), xs[0], atol=3e-5)
+    np.testing.assert_allclose(jax.vmap(inv)(ys), xs, atol=3e-5)
+    # The inverse is linear: its gradient is a row of the inverse matrix.
+    grad = jax.grad(lambda y: inv(y)[2])(ys[0])
+    np.testing.assert_allclose(grad, np.linalg.inv(dct_matrix(8))[2], atol=3e-5)
+
+
+# -- Haar of odd length: results merged from pieces ------------------------------
+
+
+@settings(max_examples=15, deadline=None)
+@given(n=st.sampled_from([3, 5, 6, 7]), data=st.data())
+def test_haar_of_odd_lengths_is_inverted(n, data):
+    x = data.draw(vectors(n))
+    y = haar(x)
+    np.testing.assert_allclose(haar_inverse(np.asarray(y, np.float64), n), x, atol=3e-5)
+    got = jaxinterp.inverse(haar)(y)
+    np.testing.assert_allclose(got, haar_inverse(np.asarray(y, np.float64), n), atol=3e-5)
+    ildj = jaxinterp.ildj(haar)(y)
+    np.testing.assert_allclose(ildj, -np.linalg.slogdet(jax.jacfwd(haar)(x))[1], atol=1e-4)
+
+
+def test_haar_explains_a_linear_solve():
+    text = str(jaxinterp.explain_inverse(haar, jnp.arange(6.0)))
+    assert "linear solve" in text
+
+
+# -- non-square linear blocks ------------------------------------------------------
+
+
+@settings(max_examples=15, deadline=None)
+@given(x=vectors(4))
+def test_zero_sum_ildj_is_minus_half_logdet_of_the_gram_matrix(x):
+    inv = jaxinterp.inverse(zero_sum, example_args=(x,))
+    y = zero_sum(x)
+    np.testing.assert_allclose(jnp.sum(y), 0.0, atol=1e-5)
+    np.testing.assert_allclose(inv(y), x, atol=3e-5)
+    jac = np.asarray(jax.jacfwd(zero_sum)(x), np.float64)
+    want = -0.5 * np.linalg.slogdet(jac.T @ jac)[1]
+    ildj = jaxinterp.ildj(zero_sum, example_args=(x,))(y)
+    np.testing.assert_allclose(ildj, want, atol=1e-4)
+
+
+def test_a_non_square_block_gives_nan_off_its_image():
+    x = jnp.array([0.5, -1.0, 2.0])
+    y = zero_sum(x).at[0].add(0.25)  # no longer sums to zero
+    got = jaxinterp.inverse(zero_sum, example_args=(x,))(y)
+    assert np.isnan(np.asarray(got)).all()
+
+
+def test_a_rank_deficient_block_is_refused_not_given_a_preimage():
+    # Two results per unknown, but only the symmetric part of x is seen:
+    # least squares would return one preimage among many.
+    def f(x):
+        s = x + x[::-1]
+        return jnp.concatenate([s, 2 * s])
+
+    x = jnp.array([1.0, 2.0, 3.0])
+    with pytest.raises(NotInvertibleError) as err:
+        jaxinterp.inverse(f, example_args=(x,))(f(x))
+    assert (
+        "its unknown operand is a linear function of 3 unknowns whose matrix has "
+        "rank 2: the known results it reaches do not determine them"
+    ) in str(err.value)
+
+
+def test_a_complex_detour_is_a_block_and_a_lost_part_is_refused():
+    x = jnp.array([0.5, -1.5, 2.0])
+    keep = lambda v: jnp.imag(v * (1.0 + 0.5j))  # noqa: E731
+    np.testing.assert_allclose(jaxinterp.inverse(keep)(keep(x)), x, atol=1e-6)
+    lose = lambda v: jnp.imag(v * (2.0 + 0j))  # noqa: E731
+    with pytest.raises(NotInvertibleError, match="whose matrix has rank 0"):
+        jaxinterp.inverse(lose)(lose(x))
+
+
+# -- the fft rule --------------------------------------------------------------------
+
+
+@settings(max_examples=10, deadline=None)
+@given(re=vectors(4), im=vectors(4))
+def test_fft_and_ifft_invert_each_other_with_closed_form_ildj(re, im):
+    z = jnp.asarray(re + 1j * im, jnp.complex64)
+    for f in (jnp.fft.fft, jnp.fft.ifft):
+        y = f(z)
+        np.testing.assert_allclose(jaxinterp.inverse(f)(y), z, atol=3e-5)
+        jac = np.asarray(
+            real_jacobian(lambda v: f(v[:4] + 1j * v[4:]), jnp.concatenate([re, im])),
+            np.float64,
+        )
+        want = -np.linalg.slogdet(jac)[1]
+        np.testing.assert_allclose(jaxinterp.ildj(f)(y), want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(8,), (7,), (3, 6), (2, 5)])
+def test_rfft_is_inverted_with_the_area_formula_ildj(shape):
+    x = jnp.asarray(np.random.default_rng(1).normal(size=shape), jnp.float32)
+    f = jnp.fft.rfftn
+    y = f(x)
+    inv = jaxinterp.inverse(f, example_args=(x,))
+    np.testing.assert_allclose(inv(y), x, atol=3e-5)
+    jac = np.asarray(real_jacobian(f, x), np.float64).reshape(-1, x.size)
+    want = -0.5 * np.linalg.slogdet(jac.T @ jac)[1]
+    got = jaxinterp.ildj(f, example_args=(x,))(y)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_rfft_gives_nan_off_its_image():
+    x = jnp.arange(8.0)
+    y = jnp.fft.rfft(x).at[0].add(0.5j)  # the zero frequency of a real signal is real
+    got = jaxinterp.inverse(jnp.fft.rfft, example_args=(x,))(y)
+    assert np.isnan(np.asarray(got)).all()
+
+
+def test_irfft_alone_is_refused():
+    with pytest.raises(NotInvertibleError) as err:
+        jaxinterp.inverse(
+            lambda v: jnp.fft.irfft(v, n=6),
+            example_args=(jnp.zeros(4, jnp.complex64),),
+        )(jnp.ones(6))
+    assert (
+        "`fft` of type IRFFT is not invertible: it discards the imaginary part of "
+        "the self-conjugate frequencies of its operand"
+    ) in str(err.value)
+
+
+def test_irfft_after_rfft_is_a_linear_block():
+    def smooth(x):
+        return jnp.fft.irfft(jnp.fft.rfft(x) * (1.5 + 0.5j), n=x.shape[-1])
+
+    x = jnp.array([0.3, -1.0, 2.0, 0.5, 0.1])
+    jac = np.asarray(jax.jacfwd(smooth)(x), np.float64)
+    want = np.linalg.solve(jac, np.asarray(smooth(x), np.float64))
+    np.testing.assert_allclose(jaxinterp.inverse(smooth)(smooth(x)), want, atol=3e-5)
+    np.testing.assert_allclose(
+        jaxinterp.ildj(smooth)(smooth(x)), -np.linalg.slogdet(jac)[1], atol=1e-4
+    )
