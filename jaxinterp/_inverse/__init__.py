@@ -6,6 +6,7 @@ them are imported here, so a missing or renamed module fails loudly.
 """
 
 from . import (
+    _cholesky as _cholesky,
     _control_flow as _control_flow,
     _elementwise as _elementwise,
     _fft as _fft,

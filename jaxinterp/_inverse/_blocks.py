@@ -44,6 +44,7 @@ _Literal = compat.Literal
 PIECEWISE = "piecewise"
 ELEMENTWISE_SOLVE = "elementwise solve"
 LINEAR_SOLVE = "linear solve"
+SYMMETRIC_SOLVE = "symmetric solve"
 
 # Kinds of block.
 ELEMENTWISE = "elementwise"
@@ -243,7 +244,7 @@ class Block:
         by_index.update(zip(other.indices, other.eqns, strict=True))
         known = list(self.known) + [v for v in other.known if v not in self.known]
         xs = list(self.xs) + [v for v in other.xs if v not in self.xs]
-        return Block(
+        merged = Block(
             self.top,
             order,
             [by_index[i] for i in order],
@@ -258,6 +259,8 @@ class Block:
             {**self.partial, **other.partial},
             {**self.parts, **other.parts},
         )
+        merged.ys = [*self.ys, *other.ys]  # may be empty (known in parts)
+        return merged
 
     def run(
         self,
@@ -632,17 +635,36 @@ def _place(block: Block, u: Any) -> list[Any]:
 
 def solve_linear(
     block: Block, ys: Sequence[Any], known: Sequence[Any]
-) -> tuple[Any, Any]:
+) -> tuple[Any, Any, str]:
     """The unknowns (one value, or a list for several) and `-log|det J|`
     for a linear block `ys = J u + c`: an LU solve when `J` is square, least
     squares when there are more results than unknowns (the results hold the
     unknowns redundantly; the ildj is then `-0.5 log det(J^T J)`, minus the
     log of the volume factor of the map onto its image). NaN unless the
     residual is within rounding (`ys` outside the image, or `J` singular).
-    Complex results count as their real and imaginary parts."""
+    Complex results count as their real and imaginary parts. A block that
+    reads only the symmetric part of its one unknown matrix is solved on
+    symmetric matrices (`lp.symmetric_basis`; method `SYMMETRIC_SOLVE`)."""
     jac, offset = linear_matrix(block, known)
-    lp.check_rank(block, jac)
     rhs = lp.flatten_values(block, ys) - offset
+    basis = lp.symmetric_basis(block, jac)
+    if basis is not None:
+        reduced = jac @ basis
+        lp.check_rank(block, reduced)
+        v, ildj, ok = _least_squares(reduced, rhs)
+        u = basis @ v
+        parts = _place(block, jnp.where(ok, u, jnp.nan))
+        return (parts if len(parts) > 1 else parts[0]), ildj, SYMMETRIC_SOLVE
+    lp.check_rank(block, jac)
+    u, ildj, ok = _least_squares(jac, rhs)
+    parts = _place(block, jnp.where(ok, u, jnp.nan))
+    return (parts if len(parts) > 1 else parts[0]), ildj, LINEAR_SOLVE
+
+
+def _least_squares(jac: Any, rhs: Any) -> tuple[Any, Any, Any]:
+    """`u` with `J u = rhs` (LU when square, else least squares), the ildj
+    (`-log|det J|`, or `-0.5 log det(J^T J)`), and whether `J` has full
+    column rank and the residual is within rounding."""
     m, n = jac.shape
     eps = jnp.finfo(jnp.result_type(rhs)).eps
     # Singular values: `J` must have full column rank at this precision
@@ -658,8 +680,7 @@ def solve_linear(
         ildj = -jnp.sum(jnp.log(sv))
     scale = jnp.abs(jac) @ jnp.abs(u) + jnp.abs(rhs)
     ok = full_rank & jnp.all(jnp.abs(jac @ u - rhs) <= 8 * n * eps * scale)
-    parts = _place(block, jnp.where(ok, u, jnp.nan))
-    return (parts if len(parts) > 1 else parts[0]), ildj
+    return u, ildj, ok
 
 
 def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
@@ -733,9 +754,10 @@ def too_large(block: Block) -> str:
 
 
 def too_few(block: Block) -> str:
-    results = ", ".join(v.aval.str_short() for v in block.ys)
+    names = [v.aval.str_short() for v in block.ys]
     if block.parts:
-        results += f", and {lp.parts_size(block)} elements known of values inside"
+        names.append(f"{lp.parts_size(block)} elements known of values inside")
+    results = ", ".join(names)
     return (
         f"its unknown operand is a linear function of "
         f"{_describe_unknowns(block)}, and the known results it reaches "
