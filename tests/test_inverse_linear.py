@@ -8,8 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 import jaxinterp
@@ -109,7 +108,9 @@ def test_dct_via_fft_is_inverted_exactly_with_its_log_det(x):
     want = np.linalg.solve(dct_matrix(6), np.asarray(y, np.float64))
     np.testing.assert_allclose(got, want, atol=3e-5)
     ildj = jaxinterp.ildj(dct)(y)
-    np.testing.assert_allclose(ildj, -np.linalg.slogdet(jax.jacfwd(dct)(x))[1], atol=1e-4)
+    np.testing.assert_allclose(
+        ildj, -np.linalg.slogdet(jax.jacfwd(dct)(x))[1], atol=1e-4
+    )
 
 
 def test_dct_inverse_composes_with_jit_vmap_and_grad():
@@ -133,9 +134,13 @@ def test_haar_of_odd_lengths_is_inverted(n, data):
     y = haar(x)
     np.testing.assert_allclose(haar_inverse(np.asarray(y, np.float64), n), x, atol=3e-5)
     got = jaxinterp.inverse(haar)(y)
-    np.testing.assert_allclose(got, haar_inverse(np.asarray(y, np.float64), n), atol=3e-5)
+    np.testing.assert_allclose(
+        got, haar_inverse(np.asarray(y, np.float64), n), atol=3e-5
+    )
     ildj = jaxinterp.ildj(haar)(y)
-    np.testing.assert_allclose(ildj, -np.linalg.slogdet(jax.jacfwd(haar)(x))[1], atol=1e-4)
+    np.testing.assert_allclose(
+        ildj, -np.linalg.slogdet(jax.jacfwd(haar)(x))[1], atol=1e-4
+    )
 
 
 def test_haar_explains_a_linear_solve():
@@ -201,10 +206,11 @@ def test_fft_and_ifft_invert_each_other_with_closed_form_ildj(re, im):
     for f in (jnp.fft.fft, jnp.fft.ifft):
         y = f(z)
         np.testing.assert_allclose(jaxinterp.inverse(f)(y), z, atol=3e-5)
-        jac = np.asarray(
-            real_jacobian(lambda v: f(v[:4] + 1j * v[4:]), jnp.concatenate([re, im])),
-            np.float64,
-        )
+
+        def of_parts(v, f=f):
+            return f(v[:4] + 1j * v[4:])
+
+        jac = np.asarray(real_jacobian(of_parts, jnp.concatenate([re, im])), np.float64)
         want = -np.linalg.slogdet(jac)[1]
         np.testing.assert_allclose(jaxinterp.ildj(f)(y), want, rtol=1e-5)
 
@@ -285,7 +291,9 @@ def test_cholesky_is_inverted_on_symmetric_matrices(raw):
     lower = jnp.asarray(factor, jnp.float32)
     got, ildj = jaxinterp.inverse_and_ildj(jnp.linalg.cholesky)(lower)
     np.testing.assert_allclose(got, x, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(ildj, free_coordinates_ildj(factor), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        ildj, free_coordinates_ildj(factor), rtol=1e-4, atol=1e-4
+    )
     # The closed form (NumPyro's `CholeskyTransform` log-det, negated).
     n = 3
     closed = n * np.log(2) + np.sum(np.arange(n, 0, -1) * np.log(np.diag(factor)))

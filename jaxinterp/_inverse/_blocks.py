@@ -343,7 +343,9 @@ def find_block(
         return None
     y = eqn.outvars[0]
     shape = y.aval.shape
-    if not jnp.issubdtype(y.aval.dtype, jnp.floating if kind == ELEMENTWISE else jnp.inexact):
+    if not jnp.issubdtype(
+        y.aval.dtype, jnp.floating if kind == ELEMENTWISE else jnp.inexact
+    ):
         return None
 
     def member(e: Any) -> bool:

@@ -16,7 +16,6 @@ from jax import lax
 from .._errors import NotInvertibleError
 from ._rules import InverseContext, inverse_rules, total
 
-
 BOTH_UNKNOWN = (
     "`dot_general` of two unknown operands is not inverted: a product such as "
     "`L @ L.T` has many factors (a matrix square root is not unique: `L @ Q` "

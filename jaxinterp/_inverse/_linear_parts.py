@@ -164,7 +164,9 @@ def symmetric_basis(block: Block, jac: Any) -> Any | None:
     mat = np.asarray(jac, np.float64)
     eps = float(jnp.finfo(jac.dtype).eps)
     scale = float(np.max(np.abs(mat))) if mat.size else 0.0
-    if scale == 0 or not np.allclose(mat[:, swapped], mat, rtol=0, atol=64 * eps * scale):
+    if scale == 0 or not np.allclose(
+        mat[:, swapped], mat, rtol=0, atol=64 * eps * scale
+    ):
         return None
     sv = np.linalg.svd(mat, compute_uv=False)
     if int(np.sum(sv > max(mat.shape) * eps * sv[0])) == n:

@@ -496,7 +496,7 @@ class PieceResult:
     else the rule gives `ildj`, over the elements the pieces cover
     (`cholesky`: the lower triangle of its operand)."""
 
-    pieces: Sequence[Piece]  # stored as a tuple
+    pieces: Sequence[Piece | MaskedPiece]  # stored as a tuple
     ildj: Any = None
 
     def __post_init__(self) -> None:
