@@ -346,3 +346,20 @@ def test_an_outer_product_of_an_unknown_factor_is_refused():
     with pytest.raises(NotInvertibleError) as err:
         jaxinterp.inverse(lambda m: m @ m.T)(factor @ factor.T)
     assert "a matrix square root is not unique" in str(err.value)
+
+
+# -- traced known operands: the rank is checked at run time -----------------------
+
+
+def test_a_block_with_traced_known_operands_is_solved_or_nan():
+    def f(x, c):
+        return x + c * x[::-1]
+
+    x = jnp.array([0.5, -1.0, 2.0, 0.25])
+    inv = jax.jit(jaxinterp.inverse(f, argnums=0))
+    for c in (0.3, -2.0):
+        jac = np.eye(4) + c * np.eye(4)[::-1]
+        want = np.linalg.solve(jac, np.asarray(f(x, c), np.float64))
+        np.testing.assert_allclose(inv(f(x, c), c), want, atol=1e-5)
+    # c = 1: `x + x[::-1]` does not determine x.
+    assert np.isnan(np.asarray(inv(f(x, 1.0), 1.0))).all()

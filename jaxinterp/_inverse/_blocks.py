@@ -669,17 +669,20 @@ def _least_squares(jac: Any, rhs: Any) -> tuple[Any, Any, Any]:
     column rank and the residual is within rounding."""
     m, n = jac.shape
     eps = jnp.finfo(jnp.result_type(rhs)).eps
-    # Singular values: `J` must have full column rank at this precision
-    # (else the unknowns are not determined, and LU or least squares would
-    # return one preimage among many).
-    sv = jnp.linalg.svd(jac, compute_uv=False)
-    full_rank = sv[-1] > max(m, n) * eps * sv[0]
+    full_rank: Any = True
+    if compat.is_tracer(jac):
+        # Singular values: `J` must have full column rank at this precision
+        # (else the unknowns are not determined, and LU or least squares
+        # would return one preimage among many). A concrete `J` was checked
+        # while tracing (`lp.check_rank`).
+        sv = jnp.linalg.svd(jac, compute_uv=False)
+        full_rank = sv[-1] > max(m, n) * eps * sv[0]
     if m == n:
         u = jnp.linalg.solve(jac, rhs)
         ildj = -jnp.linalg.slogdet(jac)[1]
     else:
         u = jnp.linalg.lstsq(jac, rhs)[0]
-        ildj = -jnp.sum(jnp.log(sv))
+        ildj = -0.5 * jnp.linalg.slogdet(jac.T @ jac)[1]
     scale = jnp.abs(jac) @ jnp.abs(u) + jnp.abs(rhs)
     ok = full_rank & jnp.all(jnp.abs(jac @ u - rhs) <= 8 * n * eps * scale)
     return u, ildj, ok
