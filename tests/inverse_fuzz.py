@@ -1551,12 +1551,26 @@ def _compare_select(g: _Gen) -> Stmt | None:
 
 @_op("complex_part", ["convert_element_type", "mul", "real", "imag"], 1)
 def _complex_part(g: _Gen) -> Stmt | None:
-    """A detour through complex numbers that keeps one part (refused)."""
+    """A detour through complex numbers that keeps one part (a linear block)."""
     v = g.operand()
     if v is None:
         return None
     part = g.ch.choice(["jnp.real", "jnp.imag"])
     return Stmt("complex_part", (v.name,), f"{part}({{0}} * (1.0 + 0.5j))")
+
+
+@_op("fourier", ["fft", "mul"], 1, kind="any")
+def _fourier(g: _Gen) -> Stmt | None:
+    """A filter in the frequency domain: `fft` steps in a linear block."""
+    v = g.operand(lambda v: len(v.shape) >= 1 and v.shape[-1] >= 1)
+    if v is None:
+        return None
+    n = v.shape[-1]
+    if g.ch.choice([True, False]):
+        expr = f"jnp.fft.irfft(jnp.fft.rfft({{0}}) * (1.5 + 0.5j), n={n})"
+    else:
+        expr = "jnp.real(jnp.fft.ifft(jnp.fft.fft({0}) * (2.0 - 1.0j)))"
+    return Stmt("fourier", (v.name,), expr)
 
 
 @_op("tile", ["tile"], 1, kind="any")

@@ -6,8 +6,10 @@ them are imported here, so a missing or renamed module fails loudly.
 """
 
 from . import (
+    _cholesky as _cholesky,
     _control_flow as _control_flow,
     _elementwise as _elementwise,
+    _fft as _fft,
     _linalg as _linalg,
     _rules as _rules,
     _sharded as _sharded,

@@ -36,7 +36,7 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
-from . import _solve
+from . import _linear_parts as lp, _solve
 
 _Literal = compat.Literal
 
@@ -44,6 +44,7 @@ _Literal = compat.Literal
 PIECEWISE = "piecewise"
 ELEMENTWISE_SOLVE = "elementwise solve"
 LINEAR_SOLVE = "linear solve"
+SYMMETRIC_SOLVE = "symmetric solve"
 
 # Kinds of block.
 ELEMENTWISE = "elementwise"
@@ -144,7 +145,7 @@ _LINEAR: dict[str, Callable[[Sequence[bool]], bool]] = {
         for name in (
             "add sub add_any neg reshape transpose squeeze expand_dims "
             "broadcast_in_dim slice concatenate rev pad reduce_sum cumsum copy "
-            "copy_p split"
+            "copy_p split real imag conj complex fft"
         ).split()
     },
     "mul": lambda unknown: sum(unknown) == 1,
@@ -159,12 +160,15 @@ _LINEAR: dict[str, Callable[[Sequence[bool]], bool]] = {
 
 def is_linear(eqn: Any, unknown: Sequence[bool]) -> bool:
     """Whether `eqn`'s results are an affine function of its unknown operands
-    (`unknown`: one flag per operand), all of a real floating type."""
-    if not all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in eqn.outvars):
+    (`unknown`: one flag per operand) over the reals, all of a floating or
+    complex type (complex values count as pairs of reals: `fft`, `real`,
+    `imag`, `conj`, `complex` and products with known complex values are
+    linear steps)."""
+    if not all(_inexact(v) for v in eqn.outvars):
         return False
     name = eqn.primitive.name
     if name == "convert_element_type":
-        return all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in eqn.invars)
+        return all(_inexact(v) for v in eqn.invars)
     if eqn.primitive is compat.jit_p:
         body = compat.jit_params(eqn.params).jaxpr.jaxpr
         inner = {v for v, u in zip(body.invars, unknown, strict=True) if u}
@@ -177,6 +181,10 @@ def is_linear(eqn: Any, unknown: Sequence[bool]) -> bool:
         return True
     check = _LINEAR.get(name)
     return check is not None and check(unknown)
+
+
+def _inexact(v: Any) -> bool:
+    return bool(jnp.issubdtype(v.aval.dtype, jnp.inexact))
 
 
 @dataclasses.dataclass
@@ -218,6 +226,10 @@ class Block:
     # Unknowns of a linear block partly known already (from pieces): their
     # known value (zeros elsewhere) and the flat indices still unknown.
     partial: dict[Any, tuple[Any, np.ndarray]] = dataclasses.field(default_factory=dict)
+    # Values inside a linear block known in parts (a slice of them passed
+    # to the results): their known value (zeros elsewhere) and the flat
+    # indices known, more results to solve from (see `_linear_parts.py`).
+    parts: dict[Any, tuple[Any, np.ndarray]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.ys:
@@ -232,7 +244,7 @@ class Block:
         by_index.update(zip(other.indices, other.eqns, strict=True))
         known = list(self.known) + [v for v in other.known if v not in self.known]
         xs = list(self.xs) + [v for v in other.xs if v not in self.xs]
-        return Block(
+        merged = Block(
             self.top,
             order,
             [by_index[i] for i in order],
@@ -245,7 +257,10 @@ class Block:
             [*self.ys, *other.ys],
             xs,
             {**self.partial, **other.partial},
+            {**self.parts, **other.parts},
         )
+        merged.ys = [*self.ys, *other.ys]  # may be empty (known in parts)
+        return merged
 
     def run(
         self,
@@ -328,7 +343,9 @@ def find_block(
         return None
     y = eqn.outvars[0]
     shape = y.aval.shape
-    if not jnp.issubdtype(y.aval.dtype, jnp.floating):
+    if not jnp.issubdtype(
+        y.aval.dtype, jnp.floating if kind == ELEMENTWISE else jnp.inexact
+    ):
         return None
 
     def member(e: Any) -> bool:
@@ -398,7 +415,9 @@ def find_block(
         for v in inner.invars
         if type(v) is not _Literal and not known(v)
     ]
-    if len(reads) == len(set(reads)):
+    if len(reads) == len(set(reads)) and not (
+        kind == LINEAR and lp.through_complex(block_eqns)
+    ):
         return None
     known_vars: list[Any] = []
     seen: set[Any] = set()
@@ -583,8 +602,13 @@ def linear_matrix(block: Block, known: Sequence[Any]) -> tuple[Any, Any]:
     def flat(u: Any) -> Any:
         parts = _place(block, u)
         env = block.run(parts if len(parts) > 1 else parts[0], known)
-        return jnp.concatenate([jnp.ravel(env[v]) for v in block.ys])
+        return lp.flatten_results(block, env)
 
+    if not any(compat.is_tracer(k) for k in known) and not compat.in_manual_body():
+        # Constants only: `J` is concrete, and its rank is checked now.
+        with jax.ensure_compile_time_eval():
+            zero = jnp.zeros((sum(sizes),), dtype)
+            return jax.jacfwd(flat)(zero), flat(zero)
     zero = jnp.zeros((sum(sizes),), dtype)
     return jax.jacfwd(flat)(zero), flat(zero)
 
@@ -613,27 +637,55 @@ def _place(block: Block, u: Any) -> list[Any]:
 
 def solve_linear(
     block: Block, ys: Sequence[Any], known: Sequence[Any]
-) -> tuple[Any, Any]:
+) -> tuple[Any, Any, str]:
     """The unknowns (one value, or a list for several) and `-log|det J|`
     for a linear block `ys = J u + c`: an LU solve when `J` is square, least
     squares when there are more results than unknowns (the results hold the
-    unknowns redundantly; the ildj is then NaN: the map has no log-det). NaN
-    unless the residual is within rounding (`ys` outside the image, or `J`
-    singular)."""
+    unknowns redundantly; the ildj is then `-0.5 log det(J^T J)`, minus the
+    log of the volume factor of the map onto its image). NaN unless the
+    residual is within rounding (`ys` outside the image, or `J` singular).
+    Complex results count as their real and imaginary parts. A block that
+    reads only the symmetric part of its one unknown matrix is solved on
+    symmetric matrices (`lp.symmetric_basis`; method `SYMMETRIC_SOLVE`)."""
     jac, offset = linear_matrix(block, known)
-    rhs = jnp.concatenate([jnp.ravel(y) for y in ys]) - offset
+    rhs = lp.flatten_values(block, ys) - offset
+    basis = lp.symmetric_basis(block, jac)
+    if basis is not None:
+        reduced = jac @ basis
+        lp.check_rank(block, reduced)
+        v, ildj, ok = _least_squares(reduced, rhs)
+        u = basis @ v
+        parts = _place(block, jnp.where(ok, u, jnp.nan))
+        return (parts if len(parts) > 1 else parts[0]), ildj, SYMMETRIC_SOLVE
+    lp.check_rank(block, jac)
+    u, ildj, ok = _least_squares(jac, rhs)
+    parts = _place(block, jnp.where(ok, u, jnp.nan))
+    return (parts if len(parts) > 1 else parts[0]), ildj, LINEAR_SOLVE
+
+
+def _least_squares(jac: Any, rhs: Any) -> tuple[Any, Any, Any]:
+    """`u` with `J u = rhs` (LU when square, else least squares), the ildj
+    (`-log|det J|`, or `-0.5 log det(J^T J)`), and whether `J` has full
+    column rank and the residual is within rounding."""
     m, n = jac.shape
+    eps = jnp.finfo(jnp.result_type(rhs)).eps
+    full_rank: Any = True
+    if compat.is_tracer(jac):
+        # Singular values: `J` must have full column rank at this precision
+        # (else the unknowns are not determined, and LU or least squares
+        # would return one preimage among many). A concrete `J` was checked
+        # while tracing (`lp.check_rank`).
+        sv = jnp.linalg.svd(jac, compute_uv=False)
+        full_rank = sv[-1] > max(m, n) * eps * sv[0]
     if m == n:
         u = jnp.linalg.solve(jac, rhs)
         ildj = -jnp.linalg.slogdet(jac)[1]
     else:
         u = jnp.linalg.lstsq(jac, rhs)[0]
-        ildj = jnp.asarray(jnp.nan, jnp.result_type(rhs))
-    eps = jnp.finfo(jnp.result_type(rhs)).eps
+        ildj = -0.5 * jnp.linalg.slogdet(jac.T @ jac)[1]
     scale = jnp.abs(jac) @ jnp.abs(u) + jnp.abs(rhs)
-    ok = jnp.all(jnp.abs(jac @ u - rhs) <= 8 * n * eps * scale)
-    parts = _place(block, jnp.where(ok, u, jnp.nan))
-    return (parts if len(parts) > 1 else parts[0]), ildj
+    ok = full_rank & jnp.all(jnp.abs(jac @ u - rhs) <= 8 * n * eps * scale)
+    return u, ildj, ok
 
 
 def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
@@ -707,7 +759,10 @@ def too_large(block: Block) -> str:
 
 
 def too_few(block: Block) -> str:
-    results = ", ".join(v.aval.str_short() for v in block.ys)
+    names = [v.aval.str_short() for v in block.ys]
+    if block.parts:
+        names.append(f"{lp.parts_size(block)} elements known of values inside")
+    results = ", ".join(names)
     return (
         f"its unknown operand is a linear function of "
         f"{_describe_unknowns(block)}, and the known results it reaches "

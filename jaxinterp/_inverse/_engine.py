@@ -20,7 +20,6 @@ live in `_refusals.py`.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -37,7 +36,13 @@ from .._errors import (
     reraise,
 )
 from .._registry import RuleRegistry
-from . import _blocks as bl, _branches as br, _masked as mk, _refusals as rf
+from . import (
+    _blocks as bl,
+    _branches as br,
+    _linear_parts as lp,
+    _masked as mk,
+    _refusals as rf,
+)
 from ._dataflow import (
     BLOCKING as BLOCKING,
     FORWARD as FORWARD,
@@ -302,6 +307,8 @@ class InverseWalker:
         )
         pieces_of = getattr(res, "pieces", None)
         if pieces_of is not None:
+            if getattr(res, "ildj", None) is not None and st.options.want_ildj:
+                st.ildj_terms.append(res.ildj)
             self._add_pieces(st, eqn, pieces_of, branch, origin)
         else:
             self._learn_solved(st, i, res, outs, branch, origin)
@@ -438,19 +445,28 @@ class InverseWalker:
         # may start from a value chosen on a branch; what they find is then a
         # choice too, as is a numerical solve's preimage.
         chosen_from = [v for v in (*block.ys, *block.known) if v in st.taint]
-        tainted = method == bl.ELEMENTWISE_SOLVE or bool(chosen_from)
+        chosen_from += [v for v in block.parts if v in st.piece_branch]
+        chooses = method in (bl.ELEMENTWISE_SOLVE, bl.SYMMETRIC_SOLVE)
+        tainted = chooses or bool(chosen_from)
         origin: Any = None
-        if method == bl.ELEMENTWISE_SOLVE:
+        if chooses:
             origin = bl.SolverOrigin(st.eqns[block.top])
         elif chosen_from:
             origin = st.chooser[chosen_from[0]]
-        values = block.run(x_val, [env[v] for v in block.known])
+        known = [env[v] for v in block.known]
+        values = block.run(x_val, known)
         new_vars = [*block.xs, *(v for e in block.eqns for v in e.outvars)]
+        # A symmetric solve chooses only what depends on the antisymmetric part.
+        chosen = (
+            lp.chosen_values(block, known)
+            if method == bl.SYMMETRIC_SOLVE and not chosen_from
+            else None
+        )
         for v in new_vars:
             if v not in env:
                 env[v] = values[v]
                 st.pieces.pop(v, None)
-                if tainted:
+                if tainted and (chosen is None or v in chosen):
                     st.mark(v, br.REALS, origin)
         for j in block.indices:
             st.methods[j] = method
@@ -463,20 +479,28 @@ class InverseWalker:
         """Solve the first elementwise block ending at a blocked equation:
         (the block, its unknown's value, its ildj, the method), or `None`."""
         eqns, producer, env, reasons = st.eqns, st.producer, st.env, st.reasons
-        for top in sorted(reasons, reverse=True):
+        # Also linear blocks ending at a value known only in parts (the
+        # lower triangle of a symmetrized matrix, see `_cholesky.py`).
+        tops = set(reasons) | lp.partial_tops(st)
+        for top in sorted(tops, reverse=True):
             known_now = env.__contains__
-            block = bl.find_block(top, eqns, producer, known_now) or bl.find_block(
+            partial = not all(v in env for v in eqns[top].outvars)
+            block = None if partial else bl.find_block(top, eqns, producer, known_now)
+            block = block or bl.find_block(
                 top, eqns, producer, known_now, kind=bl.LINEAR
             )
             if block is None:
                 continue
             if block.kind == bl.LINEAR:
+                if partial:
+                    block.ys = []  # its known elements are `parts`
                 block = self._join_linear(st, block)
                 for v in block.xs:
                     if v in st.pieces:
                         block.partial[v] = bl.partly_known(
                             v.aval.shape, v.aval.dtype, st.pieces[v]
                         )
+                lp.add_parts(block, st, bl.partly_known)
             elif block.x in st.pieces:
                 continue
             try:
@@ -503,20 +527,20 @@ class InverseWalker:
         """Solve `block`: (the block, its unknown's value, its ildj, the
         method), or why it was not tried."""
         env, want_ildj, solvers = st.env, st.options.want_ildj, st.options.solvers
-        y = env[block.y]
+        y = env.get(block.y)
         known = [env[v] for v in block.known]
         ildj: Any = 0.0
         if block.kind == bl.LINEAR:
             size = bl.unknown_size(block)
-            if size > sum(math.prod(v.aval.shape) for v in block.ys):
+            if size > lp.result_size(block) and not lp.may_be_symmetric(block):
                 return bl.too_few(block)
             if size > bl.MAX_LINEAR:
                 return bl.too_large(block)
             if not solvers:
                 return bl.SOLVERS_OFF
             ys = [env[v] for v in block.ys]
-            x, ildj = bl.solve_linear(block, ys, known)
-            return block, x, ildj if want_ildj else 0.0, bl.LINEAR_SOLVE
+            x, ildj, method = bl.solve_linear(block, ys, known)
+            return block, x, ildj if want_ildj else 0.0, method
         if block.linear:
             x = bl.solve_linear_elementwise(block, y, known)
             method = bl.LINEAR_SOLVE
@@ -544,6 +568,10 @@ class InverseWalker:
                 if other_top in block.indices:
                     continue
                 other = bl.find_block(other_top, eqns, producer, known, kind=bl.LINEAR)
+                if other is not None and not all(
+                    known(v) for v in eqns[other_top].outvars
+                ):
+                    other.ys = []  # known in parts only (see `_block_step`)
                 if other is not None and set(other.xs) & set(block.xs):
                     joined = block.merge(other)
                     if bl.independent(joined.xs, joined.indices, eqns, producer, known):

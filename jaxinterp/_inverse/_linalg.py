@@ -16,6 +16,15 @@ from jax import lax
 from .._errors import NotInvertibleError
 from ._rules import InverseContext, inverse_rules, total
 
+BOTH_UNKNOWN = (
+    "`dot_general` of two unknown operands is not inverted: a product such as "
+    "`L @ L.T` has many factors (a matrix square root is not unique: `L @ Q` "
+    "for any orthogonal `Q`, or a sign flip of a column of a triangular "
+    "factor). For a lower-triangular factor with a positive diagonal, give the "
+    "function a `@jaxinterp.custom_inverse` that returns "
+    "`jnp.linalg.cholesky(y)`"
+)
+
 
 def _argsort(order: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted(range(len(order)), key=lambda k: order[k]))
@@ -41,7 +50,9 @@ def _dot_general_inverse(
     free dimensions).
     """
     (y,) = outvals
-    if (lhs is None) == (rhs is None):
+    if lhs is None and rhs is None:
+        raise NotInvertibleError(BOTH_UNKNOWN)
+    if lhs is not None and rhs is not None:
         return None
     (lc, rc), (lb, rb) = dimension_numbers
     x_is_lhs = lhs is None

@@ -42,7 +42,7 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
-from . import _blocks as bl, _branches as br
+from . import _blocks as bl, _branches as br, _cholesky as chol
 from ._dataflow import FORWARD, SolveState
 from ._rules import (
     InverseContext,
@@ -199,6 +199,8 @@ def step(walker: InverseWalker, st: SolveState, i: int) -> bool:
                 return progress
             if eqn.primitive in _BODIES:
                 return _whole_call(walker, st, i) or _call(walker, st, i)
+            if eqn.primitive.name in chol.READS_LOWER:
+                return _lower_known(walker, st, i)
             if len(eqn.outvars) != 1 or not bl.is_elementwise(
                 eqn, _shape(eqn.outvars[0])
             ):
@@ -208,6 +210,32 @@ def step(walker: InverseWalker, st: SolveState, i: int) -> bool:
             return backward or forward
     except NotInvertibleError:
         return False
+
+
+def _lower_known(walker: InverseWalker, st: SolveState, i: int) -> bool:
+    """A `cholesky` whose result is known on its lower triangle (JAX masks
+    the rest with `tril`): its rule, which reads only that triangle, gives
+    the lower triangle of its operand."""
+    eqn: Any = st.eqns[i]
+    (out,), (x,) = eqn.outvars, eqn.invars
+    if _known(st, x) or x in st.pieces:
+        return False
+    if (chol.lower_mask(_shape(out)) & ~_mask(st, out)).any():
+        return False
+    rule = walker.rules.get(eqn.primitive)
+    if rule is None:
+        return False
+    ctx = InverseContext.of(
+        eqn, want_ildj=st.options.want_ildj, solvers=st.options.solvers
+    )
+    res = rule(ctx, [_value(st, out)], None, **eqn.params)
+    if res is None or not hasattr(res, "pieces"):
+        return False
+    if st.options.want_ildj and res.ildj is not None:
+        st.ildj_terms.append(res.ildj)
+    for piece in res.pieces:
+        _add_piece(st, x, piece.mask, piece.value, i, True)
+    return True
 
 
 def _select_n(st: SolveState, i: int) -> bool:

@@ -76,7 +76,11 @@ def block_nan_checks(
     """For `strict` inversion: how many elements a block made NaN from
     NaN-free results (no preimage, or two), and what to say if not 0."""
     given = [env[v] for v in block.ys]
-    clean = ~jnp.any(jnp.stack([jnp.any(jnp.isnan(y)) for y in given]))
+    clean = (
+        ~jnp.any(jnp.stack([jnp.any(jnp.isnan(y)) for y in given]))
+        if given
+        else jnp.asarray(True)
+    )
     values = x_val if len(block.xs) > 1 else [x_val]
     count = sum(jnp.sum(jnp.isnan(v), dtype=jnp.int32) for v in values)
     count = jnp.where(clean, count, 0)

@@ -492,9 +492,12 @@ class MaskedPiece:
 @dataclasses.dataclass(frozen=True)
 class PieceResult:
     """What a rule returns instead of `(solved, ildj)` when it only learns
-    pieces of its operands: they contribute no ildj (they are copies)."""
+    pieces of its operands: they contribute no ildj when they are copies,
+    else the rule gives `ildj`, over the elements the pieces cover
+    (`cholesky`: the lower triangle of its operand)."""
 
-    pieces: Sequence[Piece]  # stored as a tuple
+    pieces: Sequence[Piece | MaskedPiece]  # stored as a tuple
+    ildj: Any = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pieces", tuple(self.pieces))
