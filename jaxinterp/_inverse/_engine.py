@@ -37,7 +37,13 @@ from .._errors import (
     reraise,
 )
 from .._registry import RuleRegistry
-from . import _blocks as bl, _branches as br, _masked as mk, _refusals as rf
+from . import (
+    _blocks as bl,
+    _branches as br,
+    _masked as mk,
+    _refusals as rf,
+    _sequential as sq,
+)
 from ._dataflow import (
     BLOCKING as BLOCKING,
     FORWARD as FORWARD,
@@ -427,6 +433,9 @@ class InverseWalker:
     def _solve_block(self, st: SolveState) -> bool:
         """Solve an elementwise block; whether one was found."""
         found = self._block_step(st)
+        if found is None and st.options.solvers:
+            # Last: a triangular map of one unknown (`_sequential.py`).
+            found = sq.sequential_step(st)
         if found is None:
             return False
         block, x_val, block_ildj, method = found
