@@ -48,6 +48,7 @@ is not tried.
 
 from __future__ import annotations
 
+import functools as ft
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -78,11 +79,16 @@ class Triangular:
     """The peeled structure of a sequential block: per unknown element, its
     level and the result element (flat index) that solves it."""
 
-    def __init__(self, level: np.ndarray, row: np.ndarray, start: np.ndarray) -> None:
+    def __init__(
+        self, level: np.ndarray, row: np.ndarray, start: np.ndarray, affine: bool
+    ) -> None:
         self.level = level
         self.row = row
         self.start = start
         self.n_levels = int(level.max()) + 1
+        # Whether each row used is affine in the element it solves (its
+        # second derivative there is 0 at both points): one exact step.
+        self.affine = affine
 
 
 def _unknown(v: Any, known: Callable[[Any], bool]) -> bool:
@@ -223,15 +229,17 @@ def triangular(block: bl.Block, known: Sequence[Any]) -> Triangular | None:
     flat = _flat(block)
     try:
         with jax.ensure_compile_time_eval():
-            pattern = np.zeros((0, n), bool)
-            for point in (a, b):
-                jac = np.asarray(jax.jacfwd(flat)(jnp.asarray(point), *known))
-                if jac.ndim != 2 or jac.shape[1] != n:
-                    return None
-                nonzero = (jac != 0) | np.isnan(jac)
-                pattern = nonzero if not pattern.size else pattern | nonzero
+            # One compiled call (op-by-op evaluation of the derivatives
+            # would dispatch, and compile, every operation on its own).
+            measured = jax.jit(ft.partial(_derivatives, flat))(
+                jnp.stack([jnp.asarray(a), jnp.asarray(b)]), *known
+            )
+            jacs, curvatures = (np.asarray(v) for v in measured)
     except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
         return None
+    if jacs.ndim != 3 or jacs.shape[2] != n:
+        return None
+    pattern = np.any((jacs != 0) | np.isnan(jacs), axis=0)
     m = pattern.shape[0]
     if m < n:
         return None
@@ -253,7 +261,34 @@ def triangular(block: bl.Block, known: Sequence[Any]) -> Triangular | None:
         depth += 1
     if depth < 2:
         return None
-    return Triangular(level, row, a)
+    # Whether each row used is affine in the element it solves: its second
+    # derivative there is exactly 0 at both points.
+    affine = bool(np.all(curvatures[:, np.arange(n), row] == 0))
+    return Triangular(level, row, a, affine)
+
+
+def _derivatives(
+    flat: Callable[..., Any], points: Any, *known: Any
+) -> tuple[Any, Any]:
+    """At each point, the Jacobian of `F` (m x n) and its second derivatives
+    along each unknown element (`[j, r] = d^2 F_r / du_j^2`, n x m)."""
+    n = points.shape[1]
+    basis = jnp.eye(n, dtype=points.dtype)
+
+    def at(point: Any) -> tuple[Any, Any]:
+        jac = jax.jacfwd(flat)(point, *known)
+
+        def second(e: Any) -> Any:
+            def slope(u: Any) -> Any:
+                return jax.jvp(lambda v: flat(v, *known), (u,), (e,))[1]
+
+            return jax.jvp(slope, (point,), (e,))[1]
+
+        return jac, jax.vmap(second)(basis)
+
+    jac_a, curv_a = at(points[0])
+    jac_b, curv_b = at(points[1])
+    return jnp.stack([jac_a, jac_b]), jnp.stack([curv_a, curv_b])
 
 
 def solve_sequential(
@@ -275,6 +310,14 @@ def solve_sequential(
             out = flat(jnp.where(on, t, prev), *kn_)[rows]
             return jnp.where(on, out, t)
 
+        if tri.affine:
+            # One exact Newton step from the start point (inside the
+            # domain): `F` is affine in each element it solves.
+            at, slope = jax.jvp(
+                lambda v: flat(v, *kn)[rows], (u,), (on.astype(dtype),)
+            )
+            step = (target - at) / jnp.where(slope == 0, 1, slope)
+            return jnp.where(on, jnp.where(slope == 0, jnp.nan, u + step), u)
         return jnp.where(on, _solve.solver(g)(jnp.where(on, target, u), u, *kn), u)
 
     def select(u: Any, *kn: Any) -> Any:
@@ -316,13 +359,18 @@ def solve_sequential(
             rhs = rhs - dg
         return u, jnp.linalg.solve(jac, rhs)
 
-    u = solve(y, *known)
-    jac = jax.jacfwd(flat)(u, *known)
-    if m == n:
-        ildj = -jnp.linalg.slogdet(jac)[1]
-    else:
-        ildj = -0.5 * jnp.linalg.slogdet(jac.T @ jac)[1]
-    return jnp.reshape(u, block.x.aval.shape), ildj
+    def solve_and_ildj(y: Any, *kn: Any) -> tuple[Any, Any]:
+        u = solve(y, *kn)
+        jac = jax.jacfwd(flat)(u, *kn)
+        if m == n:
+            ildj = -jnp.linalg.slogdet(jac)[1]
+        else:
+            ildj = -0.5 * jnp.linalg.slogdet(jac.T @ jac)[1]
+        return jnp.reshape(u, block.x.aval.shape), ildj
+
+    # One `jit` equation: an inverse run op by op (under `jax.grad` outside
+    # `jit`) compiles it once, not each of its loops and steps.
+    return jax.jit(solve_and_ildj)(y, *known)
 
 
 def _checked(
