@@ -267,9 +267,7 @@ def triangular(block: bl.Block, known: Sequence[Any]) -> Triangular | None:
     return Triangular(level, row, a, affine)
 
 
-def _derivatives(
-    flat: Callable[..., Any], points: Any, *known: Any
-) -> tuple[Any, Any]:
+def _derivatives(flat: Callable[..., Any], points: Any, *known: Any) -> tuple[Any, Any]:
     """At each point, the Jacobian of `F` (m x n) and its second derivatives
     along each unknown element (`[j, r] = d^2 F_r / du_j^2`, n x m)."""
     n = points.shape[1]
@@ -313,9 +311,7 @@ def solve_sequential(
         if tri.affine:
             # One exact Newton step from the start point (inside the
             # domain): `F` is affine in each element it solves.
-            at, slope = jax.jvp(
-                lambda v: flat(v, *kn)[rows], (u,), (on.astype(dtype),)
-            )
+            at, slope = jax.jvp(lambda v: flat(v, *kn)[rows], (u,), (on.astype(dtype),))
             step = (target - at) / jnp.where(slope == 0, 1, slope)
             return jnp.where(on, jnp.where(slope == 0, jnp.nan, u + step), u)
         return jnp.where(on, _solve.solver(g)(jnp.where(on, target, u), u, *kn), u)
@@ -343,7 +339,9 @@ def solve_sequential(
         jac = jax.jacfwd(select)(u, *kn)
         rhs = dy[rows]
         floats = [
-            i for i, k in enumerate(kn) if jnp.issubdtype(jnp.result_type(k), jnp.inexact)
+            i
+            for i, k in enumerate(kn)
+            if jnp.issubdtype(jnp.result_type(k), jnp.inexact)
         ]
         if floats:
 
@@ -385,7 +383,9 @@ def _checked(
     n = u.shape[0]
     abs_jac = jnp.abs(jac)
     # How far rounding of the results used (and of `u`) may move `u` ...
-    spread = jnp.abs(jnp.linalg.inv(jac[rows])) @ (jnp.abs(y[rows]) + abs_jac[rows] @ jnp.abs(u))
+    spread = jnp.abs(jnp.linalg.inv(jac[rows])) @ (
+        jnp.abs(y[rows]) + abs_jac[rows] @ jnp.abs(u)
+    )
     # ... and so every result.
     scale = jnp.abs(y) + abs_jac @ jnp.abs(u) + abs_jac @ spread
     ok = jnp.all(jnp.abs(at - y) <= 16 * n * eps * scale + 16 * tiny)
