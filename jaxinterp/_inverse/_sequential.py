@@ -40,10 +40,13 @@ Jacobian (the area formula; see docs/concepts.md). Derivatives come from the
 implicit function theorem on the rows used (`jax.custom_jvp`), not from the
 iterations.
 
-The pattern is computed while tracing, so the block's known operands must be
-concrete values (constants, closed-over weights); a block reading a traced
-known operand (a weight passed to `inverse` as a known argument under `jit`)
-is not tried.
+The pattern is computed while tracing. A known operand that only a trace
+holds (a weight passed to `inverse` as a known argument) is replaced there by
+fixed pseudo-random positive values: the pattern is then that of generic
+weights, which specific weights can only thin out when the map is analytic in
+them (the residual check judges the answer either way). A traced operand that
+is not floating, and a traced mask (random values fill it), leave no order:
+refused.
 """
 
 from __future__ import annotations
@@ -152,6 +155,19 @@ def _fits(v: Any, size: int) -> bool:
     )
 
 
+def _real(v: Any) -> bool:
+    dtype = getattr(v.aval, "dtype", None)
+    return (
+        hasattr(v.aval, "shape")
+        and dtype is not None
+        and (
+            jnp.issubdtype(dtype, jnp.floating)
+            or jnp.issubdtype(dtype, jnp.integer)
+            or jnp.issubdtype(dtype, jnp.bool_)
+        )
+    )
+
+
 def _block(x: Any, tops: list[int], st: Any) -> bl.Block | None:
     eqns, producer, env = st.eqns, st.producer, st.env
     known = env.__contains__
@@ -181,7 +197,8 @@ def _block(x: Any, tops: list[int], st: Any) -> bl.Block | None:
     ys: list[Any] = []
     for e in block_eqns:
         ys.extend(v for v in e.outvars if known(v) and v not in ys)
-    if not ys or any(not hasattr(v.aval, "shape") for v in ys):
+    # Real results only: a complex one would lose its imaginary part.
+    if not ys or not all(_real(v) for v in ys):
         return None
     if sum(math.prod(v.aval.shape) for v in ys) > _MAX_RESULTS:
         return None
@@ -218,11 +235,36 @@ def _points(n: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
     return a.astype(dtype), b.astype(dtype)
 
 
+def _probe_values(known: Sequence[Any]) -> list[Any] | None:
+    """The known operands, with a traced one (a weight passed to `inverse`
+    as a known argument) replaced by fixed pseudo-random positive values of
+    its type: the pattern then holds for generic weights (a dependency that
+    specific weights remove only loses a nonzero; the residual check still
+    judges the answer). `None` if a traced operand is not floating (an
+    index, a mask of booleans)."""
+    rng = np.random.default_rng(1123)
+    out = []
+    for k in known:
+        if not compat.is_tracer(k):
+            out.append(k)
+            continue
+        dtype = jnp.result_type(k)
+        if not jnp.issubdtype(dtype, jnp.floating):
+            return None
+        shape = jnp.shape(k)
+        out.append(jnp.asarray(rng.uniform(0.5, 1.5, shape), dtype))
+    return out
+
+
 def triangular(block: bl.Block, known: Sequence[Any]) -> Triangular | None:
     """The peeled order of the block (see the module's docstring), or `None`
-    if there is none, a single level, or the known operands are traced."""
-    if any(compat.is_tracer(k) for k in known) or compat.in_manual_body():
+    if there is none, or a single level."""
+    if compat.in_manual_body():
         return None
+    probe = _probe_values(known)
+    if probe is None:
+        return None
+    known = probe
     n = math.prod(block.x.aval.shape)
     dtype = np.dtype(block.x.aval.dtype)
     a, b = _points(n, dtype)
@@ -235,7 +277,9 @@ def triangular(block: bl.Block, known: Sequence[Any]) -> Triangular | None:
                 jnp.stack([jnp.asarray(a), jnp.asarray(b)]), *known
             )
             jacs, curvatures = (np.asarray(v) for v in measured)
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+    except Exception:  # noqa: BLE001
+        # Not this method: a known operand only a trace holds, or a step
+        # forward-mode differentiation refuses (a `custom_vjp` function).
         return None
     if jacs.ndim != 3 or jacs.shape[2] != n:
         return None
