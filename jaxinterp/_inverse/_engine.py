@@ -12,7 +12,8 @@ per signature and removes dead code from the resulting Jaxpr.
 `InverseWalker.solve` runs these steps over a `SolveState` (`_dataflow.py`):
 seed the known values, then until nothing is queued either evaluate an
 equation forwards (`_evaluate`) or apply its inverse rule (`_invert`); when
-stuck, solve an elementwise block (`_solve_block`, see `_blocks.py`); finally
+stuck, solve an elementwise or linear block (`_solve_block`, see `_blocks.py`;
+last, a sequential block, `_sequential.py`); finally
 check that every input was found (`_solution`). The messages of its refusals
 live in `_refusals.py`.
 """
