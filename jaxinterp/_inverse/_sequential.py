@@ -235,36 +235,64 @@ def _points(n: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
     return a.astype(dtype), b.astype(dtype)
 
 
-def _probe_values(known: Sequence[Any]) -> list[Any] | None:
-    """The known operands, with a traced one (a weight passed to `inverse`
-    as a known argument) replaced by fixed pseudo-random positive values of
-    its type: the pattern then holds for generic weights (a dependency that
-    specific weights remove only loses a nonzero; the residual check still
-    judges the answer). `None` if a traced operand is not floating (an
-    index, a mask of booleans)."""
+def _probe_values(block: bl.Block, st: Any) -> list[Any] | None:
+    """The block's known operands for measuring its pattern: their values
+    where concrete; where only a trace holds them (weights passed to
+    `inverse` as known arguments, values computed from `y`), recomputed from
+    the program's inputs with each traced input replaced by fixed
+    pseudo-random positive values of its type, so that the pattern holds for
+    generic weights (`mask * w` keeps the constant mask's zeros). `None` if
+    a traced input is not floating (an index)."""
     rng = np.random.default_rng(1123)
-    out = []
-    for k in known:
-        if not compat.is_tracer(k):
-            out.append(k)
-            continue
-        dtype = jnp.result_type(k)
-        if not jnp.issubdtype(dtype, jnp.floating):
-            return None
-        shape = jnp.shape(k)
-        out.append(jnp.asarray(rng.uniform(0.5, 1.5, shape), dtype))
-    return out
+    memo: dict[Any, Any] = {}
+    eqns, producer, env = st.eqns, st.producer, st.env
+
+    def value(v: Any) -> Any:
+        if type(v) is _Literal:
+            return v.val
+        if v in memo:
+            return memo[v]
+        got = env.get(v)
+        if got is not None and not compat.is_tracer(got):
+            out = got
+        elif v in producer:
+            eqn = eqns[producer[v]]
+            ins = [value(u) for u in eqn.invars]
+            with jax.ensure_compile_time_eval():
+                outs = compat.bind_eqn(eqn.primitive, ins, eqn.params)
+            memo.update(zip(eqn.outvars, outs, strict=True))
+            return memo[v]
+        else:
+            dtype = v.aval.dtype
+            if not jnp.issubdtype(dtype, jnp.floating):
+                raise _NoProbe
+            out = jnp.asarray(rng.uniform(0.5, 1.5, v.aval.shape), dtype)
+        memo[v] = out
+        return out
+
+    try:
+        # (Arrays made inside a trace are its values: made outside it.)
+        with jax.ensure_compile_time_eval():
+            return [value(v) for v in block.known]
+    except _NoProbe:
+        return None
 
 
-def triangular(block: bl.Block, known: Sequence[Any]) -> Triangular | None:
+class _NoProbe(Exception):
+    """A traced input that random values cannot stand for."""
+
+
+def triangular(block: bl.Block, st: Any) -> Triangular | None:
     """The peeled order of the block (see the module's docstring), or `None`
     if there is none, or a single level."""
     if compat.in_manual_body():
         return None
-    probe = _probe_values(known)
-    if probe is None:
+    try:
+        known = _probe_values(block, st)
+    except Exception:  # noqa: BLE001 - not this method
         return None
-    known = probe
+    if known is None:
+        return None
     n = math.prod(block.x.aval.shape)
     dtype = np.dtype(block.x.aval.dtype)
     a, b = _points(n, dtype)
@@ -442,7 +470,7 @@ def sequential_step(st: Any) -> tuple[bl.Block, Any, Any, str] | None:
     env = st.env
     for block in find_sequential(st):
         known = [env[v] for v in block.known]
-        tri = triangular(block, known)
+        tri = triangular(block, st)
         if tri is None:
             continue
         x, ildj = solve_sequential(block, tri, [env[v] for v in block.ys], known)
