@@ -41,12 +41,13 @@ implicit function theorem on the rows used (`jax.custom_jvp`), not from the
 iterations.
 
 The pattern is computed while tracing. A known operand that only a trace
-holds (a weight passed to `inverse` as a known argument) is replaced there by
-fixed pseudo-random positive values: the pattern is then that of generic
-weights, which specific weights can only thin out when the map is analytic in
-them (the residual check judges the answer either way). A traced operand that
-is not floating, and a traced mask (random values fill it), leave no order:
-refused.
+holds (computed from a weight passed to `inverse` as a known argument) is
+recomputed from the program's inputs with each traced input replaced by fixed
+pseudo-random positive values: `mask * w` keeps a constant mask's zeros, and
+the pattern is that of generic weights, which specific weights can only thin
+out when the map is analytic in them (the residual check judges the answer
+either way). A traced input that is not floating leaves no pattern, and a
+traced mask (random values fill it) no order: refused.
 """
 
 from __future__ import annotations
