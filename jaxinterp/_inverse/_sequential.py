@@ -201,8 +201,12 @@ def _block(x: Any, tops: list[int], st: Any) -> bl.Block | None:
     # Real results only: a complex one would lose its imaginary part.
     if not ys or not all(_real(v) for v in ys):
         return None
-    if sum(math.prod(v.aval.shape) for v in ys) > _MAX_RESULTS:
-        return None
+    m = sum(math.prod(v.aval.shape) for v in ys)
+    if m > _MAX_RESULTS or m < math.prod(x.aval.shape):
+        return None  # too large, or too few results to determine `x`
+    shape = x.aval.shape
+    if all(bl.is_elementwise(e, shape) for e in block_eqns):
+        return None  # one level: the elementwise blocks' to solve or refuse
     known_vars: list[Any] = []
     for e in block_eqns:
         for v in e.invars:
