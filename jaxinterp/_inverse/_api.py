@@ -450,6 +450,16 @@ def inverse(
         with two different preimages; the block's ildj is
         `-sum(log|g'(x)|)`. `explain_inverse` names the method per equation.
 
+    Sequential blocks:
+        Last, with `solvers=True`: known results that reach one unknown
+        value along many paths, through any primitives, but triangularly
+        (autoregressive flows, stick-breaking onto a simplex, correlation
+        Cholesky factors): each result element depends on one new element
+        and on elements already found. The elements are solved level by
+        level and every result is checked (NaN off the image); the ildj is
+        `-log|det J|`, or `-0.5 * logdet(J^T J)` for a map onto a manifold.
+        See "Sequential blocks" in the concepts guide.
+
     Example:
         >>> f = lambda x: jnp.exp(jnp.tanh(x))
         >>> print(f"{jaxinterp.inverse(f)(f(0.5)):.4f}")

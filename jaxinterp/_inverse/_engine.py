@@ -12,7 +12,8 @@ per signature and removes dead code from the resulting Jaxpr.
 `InverseWalker.solve` runs these steps over a `SolveState` (`_dataflow.py`):
 seed the known values, then until nothing is queued either evaluate an
 equation forwards (`_evaluate`) or apply its inverse rule (`_invert`); when
-stuck, solve an elementwise block (`_solve_block`, see `_blocks.py`); finally
+stuck, solve an elementwise or linear block (`_solve_block`, see `_blocks.py`;
+last, a sequential block, `_sequential.py`); finally
 check that every input was found (`_solution`). The messages of its refusals
 live in `_refusals.py`.
 """
@@ -42,6 +43,7 @@ from . import (
     _linear_parts as lp,
     _masked as mk,
     _refusals as rf,
+    _sequential as sq,
 )
 from ._dataflow import (
     BLOCKING as BLOCKING,
@@ -434,6 +436,9 @@ class InverseWalker:
     def _solve_block(self, st: SolveState) -> bool:
         """Solve an elementwise block; whether one was found."""
         found = self._block_step(st)
+        if found is None and st.options.solvers:
+            # Last: a triangular map of one unknown (`_sequential.py`).
+            found = sq.sequential_step(st)
         if found is None:
             return False
         block, x_val, block_ildj, method = found

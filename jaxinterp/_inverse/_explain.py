@@ -63,7 +63,8 @@ def explain_inverse(
     equation that is not solved by its own formula says how it was solved:
     `(piecewise)` or `(elementwise solve)` for the equations of an elementwise
     block (one unknown used several times, or a formula chosen by a predicate
-    of the unknown), `(clamp)` for a clamp inverted on its unsaturated range.
+    of the unknown), `(sequential solve)` for a triangular map of one unknown
+    solved level by level, `(clamp)` for a clamp inverted on its unsaturated range.
 
     Args:
         fn: the function.
