@@ -322,7 +322,23 @@ def find_block(
     """The block ending at equation `top` (whose one result is known), or
     `None` if its unknown ancestors are not a function of one floating value
     of the kind asked for: `ELEMENTWISE` (every step elementwise, of the
-    result's shape) or `LINEAR` (every step linear in the unknown)."""
+    result's shape, or else per-element through extra axes, see
+    `_perelement.py`) or `LINEAR` (every step linear in the unknown)."""
+    block = _find_block(top, eqns, producer, known, kind)
+    if block is None and kind == ELEMENTWISE:
+        from . import _perelement  # (which imports this module)
+
+        block = _perelement.find_block(top, eqns, producer, known)
+    return block
+
+
+def _find_block(
+    top: int,
+    eqns: Sequence[Any],
+    producer: dict[Any, int],
+    known: Callable[[Any], bool],
+    kind: str,
+) -> Block | None:
     eqn = eqns[top]
     if len(eqn.outvars) != 1:
         return None
