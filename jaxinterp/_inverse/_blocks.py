@@ -283,7 +283,9 @@ class Block:
                 selected.setdefault(site.key, _picked(eqn.primitive.name, ins))
             if site is not None and choice is not None:
                 offset = 1 if eqn.primitive.name == "select_n" else 0
-                outs = [ins[choice[site.key] + offset]]
+                # (A scalar operand of `max` stands for the whole result.)
+                picked = ins[choice[site.key] + offset]
+                outs = [jnp.broadcast_to(picked, eqn.outvars[0].aval.shape)]
             elif eqn.primitive is compat.jit_p:
                 body = compat.jit_params(eqn.params).jaxpr
                 inner = dict(zip(body.jaxpr.constvars, body.consts, strict=True))

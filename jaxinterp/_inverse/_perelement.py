@@ -58,7 +58,12 @@ _REDUCE = frozenset(
 _SHAPE = frozenset(
     "broadcast_in_dim squeeze slice reshape transpose rev concatenate".split()
 )
-_ALLOWED = _ELEMENTWISE | _REDUCE | _SHAPE
+# Lookups into a known table at per-element positions: each result element
+# reads the table at an index taken from one element (or one index vector)
+# of the unknown operand. `SearchSorted` is `jnp.searchsorted` (a hijax
+# primitive from JAX 0.12; earlier releases stage its comparisons).
+_LOOKUPS = frozenset({"gather", "SearchSorted"})
+_ALLOWED = _ELEMENTWISE | _REDUCE | _SHAPE | _LOOKUPS
 
 
 def _allowed(eqn: Any) -> bool:
@@ -76,6 +81,8 @@ def _allowed(eqn: Any) -> bool:
                 if not _allowed(e):
                     return False
                 reach.update(e.outvars)
+        return True
+    if compat.construct_name(eqn) in _LOOKUPS:
         return True
     if name in bl._CALLS:
         shape = eqn.outvars[0].aval.shape
@@ -191,6 +198,32 @@ _ONE_OPERAND: dict[str, Callable[[Any, Alignment], Alignment | None]] = {
 }
 
 
+def _gather(eqn: Any, ins: Sequence[Alignment | None]) -> Alignment | None:
+    """A known operand read at unknown indices, one element per index vector
+    (no offset dims): the result has the indices' batch axes (all but the
+    last, the index vector, which must be free)."""
+    if len(ins) != 2 or ins[0] is not None or ins[1] is None:
+        return None
+    numbers = _params(eqn).get("dimension_numbers")
+    if numbers is None or tuple(getattr(numbers, "offset_dims", (0,))):
+        return None
+    a = ins[1]
+    if not a or a[-1] is not None:
+        return None
+    if eqn.outvars[0].aval.shape != eqn.invars[1].aval.shape[:-1]:
+        return None
+    return a[:-1]
+
+
+def _searchsorted(eqn: Any, ins: Sequence[Alignment | None]) -> Alignment | None:
+    """`jnp.searchsorted(known, query)`: one index per query element."""
+    if len(ins) != 2 or ins[0] is not None or ins[1] is None:
+        return None
+    if eqn.outvars[0].aval.shape != eqn.invars[1].aval.shape:
+        return None
+    return ins[1]
+
+
 def _concatenate(eqn: Any, ins: Sequence[Alignment | None]) -> Alignment | None:
     """Along a free axis, unknown operands sharing one alignment."""
     dim = int(_params(eqn).get("dimension", -1))
@@ -262,7 +295,11 @@ class _Analysis:
             return [a for a in outs if a is not None]
         if len(eqn.outvars) != 1:
             return None
-        if name in bl._CALLS or name in _ELEMENTWISE:
+        if name == "gather":
+            got = _gather(eqn, ins)
+        elif compat.construct_name(eqn) == "SearchSorted":
+            got = _searchsorted(eqn, ins)
+        elif name in bl._CALLS or name in _ELEMENTWISE:
             if name in bl._CALLS and not bl.is_elementwise(
                 eqn, eqn.outvars[0].aval.shape
             ):
