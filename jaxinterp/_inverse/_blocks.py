@@ -62,6 +62,7 @@ _ELEMENTWISE = frozenset(
     add sub mul div pow max min atan2 rem nextafter add_any
     eq ne lt le gt ge and or not xor select_n clamp
     convert_element_type reduce_precision copy copy_p stop_gradient
+    polynomial optimization_barrier bitcast_convert_type
     """.split()
 )
 
