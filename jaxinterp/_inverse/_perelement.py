@@ -252,7 +252,7 @@ class _Analysis:
             return False
         if any(j is not None and shape[k] != self.shape[j] for k, j in enumerate(a)):
             return False
-        return all(self.shape[j] == 1 for j in self.identity if j not in seen)
+        return all(n == 1 for j, n in enumerate(self.shape) if j not in seen)
 
     def run(
         self, eqns: Sequence[Any], env: dict[Any, Alignment], path: bl.Path
