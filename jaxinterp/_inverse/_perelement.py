@@ -243,6 +243,7 @@ class _Analysis:
         self.shape = shape
         self.identity: Alignment = tuple(range(len(shape)))
         self.full: set[bl.Path] = set()
+        self.inner_varying = False
 
     def valid(self, v: Any, a: Alignment) -> bool:
         """The invariant of the module's docstring, for `v`'s alignment."""
@@ -311,7 +312,29 @@ class _Analysis:
             got = _ONE_OPERAND[name](eqn, ins[0])
         else:
             return None
+        if got is not None and len(here) > 1:
+            self._note_inner_known(eqn, ins, got)
         return None if got is None else [got]
+
+    def _note_inner_known(
+        self, eqn: Any, ins: Sequence[Alignment | None], got: Alignment
+    ) -> None:
+        """Note a known array made inside a body (`jnp.arange`) that varies
+        along an aligned axis: the block is then a different map for each
+        element even when its known operands are scalars."""
+        lookup = eqn.primitive.name == "gather" or (
+            compat.construct_name(eqn) == "SearchSorted"
+        )
+        for v, a in zip(eqn.invars, ins, strict=True):
+            if a is not None or type(v) is _Literal:
+                continue
+            shape = v.aval.shape
+            if lookup and any(n > 1 for n in shape):
+                self.inner_varying = True
+            elif len(shape) == len(got) and any(
+                n > 1 and got[k] is not None for k, n in enumerate(shape)
+            ):
+                self.inner_varying = True
 
 
 def find_block(
@@ -386,6 +409,10 @@ def find_block(
         for v in inner.invars:
             if type(v) is not _Literal and known(v) and v not in known_vars:
                 known_vars.append(v)
+    if analysis.inner_varying and all(not v.aval.shape for v in known_vars):
+        # The solver would take the block for one map shared by every
+        # element (its known operands are scalars) and check it once.
+        return None
     sites: dict[bl.Path, bl.Site] = {}
     bl._sites(block_eqns, {x}, (), sites, {})
     # Cases picked along a free axis differ within one result element: the
