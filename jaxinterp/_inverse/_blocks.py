@@ -63,6 +63,7 @@ _ELEMENTWISE = frozenset(
     add sub mul div pow max min atan2 rem nextafter add_any
     eq ne lt le gt ge and or not xor select_n clamp
     convert_element_type reduce_precision copy copy_p stop_gradient
+    polynomial optimization_barrier bitcast_convert_type
     """.split()
 )
 
@@ -298,7 +299,9 @@ class Block:
                 selected.setdefault(site.key, _picked(eqn.primitive.name, ins))
             if site is not None and choice is not None:
                 offset = 1 if eqn.primitive.name == "select_n" else 0
-                outs = [ins[choice[site.key] + offset]]
+                # (A scalar operand of `max` stands for the whole result.)
+                picked = ins[choice[site.key] + offset]
+                outs = [jnp.broadcast_to(picked, eqn.outvars[0].aval.shape)]
             elif eqn.primitive is compat.jit_p:
                 body = compat.jit_params(eqn.params).jaxpr
                 inner = dict(zip(body.jaxpr.constvars, body.consts, strict=True))
@@ -337,7 +340,23 @@ def find_block(
     """The block ending at equation `top` (whose one result is known), or
     `None` if its unknown ancestors are not a function of one floating value
     of the kind asked for: `ELEMENTWISE` (every step elementwise, of the
-    result's shape) or `LINEAR` (every step linear in the unknown)."""
+    result's shape, or else per-element through extra axes, see
+    `_perelement.py`) or `LINEAR` (every step linear in the unknown)."""
+    block = _find_block(top, eqns, producer, known, kind)
+    if block is None and kind == ELEMENTWISE:
+        from . import _perelement  # (which imports this module)
+
+        block = _perelement.find_block(top, eqns, producer, known)
+    return block
+
+
+def _find_block(
+    top: int,
+    eqns: Sequence[Any],
+    producer: dict[Any, int],
+    known: Callable[[Any], bool],
+    kind: str,
+) -> Block | None:
     eqn = eqns[top]
     if len(eqn.outvars) != 1:
         return None
