@@ -36,7 +36,7 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
-from . import _solve
+from . import _nonsquare, _solve
 
 _Literal = compat.Literal
 
@@ -154,6 +154,10 @@ _LINEAR: dict[str, Callable[[Sequence[bool]], bool]] = {
     "dynamic_slice": lambda unknown: not any(unknown[1:]),
     "dynamic_update_slice": lambda unknown: not any(unknown[2:]),
     "gather": lambda unknown: not any(unknown[1:]),
+    # Known indices: the result is the operand with the updates written
+    # (`scatter`) or added (`scatter-add`) at fixed places.
+    "scatter": lambda unknown: not unknown[1],
+    "scatter-add": lambda unknown: not unknown[1],
 }
 
 
@@ -342,9 +346,12 @@ def find_block(
     if not member(eqn):
         return None
 
-    def grow(stop: Any = None) -> tuple[set[int], set[Any]]:
+    def grow(
+        stop: Any = None, shared: frozenset[Any] = frozenset()
+    ) -> tuple[set[int], set[Any]]:
         """The equations between `y` and the unknowns it depends on, not
-        going past `stop`, and those unknowns (the leaves)."""
+        going past `stop` nor past an equation reading a value in `shared`,
+        and those unknowns (the leaves)."""
         region = {top}
         leaves: set[Any] = set()
         todo = [v for v in eqn.invars if type(v) is not _Literal and not known(v)]
@@ -357,7 +364,9 @@ def find_block(
             if p in region:
                 continue
             inner = eqns[p]
-            if not member(inner):
+            if not member(inner) or (
+                shared and any(u in shared for u in inner.invars)
+            ):
                 leaves.add(v)
                 continue
             region.add(p)
@@ -367,6 +376,10 @@ def find_block(
         return region, leaves
 
     region, leaves = grow()
+    if kind == LINEAR and len(leaves) > 1:
+        region, leaves = _nonsquare.cut_shared(
+            region, leaves, grow, eqns, producer, known
+        )
     if kind == ELEMENTWISE and len(leaves) > 1:
         # Several unknowns reach `y` (the rest of the program feeds the
         # elementwise part at more than one point): cut at the earliest value
@@ -398,7 +411,9 @@ def find_block(
         for v in inner.invars
         if type(v) is not _Literal and not known(v)
     ]
-    if len(reads) == len(set(reads)):
+    if len(reads) == len(set(reads)) and (kind != LINEAR or len(xs) == 1):
+        # (Several unknowns meeting in one linear step, `z + diag(d)`: a
+        # block even when each is read once.)
         return None
     known_vars: list[Any] = []
     seen: set[Any] = set()
@@ -614,24 +629,29 @@ def _place(block: Block, u: Any) -> list[Any]:
 def solve_linear(
     block: Block, ys: Sequence[Any], known: Sequence[Any]
 ) -> tuple[Any, Any]:
-    """The unknowns (one value, or a list for several) and `-log|det J|`
-    for a linear block `ys = J u + c`: an LU solve when `J` is square, least
-    squares when there are more results than unknowns (the results hold the
-    unknowns redundantly; the ildj is then NaN: the map has no log-det). NaN
-    unless the residual is within rounding (`ys` outside the image, or `J`
-    singular)."""
+    """The unknowns (one value, or a list for several) and their ildj for a
+    linear block `ys = J u + c`.
+
+    `J` square: an LU solve, ildj `-log|det J|`. More results than unknowns
+    (the results hold the unknowns redundantly, as a vector filled into a
+    triangular matrix does): least squares by a QR factorization `J = QR`,
+    and the ildj of a map onto its image, `-0.5 log det(J^T J) =
+    -sum(log|diag R|)` (the area formula; 0 when each unknown is copied to
+    some results). NaN unless `J` has full rank and the residual is within
+    rounding (`ys` outside the image, such as a non-zero above the diagonal
+    of a triangular matrix, or `J` singular)."""
     jac, offset = linear_matrix(block, known)
     rhs = jnp.concatenate([jnp.ravel(y) for y in ys]) - offset
     m, n = jac.shape
+    eps = jnp.finfo(jnp.result_type(rhs)).eps
+    full_rank: Any = True
     if m == n:
         u = jnp.linalg.solve(jac, rhs)
         ildj = -jnp.linalg.slogdet(jac)[1]
     else:
-        u = jnp.linalg.lstsq(jac, rhs)[0]
-        ildj = jnp.asarray(jnp.nan, jnp.result_type(rhs))
-    eps = jnp.finfo(jnp.result_type(rhs)).eps
+        u, ildj, full_rank = _nonsquare.least_squares(jac, rhs)
     scale = jnp.abs(jac) @ jnp.abs(u) + jnp.abs(rhs)
-    ok = jnp.all(jnp.abs(jac @ u - rhs) <= 8 * n * eps * scale)
+    ok = full_rank & jnp.all(jnp.abs(jac @ u - rhs) <= 8 * n * eps * scale)
     parts = _place(block, jnp.where(ok, u, jnp.nan))
     return (parts if len(parts) > 1 else parts[0]), ildj
 
