@@ -222,6 +222,9 @@ class Block:
     # Unknowns of a linear block partly known already (from pieces): their
     # known value (zeros elsewhere) and the flat indices still unknown.
     partial: dict[Any, tuple[Any, np.ndarray]] = dataclasses.field(default_factory=dict)
+    # Whether each unknown is read once (a linear block of several unknowns
+    # only: see `_nonsquare.determined`).
+    chain: bool = False
 
     def __post_init__(self) -> None:
         if not self.ys:
@@ -411,9 +414,8 @@ def find_block(
         for v in inner.invars
         if type(v) is not _Literal and not known(v)
     ]
-    if len(reads) == len(set(reads)) and (kind != LINEAR or len(xs) == 1):
-        # (Several unknowns meeting in one linear step, `z + diag(d)`: a
-        # block even when each is read once.)
+    chain = len(reads) == len(set(reads))
+    if chain and (kind != LINEAR or len(xs) == 1):
         return None
     known_vars: list[Any] = []
     seen: set[Any] = set()
@@ -429,9 +431,13 @@ def find_block(
         is_linear(e, [type(v) is not _Literal and not known(v) for v in e.invars])
         for e in block_eqns
     )
-    return Block(
+    block = Block(
         top, indices, block_eqns, x, y, known_vars, sites, linear, kind, [y], xs
     )
+    # Several unknowns meeting in one linear step (`z + diag(d)`): a block
+    # even when each is read once, if its results determine them all.
+    block.chain = chain
+    return block
 
 
 def independent(

@@ -37,7 +37,13 @@ from .._errors import (
     reraise,
 )
 from .._registry import RuleRegistry
-from . import _blocks as bl, _branches as br, _masked as mk, _refusals as rf
+from . import (
+    _blocks as bl,
+    _branches as br,
+    _masked as mk,
+    _nonsquare as nsq,
+    _refusals as rf,
+)
 from ._dataflow import (
     BLOCKING as BLOCKING,
     FORWARD as FORWARD,
@@ -514,6 +520,8 @@ class InverseWalker:
                 return bl.too_large(block)
             if not solvers:
                 return bl.SOLVERS_OFF
+            if block.chain and not nsq.determined(block, known):
+                return st.reasons[block.top]  # its equations' refusals stand
             ys = [env[v] for v in block.ys]
             x, ildj = bl.solve_linear(block, ys, known)
             return block, x, ildj if want_ildj else 0.0, bl.LINEAR_SOLVE

@@ -13,10 +13,13 @@ so that `fill(x[:-n]) + diag(exp(x[-n:]))` is a block in `x[:-n]` and
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
@@ -83,3 +86,25 @@ def cut_shared(
     ):
         return region, leaves
     return cut_region, cut_leaves
+
+
+def determined(block: Any, known: Sequence[Any]) -> bool:
+    """Whether a linear block's results determine its unknowns: its matrix
+    has full column rank. Checked now when the matrix is a constant; a traced
+    one is checked by the solve (NaN)."""
+    from ._blocks import linear_matrix
+
+    if any(compat.is_tracer(k) for k in known) or compat.in_manual_body():
+        return True
+    # The matrix does not depend on the values known in parts: zeros
+    # there keep it a constant.
+    zeros = {
+        v: (np.zeros(np.shape(base), base.dtype), idx)
+        for v, (base, idx) in block.partial.items()
+    }
+    with jax.ensure_compile_time_eval():
+        jac, _ = linear_matrix(dataclasses.replace(block, partial=zeros), known)
+    if compat.is_tracer(jac):
+        return True
+    jac = np.asarray(jac)
+    return bool(np.linalg.matrix_rank(jac) == jac.shape[1])
