@@ -367,9 +367,7 @@ def find_block(
             if p in region:
                 continue
             inner = eqns[p]
-            if not member(inner) or (
-                shared and any(u in shared for u in inner.invars)
-            ):
+            if not member(inner) or (shared and any(u in shared for u in inner.invars)):
                 leaves.add(v)
                 continue
             region.add(p)

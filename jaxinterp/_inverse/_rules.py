@@ -494,7 +494,7 @@ class PieceResult:
     """What a rule returns instead of `(solved, ildj)` when it only learns
     pieces of its operands: they contribute no ildj (they are copies)."""
 
-    pieces: Sequence[Piece]  # stored as a tuple
+    pieces: Sequence[Piece | MaskedPiece]  # stored as a tuple
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pieces", tuple(self.pieces))

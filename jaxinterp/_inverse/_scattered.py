@@ -65,7 +65,10 @@ def point_positions(
             "`gather` reads elements at indices out of bounds, which it clamps "
             "or fills, so its result does not copy its operand"
         )
-    flat = np.ravel_multi_index(tuple(placed.T), tuple(shape)) if rank else placed[:, 0]
+    flat = np.asarray(
+        np.ravel_multi_index(tuple(placed.T), tuple(shape)) if rank else placed[:, 0],
+        np.int64,
+    )
     if len(np.unique(flat)) != len(flat):
         raise NotInvertibleError(
             "`gather` reads some elements more than once (repeated indices)"
@@ -121,16 +124,16 @@ def _gather(
     if not mk.known(st, out) or mk.known(st, x) or not mk.known(st, idx_var):
         return False
     shape = mk.shape_of(x)
-    flat = point_positions(
-        mk.value(st, idx_var), dimension_numbers, slice_sizes, shape
-    )
+    flat = point_positions(mk.value(st, idx_var), dimension_numbers, slice_sizes, shape)
     if flat is None:
         return False
     have = mk.mask(st, x).reshape(-1)
     new_at = ~have[flat]
     if not new_at.any():
         return False
-    piece = point_piece(mk.gather(mk.value(st, out), np.flatnonzero(new_at)), flat[new_at], shape)
+    piece = point_piece(
+        mk.gather(mk.value(st, out), np.flatnonzero(new_at)), flat[new_at], shape
+    )
     mk.add_piece(st, x, piece.mask, piece.value, i, True)
     return True
 
