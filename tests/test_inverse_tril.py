@@ -372,3 +372,19 @@ def test_rank_deficient_constant_block_refused():
 
     with pytest.raises(NotInvertibleError, match="select_n` discards case 0"):
         inverse(f, example_args=(jnp.ones((3, 3)), jnp.ones((3, 3))))(jnp.ones((3, 3)))
+
+
+def test_broadcast_copies_must_agree():
+    """A row broadcast and selected at several places: each element from a
+    known copy, NaN when the copies disagree (off the image)."""
+    mask = jnp.array([[True, True, False], [False, True, True], [True, False, True]])
+
+    def f(b, m):
+        return jnp.where(mask, jnp.broadcast_to(b[None, :], (3, 3)), m)
+
+    rng = np.random.RandomState(5)
+    b = jnp.asarray(rng.randn(3).astype(np.float32))
+    m = jnp.asarray(rng.randn(3, 3).astype(np.float32))
+    inv = inverse(f, argnums=0, example_args=(b,))
+    np.testing.assert_array_equal(inv(f(b, m), m), b)
+    assert jnp.all(jnp.isnan(inv(f(b, m).at[2, 0].add(1.0), m)))

@@ -11,7 +11,7 @@ is selected). Each copies values, so its steps have ildj 0:
   operand where it reads (a `MaskedPiece`); `inverse` refuses the other
   elements, naming them, unless other results complete them;
 - a **broadcast** whose result is partly known gives each operand element
-  from its first known copy (the other copies are not checked against it);
+  from its first known copy (NaN unless the other known copies agree);
 - a **platform-dependent `cond`** is solved, on partly known values, with the
   branch the default backend runs (`lax.platform_dependent`'s branches are
   implementations of one function).
@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
@@ -162,13 +163,22 @@ def _broadcast(
     known_at = np.flatnonzero(mk.mask(st, out))
     if not known_at.size:
         return False
-    found, first = np.unique(source[known_at], return_index=True)
+    sources = source[known_at]
+    found, first, which = np.unique(sources, return_index=True, return_inverse=True)
     have = mk.mask(st, x).reshape(-1)
     fresh = ~have[found]
     if not fresh.any():
         return False
     new = np.zeros(int(np.prod(in_shape)), bool)
     new[found[fresh]] = True
-    value = mk.gather(mk.value(st, out), known_at[first[fresh]])
+    out_value = mk.value(st, out)
+    value = mk.gather(out_value, known_at[first[fresh]])
+    if len(found) < len(sources) and jnp.issubdtype(value.dtype, jnp.inexact):
+        # Further known copies must agree with the first: else the result
+        # is off the image, and the new elements are NaN.
+        copies = mk.gather(out_value, known_at)
+        firsts = mk.gather(out_value, known_at[first])
+        agree = jnp.all(copies == jnp.asarray(firsts)[np.ravel(which)])
+        value = jnp.where(agree, value, jnp.nan)
     mk.add_piece(st, x, new.reshape(in_shape), value, i, True)
     return True
