@@ -630,6 +630,27 @@ def cond_branches(params: Any) -> tuple[Any, ...]:
     return tuple(params_of(params)["branches"])
 
 
+def cond_platform_branch(params: Any) -> int | None:
+    """The branch a platform-dependent `cond` (`lax.platform_dependent`, as
+    `jnp.diagonal` stages on JAX >= 0.9) takes on the default backend, or
+    `None` for an ordinary `cond`.
+
+    Args:
+        params: a `cond` equation, or its `params` dict.
+    """
+    platforms = params_of(params).get("branches_platforms")
+    if not platforms:
+        return None
+    backend = jax.default_backend()
+    default = None
+    for k, names in enumerate(platforms):
+        if names is None:
+            default = k
+        elif backend in names:
+            return k
+    return default
+
+
 class ScanParams(NamedTuple):
     jaxpr: Any  # ClosedJaxpr: (consts, carry, xs) -> (carry, ys)
     num_consts: int

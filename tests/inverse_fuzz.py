@@ -1432,7 +1432,8 @@ _scatter_op("scatter_add_into", "scatter-add", "add", "0.5")
 
 @_op("gather_points", ["gather"], 1, kind="any")
 def _gather_points(g: _Gen) -> Stmt | None:
-    """`x[i, j]` gathers single elements: not whole slices (refused)."""
+    """`x[i, j]` gathers single elements, here every one once: inverted by
+    point pieces (see `_inverse/_scattered.py`)."""
     v = g.operand(lambda v: len(v.shape) == 2)
     if v is None:
         return None

@@ -342,6 +342,15 @@ LINALG_CASES = [
 # fmt: on
 
 CASES = ELEMENTWISE_CASES + STRUCTURAL_CASES + LINALG_CASES
+# fmt: off
+CASES += [
+    # Point gathers: a triangle's entries, then the other triangle's.
+    (lax.gather_p,
+     named("gather_points",
+           lambda x: (x[np.tril_indices(3)], x[np.triu_indices(3, 1)])),
+     domain(-3, 3, (3, 3), **FIXED)),
+]
+# fmt: on
 
 # Primitives whose rule always raises `NotInvertibleError` naming them.
 NOT_INVERTIBLE = [
@@ -722,7 +731,7 @@ def test_not_invertible_variants_say_why():
         lambda x: jnp.broadcast_to(x, (4, 2, 3)), x, lax.broadcast_in_dim_p, "copies"
     )
     _raises(lambda x: x[jnp.array([0, 0])], x, lax.gather_p, "not a permutation")
-    _raises(lambda x: x[jnp.array([1, 0]), 0], x, lax.gather_p, "whole slices")
+    _raises(lambda x: x[jnp.array([1, 0]), :2], x, lax.gather_p, "whole slices")
     _raises(
         lambda x: jnp.where(jnp.array([True, False, True]), x, 1.0),
         x,
@@ -908,7 +917,7 @@ def _engine_folds_constants() -> bool:
     return True
 
 
-NEEDS_CONCRETE_INDICES = {"gather_pieces", "gather_scattered"}
+NEEDS_CONCRETE_INDICES = {"gather_pieces", "gather_scattered", "gather_points"}
 NEEDS_AVALS = {"flatten", "reshape_dims", "concat_two", "roll", "to_f16",
                "to_bf16_to_f32", "dus_update"}  # fmt: skip
 

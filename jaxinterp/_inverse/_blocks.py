@@ -36,7 +36,7 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
-from . import _linear_parts as lp, _solve
+from . import _linear_parts as lp, _nonsquare, _solve
 
 _Literal = compat.Literal
 
@@ -156,6 +156,10 @@ _LINEAR: dict[str, Callable[[Sequence[bool]], bool]] = {
     "dynamic_slice": lambda unknown: not any(unknown[1:]),
     "dynamic_update_slice": lambda unknown: not any(unknown[2:]),
     "gather": lambda unknown: not any(unknown[1:]),
+    # Known indices: the result is the operand with the updates written
+    # (`scatter`) or added (`scatter-add`) at fixed places.
+    "scatter": lambda unknown: not unknown[1],
+    "scatter-add": lambda unknown: not unknown[1],
 }
 
 
@@ -231,6 +235,9 @@ class Block:
     # to the results): their known value (zeros elsewhere) and the flat
     # indices known, more results to solve from (see `_linear_parts.py`).
     parts: dict[Any, tuple[Any, np.ndarray]] = dataclasses.field(default_factory=dict)
+    # Whether each unknown is read once (a linear block of several unknowns
+    # only: see `_nonsquare.determined`).
+    chain: bool = False
 
     def __post_init__(self) -> None:
         if not self.ys:
@@ -378,9 +385,12 @@ def _find_block(
     if not member(eqn):
         return None
 
-    def grow(stop: Any = None) -> tuple[set[int], set[Any]]:
+    def grow(
+        stop: Any = None, shared: frozenset[Any] = frozenset()
+    ) -> tuple[set[int], set[Any]]:
         """The equations between `y` and the unknowns it depends on, not
-        going past `stop`, and those unknowns (the leaves)."""
+        going past `stop` nor past an equation reading a value in `shared`,
+        and those unknowns (the leaves)."""
         region = {top}
         leaves: set[Any] = set()
         todo = [v for v in eqn.invars if type(v) is not _Literal and not known(v)]
@@ -393,7 +403,7 @@ def _find_block(
             if p in region:
                 continue
             inner = eqns[p]
-            if not member(inner):
+            if not member(inner) or (shared and any(u in shared for u in inner.invars)):
                 leaves.add(v)
                 continue
             region.add(p)
@@ -403,6 +413,10 @@ def _find_block(
         return region, leaves
 
     region, leaves = grow()
+    if kind == LINEAR and len(leaves) > 1:
+        region, leaves = _nonsquare.cut_shared(
+            region, leaves, grow, eqns, producer, known
+        )
     if kind == ELEMENTWISE and len(leaves) > 1:
         # Several unknowns reach `y` (the rest of the program feeds the
         # elementwise part at more than one point): cut at the earliest value
@@ -434,8 +448,9 @@ def _find_block(
         for v in inner.invars
         if type(v) is not _Literal and not known(v)
     ]
-    if len(reads) == len(set(reads)) and not (
-        kind == LINEAR and lp.through_complex(block_eqns)
+    chain = len(reads) == len(set(reads))
+    if chain and not (
+        kind == LINEAR and (len(xs) > 1 or lp.through_complex(block_eqns))
     ):
         return None
     known_vars: list[Any] = []
@@ -452,9 +467,13 @@ def _find_block(
         is_linear(e, [type(v) is not _Literal and not known(v) for v in e.invars])
         for e in block_eqns
     )
-    return Block(
+    block = Block(
         top, indices, block_eqns, x, y, known_vars, sites, linear, kind, [y], xs
     )
+    # Several unknowns meeting in one linear step (`z + diag(d)`): a block
+    # even when each is read once, if its results determine them all.
+    block.chain = chain
+    return block
 
 
 def independent(
@@ -659,9 +678,11 @@ def solve_linear(
 ) -> tuple[Any, Any, str]:
     """The unknowns (one value, or a list for several) and `-log|det J|`
     for a linear block `ys = J u + c`: an LU solve when `J` is square, least
-    squares when there are more results than unknowns (the results hold the
-    unknowns redundantly; the ildj is then `-0.5 log det(J^T J)`, minus the
-    log of the volume factor of the map onto its image). NaN unless the
+    squares by a QR factorization when there are more results than unknowns
+    (the results hold the unknowns redundantly, as a vector filled into a
+    triangular matrix does; the ildj is then `-0.5 log det(J^T J)`, minus
+    the log of the volume factor of the map onto its image: 0 when each
+    unknown is copied to some results). NaN unless the
     residual is within rounding (`ys` outside the image, or `J` singular).
     Complex results count as their real and imaginary parts. A block that
     reads only the symmetric part of its one unknown matrix is solved on
@@ -689,19 +710,18 @@ def _least_squares(jac: Any, rhs: Any) -> tuple[Any, Any, Any]:
     m, n = jac.shape
     eps = jnp.finfo(jnp.result_type(rhs)).eps
     full_rank: Any = True
-    if compat.is_tracer(jac):
-        # Singular values: `J` must have full column rank at this precision
-        # (else the unknowns are not determined, and LU or least squares
-        # would return one preimage among many). A concrete `J` was checked
-        # while tracing (`lp.check_rank`).
-        sv = jnp.linalg.svd(jac, compute_uv=False)
-        full_rank = sv[-1] > max(m, n) * eps * sv[0]
     if m == n:
+        if compat.is_tracer(jac):
+            # Singular values: `J` must have full rank at this precision (else
+            # the unknowns are not determined, and LU would return one
+            # preimage among many). A concrete `J` was checked while tracing
+            # (`lp.check_rank`). (A tall `J`: the QR's diagonal, below.)
+            sv = jnp.linalg.svd(jac, compute_uv=False)
+            full_rank = sv[-1] > n * eps * sv[0]
         u = jnp.linalg.solve(jac, rhs)
         ildj = -jnp.linalg.slogdet(jac)[1]
     else:
-        u = jnp.linalg.lstsq(jac, rhs)[0]
-        ildj = -0.5 * jnp.linalg.slogdet(jac.T @ jac)[1]
+        u, ildj, full_rank = _nonsquare.least_squares(jac, rhs)
     scale = jnp.abs(jac) @ jnp.abs(u) + jnp.abs(rhs)
     ok = full_rank & jnp.all(jnp.abs(jac @ u - rhs) <= 8 * n * eps * scale)
     return u, ildj, ok

@@ -117,6 +117,14 @@ class SolveState:
         for v, val in zip(jaxpr.invars, invals, strict=True):
             if val is not None:
                 env[v] = val
+        # Intermediate values with no elements are known: empty (a linear
+        # block would otherwise differentiate scatters of no updates, which
+        # crashes XLA on JAX 0.7).
+        for eqn in jaxpr.eqns:
+            for v in eqn.outvars:
+                shape = getattr(v.aval, "shape", None)
+                if shape is not None and 0 in shape and not isinstance(v, _DropVar):
+                    env[v] = _empty(shape, v.aval.dtype)
         for k, (v, val) in enumerate(zip(jaxpr.outvars, outvals, strict=True)):
             if val is not None and type(v) is not _Literal and v not in env:
                 env[v] = val
@@ -240,3 +248,9 @@ class SolveState:
         return [
             v for v in variables if type(v) is not _Literal and v in taint and v in env
         ]
+
+
+def _empty(shape: Any, dtype: Any) -> Any:
+    import jax.numpy as jnp
+
+    return jnp.zeros(tuple(shape), dtype)

@@ -42,6 +42,7 @@ from . import (
     _branches as br,
     _linear_parts as lp,
     _masked as mk,
+    _nonsquare as nsq,
     _refusals as rf,
     _sequential as sq,
 )
@@ -543,6 +544,8 @@ class InverseWalker:
                 return bl.too_large(block)
             if not solvers:
                 return bl.SOLVERS_OFF
+            if block.chain and not nsq.determined(block, known):
+                return st.reasons[block.top]  # its equations' refusals stand
             ys = [env[v] for v in block.ys]
             x, ildj, method = bl.solve_linear(block, ys, known)
             return block, x, ildj if want_ildj else 0.0, method

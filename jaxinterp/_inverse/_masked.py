@@ -42,7 +42,7 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
-from . import _blocks as bl, _branches as br, _cholesky as chol
+from . import _blocks as bl, _branches as br, _cholesky as chol, _scattered
 from ._dataflow import FORWARD, SolveState
 from ._rules import (
     InverseContext,
@@ -75,8 +75,20 @@ _BODIES: dict[Any, Callable[[Any], Any]] = {
 
 def may_split(eqn: compat.JaxprEqn) -> bool:
     """Whether `eqn`, refused by its rule, may still solve some elements:
-    a `select_n` (with a concrete predicate) or a call."""
-    return eqn.primitive is lax.select_n_p or eqn.primitive in _BODIES
+    a `select_n` (with a concrete predicate), a call, or a copy of scattered
+    elements (`_scattered.py`)."""
+    return (
+        eqn.primitive is lax.select_n_p
+        or eqn.primitive in _BODIES
+        or eqn.primitive in _COPIES
+        or (
+            eqn.primitive is compat.cond_p
+            and compat.cond_platform_branch(eqn) is not None
+        )
+    )
+
+
+_COPIES = (lax.gather_p, lax.broadcast_in_dim_p)
 
 
 def _masked(st: SolveState, v: Any) -> bool:
@@ -201,6 +213,9 @@ def step(walker: InverseWalker, st: SolveState, i: int) -> bool:
                 return _whole_call(walker, st, i) or _call(walker, st, i)
             if eqn.primitive.name in chol.READS_LOWER:
                 return _lower_known(walker, st, i)
+            copied = _scattered.step(walker, st, i)
+            if copied is not None:
+                return copied
             if len(eqn.outvars) != 1 or not bl.is_elementwise(
                 eqn, _shape(eqn.outvars[0])
             ):
@@ -457,26 +472,32 @@ def _whole_call(walker: InverseWalker, st: SolveState, i: int) -> bool:
     return True
 
 
-def _call(walker: InverseWalker, st: SolveState, i: int) -> bool:
+def _call(
+    walker: InverseWalker, st: SolveState, i: int, body: Any = None, skip: int = 0
+) -> bool:
     """A call solved in place, its partly known operands and results as
     seeds: forwards (a result partly known) its results only; backwards
-    (every result known) its operands and ildj, once."""
+    (every result known) its operands and ildj, once. `body` (default: the
+    call's) runs on the operands after the first `skip` (a `cond`'s
+    branch, after its index)."""
     eqn: Any = st.eqns[i]
-    body = _BODIES[eqn.primitive](eqn.params)
+    if body is None:
+        body = _BODIES[eqn.primitive](eqn.params)
     jaxpr, consts = compat.open_jaxpr(body), compat.jaxpr_consts(body)
-    if len(jaxpr.invars) != len(eqn.invars) or len(jaxpr.outvars) != len(eqn.outvars):
+    eqn_invars = list(eqn.invars[skip:])
+    if len(jaxpr.invars) != len(eqn_invars) or len(jaxpr.outvars) != len(eqn.outvars):
         return False
     backward = all(_known(st, v) or st.dropped(v) for v in eqn.outvars)
     if backward and i in st.masked_inverted:
         return False  # solved backwards once already
     seeds: list[tuple[Any, list[Any]]] = []
     for outer, inner in (
-        *zip(eqn.invars, jaxpr.invars, strict=True),
+        *zip(eqn_invars, jaxpr.invars, strict=True),
         *zip(eqn.outvars, jaxpr.outvars, strict=True),
     ):
         if type(inner) is not _Literal and not _known(st, outer) and outer in st.pieces:
             seeds.append((inner, st.pieces[outer]))
-    invals = st.read(eqn.invars)
+    invals = st.read(eqn_invars)
     outvals = [st.env.get(v) for v in eqn.outvars]
     sol = walker.solve(
         jaxpr,
@@ -495,7 +516,7 @@ def _call(walker: InverseWalker, st: SolveState, i: int) -> bool:
         zip(eqn.outvars, jaxpr.outvars, sol.outvals, strict=True)
     )
     if backward:
-        pairs = list(zip(eqn.invars, jaxpr.invars, sol.invals, strict=True))
+        pairs = list(zip(eqn_invars, jaxpr.invars, sol.invals, strict=True))
     for outer, inner, value in pairs:
         if _known(st, outer) or st.dropped(outer):
             continue
@@ -519,3 +540,8 @@ def _call(walker: InverseWalker, st: SolveState, i: int) -> bool:
         st.masked_inverted.add(i)
         st.methods[i] = MASKED
     return progress
+
+
+# Used by `_scattered.py`.
+known, shape_of, mask, value = _known, _shape, _mask, _value
+gather, add_piece, call = _gather, _add_piece, _call

@@ -20,6 +20,7 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
+from . import _scattered
 from ._rules import InverseContext, Piece, PieceResult, inverse_rules
 
 
@@ -446,9 +447,16 @@ def _gather_inverse(
             int(s) == shape[d] for d, s in enumerate(slice_sizes) if d != collapsed[0]
         )
     if not ok:
+        if shape is not None:
+            # Single elements at concrete indices (`m[..., rows, cols]`):
+            # the operand where it reads (see `_scattered.py`).
+            flat = _scattered.point_positions(indices, dn, slice_sizes, shape)
+            if flat is not None:
+                return PieceResult([_scattered.point_piece(y, flat, shape)])
         raise NotInvertibleError(
             "`gather` is only inverted when it takes whole slices along one axis "
-            "(`x[perm]`, `jnp.take(x, perm, axis)`)."
+            "(`x[perm]`, `jnp.take(x, perm, axis)`) or single elements at "
+            "concrete indices (`m[rows, cols]`)."
         )
     (axis,) = collapsed
     size = n if shape is None else shape[axis]
@@ -646,13 +654,26 @@ def _scatter_rule(name: str) -> Any:
             got = got - _gather_like_scatter(operand, indices, dn, updates_shape, None)
         if landed is not None:
             got = jnp.where(landed == 1, got, jnp.nan)
+        if jnp.issubdtype(jnp.result_type(y), jnp.inexact):
+            # The result holds the operand where no update lands: a result
+            # that differs there is off the image (a non-zero above the
+            # diagonal of a filled triangle), and the updates are NaN.
+            # (Within rounding: `y` may come from steps solved before.)
+            untouched = counts == 0
+            op = jnp.asarray(operand, jnp.result_type(y))
+            eps = jnp.finfo(jnp.result_type(y)).eps
+            gap = jnp.abs(y - op) > 32 * eps * (jnp.abs(y) + jnp.abs(op))
+            off = jnp.any(untouched & gap)
+            got = jnp.where(off, jnp.nan, got)
         return [operand, indices, got.astype(upd_aval.dtype)], 0.0
 
     rule.__name__ = f"_{name.replace('-', '_')}_inverse"
     rule.__doc__ = (
         f"`{name}` of unknown updates into a known operand at known distinct "
         "in-bounds indices: the updates are read back with a gather (under "
-        "tracing, updates whose indices repeat or fall outside give NaN). The "
+        "tracing, updates whose indices repeat or fall outside give NaN). A "
+        "result that differs from the operand where no update lands is off "
+        "the map's image: the updates are then NaN (floating types). The "
         "map copies values, so its ildj is 0."
     )
     return rule

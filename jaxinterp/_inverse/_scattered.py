@@ -1,0 +1,184 @@
+"""Values copied to and from scattered positions: point gathers, broadcasts
+and platform-dependent `cond`s on partly known values.
+
+Triangular-matrix bijectors read and write single elements: `m[..., r, c]`
+with the indices of a triangle (a gather of points), `jnp.diagonal` (a
+`cond` over platform-specific implementations, one of them a point gather),
+and `where(eye, exp(d)[None, :], m)` (a broadcast of which only the diagonal
+is selected). Each copies values, so its steps have ildj 0:
+
+- a **point gather** at concrete distinct in-bounds indices gives its
+  operand where it reads (a `MaskedPiece`); `inverse` refuses the other
+  elements, naming them, unless other results complete them;
+- a **broadcast** whose result is partly known gives each operand element
+  from its first known copy (NaN unless the other known copies agree);
+- a **platform-dependent `cond`** is solved, on partly known values, with the
+  branch the default backend runs (`lax.platform_dependent`'s branches are
+  implementations of one function).
+
+The steps on partly known values are hooks of `_masked.step`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import _jax_compat as compat
+from .._errors import NotInvertibleError
+from ._rules import MaskedPiece
+
+if TYPE_CHECKING:
+    from ._dataflow import SolveState
+    from ._engine import InverseWalker
+
+
+def point_positions(
+    indices: Any, dimension_numbers: Any, slice_sizes: Any, shape: Sequence[int]
+) -> np.ndarray | None:
+    """The flat operand position each element of a gather's result reads
+    (row-major), when the gather reads single elements at concrete indices;
+    else `None`. Raises `NotInvertibleError` for indices out of bounds or
+    repeated (the result then does not copy each element once)."""
+    dn = dimension_numbers
+    rank = len(shape)
+    if (
+        compat.is_tracer(indices)
+        or tuple(dn.offset_dims)
+        or tuple(getattr(dn, "operand_batching_dims", ()))
+        or sorted(dn.collapsed_slice_dims) != list(range(rank))
+        or sorted(dn.start_index_map) != list(range(rank))
+        or any(int(s) != 1 for s in slice_sizes)
+        or np.ndim(indices) < 1
+        or np.shape(indices)[-1] != rank
+    ):
+        return None
+    coords = np.asarray(indices).reshape(-1, rank).astype(np.int64)
+    placed = np.zeros_like(coords)
+    placed[:, list(dn.start_index_map)] = coords
+    bounds = np.asarray(shape, np.int64)
+    if np.any(placed < 0) or np.any(placed >= bounds):
+        raise NotInvertibleError(
+            "`gather` reads elements at indices out of bounds, which it clamps "
+            "or fills, so its result does not copy its operand"
+        )
+    flat = np.asarray(
+        np.ravel_multi_index(tuple(placed.T), tuple(shape)) if rank else placed[:, 0],
+        np.int64,
+    )
+    if len(np.unique(flat)) != len(flat):
+        raise NotInvertibleError(
+            "`gather` reads some elements more than once (repeated indices)"
+        )
+    return flat
+
+
+def point_piece(y: Any, flat: np.ndarray, shape: Sequence[int]) -> MaskedPiece:
+    """The operand's elements read by a point gather with result `y`."""
+    order = np.argsort(flat, kind="stable")
+    mask = np.zeros(tuple(shape), bool)
+    mask.reshape(-1)[flat] = True
+    value = lax.reshape(y, (int(np.size(flat)),))[order.astype(np.int32)]
+    return MaskedPiece(0, mask, value)
+
+
+# -- hooks of `_masked.step` -------------------------------------------------
+
+
+def step(walker: InverseWalker, st: SolveState, i: int) -> bool | None:
+    """A step on partly known values for the equations above, or `None`
+    when `eqn` is none of them."""
+    eqn: Any = st.eqns[i]
+    if eqn.primitive is lax.gather_p:
+        return _gather(st, i, **eqn.params)
+    if eqn.primitive is lax.broadcast_in_dim_p:
+        return _broadcast(st, i, **eqn.params)
+    if eqn.primitive is compat.cond_p:
+        k = compat.cond_platform_branch(eqn)
+        if k is None:
+            return None
+        from . import _masked as mk
+
+        progress = mk.call(walker, st, i, compat.cond_branches(eqn)[k], skip=1)
+        if progress and i in st.reasons:
+            st.reasons[i] = (
+                "its branch for this platform determines only some elements of "
+                "its operands (see below)"
+            )
+        return progress
+    return None
+
+
+def _gather(
+    st: SolveState, i: int, *, dimension_numbers: Any, slice_sizes: Any, **_: Any
+) -> bool:
+    """A point gather whose result is known: its operand where it reads."""
+    from . import _masked as mk
+
+    eqn: Any = st.eqns[i]
+    (out,) = eqn.outvars
+    x, idx_var = eqn.invars
+    if not mk.known(st, out) or mk.known(st, x) or not mk.known(st, idx_var):
+        return False
+    shape = mk.shape_of(x)
+    flat = point_positions(mk.value(st, idx_var), dimension_numbers, slice_sizes, shape)
+    if flat is None:
+        return False
+    have = mk.mask(st, x).reshape(-1)
+    new_at = ~have[flat]
+    if not new_at.any():
+        return False
+    piece = point_piece(
+        mk.gather(mk.value(st, out), np.flatnonzero(new_at)), flat[new_at], shape
+    )
+    mk.add_piece(st, x, piece.mask, piece.value, i, True)
+    return True
+
+
+def _broadcast(
+    st: SolveState, i: int, *, shape: Any, broadcast_dimensions: Any, **_: Any
+) -> bool:
+    """A broadcast whose result is partly known: each operand element from
+    its first known copy."""
+    from . import _masked as mk
+
+    eqn: Any = st.eqns[i]
+    x = eqn.invars[0]
+    (out,) = eqn.outvars
+    if type(x) is compat.Literal or mk.known(st, x) or len(eqn.invars) != 1:
+        return False
+    in_shape = mk.shape_of(x)
+    out_shape = tuple(int(d) for d in shape)
+    dims = [int(d) for d in broadcast_dimensions]
+    expanded = [1] * len(out_shape)
+    for k, d in enumerate(dims):
+        expanded[d] = in_shape[k]
+    source = np.broadcast_to(
+        np.arange(int(np.prod(in_shape)), dtype=np.int64).reshape(expanded), out_shape
+    ).reshape(-1)
+    known_at = np.flatnonzero(mk.mask(st, out))
+    if not known_at.size:
+        return False
+    sources = source[known_at]
+    found, first, which = np.unique(sources, return_index=True, return_inverse=True)
+    have = mk.mask(st, x).reshape(-1)
+    fresh = ~have[found]
+    if not fresh.any():
+        return False
+    new = np.zeros(int(np.prod(in_shape)), bool)
+    new[found[fresh]] = True
+    out_value = mk.value(st, out)
+    value = mk.gather(out_value, known_at[first[fresh]])
+    if len(found) < len(sources) and jnp.issubdtype(value.dtype, jnp.inexact):
+        # Further known copies must agree with the first: else the result
+        # is off the image, and the new elements are NaN.
+        copies = mk.gather(out_value, known_at)
+        firsts = mk.gather(out_value, known_at[first])
+        agree = jnp.all(copies == jnp.asarray(firsts)[np.ravel(which)])
+        value = jnp.where(agree, value, jnp.nan)
+    mk.add_piece(st, x, new.reshape(in_shape), value, i, True)
+    return True
