@@ -85,11 +85,24 @@ def test_tiers_agree_with_the_full_search(data):
     g, _, bounds = MAPS[name]
     x = _xs(data, bounds)
     y = g(x)
-    got = _TIERED[name](y)
-    full = _FULL[name](y)
-    assert not np.isnan(np.asarray(full)).any(), (x, full)
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(full))
-    assert np.all(np.abs(got - full) <= _tolerance(g, x)), (x, got, full)
+    got = np.asarray(_TIERED[name](y))
+    full = np.asarray(_FULL[name](y))
+    # A plateau: float32 `g` is flat around a tiny nonzero `x` (`y`'s ulp is
+    # much wider than `x`'s near 0; JAX 0.7's `asinh` there), so `y` has an
+    # interval of preimages, which the full search may decline (NaN). The
+    # tiers may answer there, with a point `g` maps to `y` exactly.
+    xs = np.asarray(x)
+    flat = (xs != 0) & (
+        (np.asarray(g(x * (1 - 2**-4))) == np.asarray(y))
+        | (np.asarray(g(x * (1 + 2**-4))) == np.asarray(y))
+    )
+    declined = np.isnan(full)
+    assert not (declined & ~flat).any(), (x, full)
+    np.testing.assert_array_equal(np.isnan(got)[~declined], declined[~declined])
+    close = np.abs(got - full) <= np.asarray(_tolerance(g, x))
+    assert np.all(close[~declined]), (x, got, full)
+    answered = declined & ~np.isnan(got)
+    assert np.all(np.asarray(g(jnp.asarray(got)))[answered] == np.asarray(y)[answered])
 
 
 @pytest.mark.parametrize("name", [k for k, v in sorted(MAPS.items()) if v[1]])
