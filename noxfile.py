@@ -18,6 +18,8 @@ PYTHONS = ["3.11", "3.12", "3.13"]
 # Sessions that run code on both ends of the range: the oldest Python's newest
 # JAX and the newest JAX.
 ENDS = ["3.11", "3.12"]
+# The suite spreads over one pytest-xdist worker per core.
+PYTEST = ("pytest", "-n", "auto")
 
 
 @nox.session(python=PYTHONS)
@@ -26,7 +28,7 @@ def tests(session: nox.Session, x64: bool) -> None:
     """Run the test suite on the newest JAX this Python gets (optionally with x64)."""
     session.install("-e", ".[test]")
     env = {"JAX_ENABLE_X64": "1"} if x64 else {}
-    session.run("pytest", *session.posargs, env=env)
+    session.run(*PYTEST, *session.posargs, env=env)
 
 
 @nox.session(python=ENDS[-1:])
@@ -34,7 +36,7 @@ def multidevice(session: nox.Session) -> None:
     """The multi-device check matrix of issue 13 (8 simulated CPU devices)."""
     session.install("-e", ".[test]")
     session.run(
-        "pytest",
+        *PYTEST,
         "tests/test_multidevice.py",
         *session.posargs,
         env={"JAXINTERP_TEST_MATRIX": "1"},
@@ -45,7 +47,7 @@ def multidevice(session: nox.Session) -> None:
 def tests_future_flags(session: nox.Session) -> None:
     """The suite and gallery with JAX's hijax future-default flags on (newest JAX)."""
     session.install("-e", ".[test]")
-    session.run("pytest", *session.posargs, env={"JAXINTERP_TEST_FUTURE_FLAGS": "1"})
+    session.run(*PYTEST, *session.posargs, env={"JAXINTERP_TEST_FUTURE_FLAGS": "1"})
 
 
 @nox.session
@@ -55,14 +57,14 @@ def tests_future_flags(session: nox.Session) -> None:
 def tests_jax(session: nox.Session, jax_version: str) -> None:
     """Run the test suite on one pinned JAX release (`nox -s tests_jax`: all)."""
     session.install("-e", ".[test]", f"jax=={jax_version}", f"jaxlib=={jax_version}")
-    session.run("pytest", *session.posargs)
+    session.run(*PYTEST, *session.posargs)
 
 
 @nox.session(python="3.11")
 def tests_oldest_jax(session: nox.Session) -> None:
     """Run the test suite on the oldest supported JAX."""
     session.install("-e", ".[test]", f"jax=={OLDEST_JAX}", f"jaxlib=={OLDEST_JAX}")
-    session.run("pytest", *session.posargs)
+    session.run(*PYTEST, *session.posargs)
 
 
 @nox.session(python="3.11")
@@ -70,7 +72,7 @@ def hypothesis_dev(session: nox.Session) -> None:
     """Long property-based exploration (the `dev` hypothesis profile)."""
     session.install("-e", ".[test]")
     session.run(
-        "pytest",
+        *PYTEST,
         "-k",
         "property or hypothesis",
         *session.posargs,

@@ -58,7 +58,7 @@ def init(rng: np.random.Generator, layers: int = 6, hidden: int = 32) -> dict:
     spline = {
         "w": jnp.zeros(BINS),
         "h": jnp.zeros(BINS),
-        "d": jnp.full(BINS - 1, _IDENTITY_SLOPE),
+        "d": jnp.full(BINS - 1, _IDENTITY_SLOPE, jnp.float32),
     }
     return {"couplings": couplings, "splines": [spline, dict(spline)]}
 

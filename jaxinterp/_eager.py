@@ -210,11 +210,14 @@ class EagerPlan:
     interpreter's dispatch table (`table`), its policy and the ambient
     context are those it was built for.
 
-    A first plan (`fused=False`) compiles nothing of its own: its steps call
-    JAX's single-primitive executables, which the program's own eager calls
-    have usually compiled already, so a first call costs about what
-    `jax.core.eval_jaxpr` costs. Movers are fused into their consumers
-    (new executables, compiled once) when the Jaxpr is walked again.
+    A first plan (`fused=False`) compiles nothing of its own: it binds each
+    primitive in its equation's context, as `jax.core.eval_jaxpr` does, so
+    it reuses the single-primitive executables that the program's own eager
+    calls compiled (JAX 0.7 to 0.10 key them by that context and by the
+    thread's `disable_jit`, so calling them from elsewhere compiles them
+    again) and a first call costs about what `jax.core.eval_jaxpr` costs.
+    From the second walk, steps call those executables directly and movers
+    are fused into their consumers (new executables, compiled once).
     """
 
     __slots__ = ("context", "fused", "policy", "program", "seed", "table")
@@ -290,6 +293,8 @@ class EagerPlan:
             fn = None if identity else _jit_callable(interp, eqn)
         elif prim in type(interp).dispatch_table():
             fn = None  # a built-in higher-order handler, through `process_eqn`
+        elif not fused:
+            fn = None  # `bind`, as `jax.core.eval_jaxpr` (see the class docstring)
         else:
             fn = eager_callable(prim, eqn.params)
         if fn is None:

@@ -320,6 +320,9 @@ def dispatches_by_compiling(prim: Any) -> bool:
 
 
 _xla_primitive_callable = _private_attr("jax._src.dispatch", "xla_primitive_callable")
+_disable_jit_state = _private_attr("jax._src.config", "disable_jit")
+if not hasattr(_disable_jit_state, "swap_local"):  # pragma: no cover
+    _disable_jit_state = None
 
 
 def primitive_callable(prim: Any, params: dict[str, Any]) -> Any:
@@ -336,9 +339,24 @@ def primitive_callable(prim: Any, params: dict[str, Any]) -> Any:
     if _xla_primitive_callable is None or not dispatches_by_compiling(prim):
         return None
     try:
-        return _xla_primitive_callable(prim, **params)
+        jitted = _xla_primitive_callable(prim, **params)
     except TypeError:  # unhashable params
         return None
+    state = _disable_jit_state
+    if state is None:  # pragma: no cover - other JAX layouts
+        return jitted
+
+    def call(*args: Any) -> Any:
+        # As `apply_primitive`: `jit` keys its executables by the thread's
+        # explicitly set `disable_jit`, so a call made otherwise would
+        # compile again what eager `bind` compiled.
+        prev = state.swap_local(False)
+        try:
+            return jitted(*args)
+        finally:
+            state.set_local(prev)
+
+    return call
 
 
 # Concrete operands: arrays, and the NumPy or Python values of literals.

@@ -89,6 +89,36 @@ def test_a_first_eager_call_compiles_no_more_than_eval_jaxpr(jitted_layer):
     assert want[0].shape == got.shape
 
 
+def test_a_first_eager_call_reuses_what_the_programs_own_eager_call_compiled():
+    # A training step: its backward pass ran eagerly inside `f`'s call, under
+    # equation contexts (JAX 0.7 to 0.10 key single-primitive executables by
+    # them); evaluate's first call must find those executables as
+    # `jax.core.eval_jaxpr` does, not compile them again.
+    def f(w, x):
+        def loss(w):
+            h = jax.nn.relu(lax.dot(x, w)) / 4.0
+            return jnp.mean(h.reshape(-1) ** 2)
+
+        value, grad = jax.value_and_grad(loss)(w)
+        return value, w - 0.1 * grad
+
+    def counts(n, first_call):
+        w, x = jnp.full((n, 5), 0.25), jnp.linspace(-1.0, 1.0, 3 * n).reshape(3, n)
+        jax.block_until_ready(f(w, x))  # `f` ran before
+        with _Compiles() as compiles:
+            got = first_call(w, x)
+        for a, b in zip(got, f(w, x), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-6)
+        return compiles.count
+
+    def eval_jaxpr(w, x):
+        closed = jax.make_jaxpr(f)(w, x)
+        return jax.core.eval_jaxpr(closed.jaxpr, closed.consts, w, x)
+
+    reference = counts(61, eval_jaxpr)
+    assert counts(63, jaxinterp.evaluate(f)) <= reference
+
+
 @pytest.mark.parametrize("jitted_layer", [False, True])
 def test_later_eager_calls_compile_their_fused_steps_once(jitted_layer):
     f = _layered(jitted_layer)
