@@ -388,29 +388,9 @@ def _find_block(
     def grow(
         stop: Any = None, shared: frozenset[Any] = frozenset()
     ) -> tuple[set[int], set[Any]]:
-        """The equations between `y` and the unknowns it depends on, not
-        going past `stop` nor past an equation reading a value in `shared`,
-        and those unknowns (the leaves)."""
-        region = {top}
-        leaves: set[Any] = set()
-        todo = [v for v in eqn.invars if type(v) is not _Literal and not known(v)]
-        while todo:
-            v = todo.pop()
-            p = producer.get(v)
-            if p is None or v is stop:
-                leaves.add(v)
-                continue
-            if p in region:
-                continue
-            inner = eqns[p]
-            if not member(inner) or (shared and any(u in shared for u in inner.invars)):
-                leaves.add(v)
-                continue
-            region.add(p)
-            todo.extend(
-                u for u in inner.invars if type(u) is not _Literal and not known(u)
-            )
-        return region, leaves
+        grown = grow_region([top], eqns, producer, known, member, stop, shared)
+        assert grown is not None  # (no limit asked)
+        return grown
 
     region, leaves = grow()
     if kind == LINEAR and len(leaves) > 1:
@@ -418,16 +398,7 @@ def _find_block(
             region, leaves, grow, eqns, producer, known
         )
     if kind == ELEMENTWISE and len(leaves) > 1:
-        # Several unknowns reach `y` (the rest of the program feeds the
-        # elementwise part at more than one point): cut at the earliest value
-        # inside the region that all paths from `y` to them pass through.
-        for p in sorted(region)[:_MAX_CUTS]:
-            cut = eqns[p].outvars[0]
-            if p == top or cut.aval.shape != shape:
-                continue
-            region, leaves = grow(cut)
-            if leaves == {cut}:
-                break
+        region, leaves = cut_to_one_leaf(top, region, leaves, eqns, grow)
     if not leaves or (kind == ELEMENTWISE and len(leaves) != 1):
         return None
     if not all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in leaves):
@@ -442,13 +413,7 @@ def _find_block(
     block_eqns = [eqns[i] for i in indices]
     # A chain (each unknown read once) is the single-equation rules' to
     # solve; their refusals stand (`where` with a constant mask, `x * 0`).
-    reads = [
-        v
-        for inner in block_eqns
-        for v in inner.invars
-        if type(v) is not _Literal and not known(v)
-    ]
-    chain = len(reads) == len(set(reads))
+    chain = is_chain(block_eqns, known)
     if chain and not (
         kind == LINEAR and (len(xs) > 1 or lp.through_complex(block_eqns))
     ):
@@ -474,6 +439,86 @@ def _find_block(
     # even when each is read once, if its results determine them all.
     block.chain = chain
     return block
+
+
+def grow_region(
+    tops: Sequence[int],
+    eqns: Sequence[Any],
+    producer: dict[Any, int],
+    known: Callable[[Any], bool],
+    member: Callable[[Any], bool] | None = None,
+    stop: Any = None,
+    shared: frozenset[Any] = frozenset(),
+    max_eqns: int | None = None,
+) -> tuple[set[int], set[Any]] | None:
+    """The equations between the results of `tops` and the unknown values
+    they depend on, and those values (the leaves), by a walk back from
+    `tops`' unknown operands.
+
+    The walk does not go past `stop`, nor past an equation that is not a
+    `member` or that reads a value in `shared`: their values are leaves.
+    With `max_eqns`, `None` if the region grows larger or takes in an
+    equation with effects.
+    """
+    region = set(tops)
+    leaves: set[Any] = set()
+    todo = [v for t in tops for v in eqns[t].invars if _unknown(v, known)]
+    while todo:
+        v = todo.pop()
+        p = producer.get(v)
+        if p is None or v is stop:
+            leaves.add(v)
+            continue
+        if p in region:
+            continue
+        inner = eqns[p]
+        if (member is not None and not member(inner)) or (
+            shared and any(u in shared for u in inner.invars)
+        ):
+            leaves.add(v)
+            continue
+        region.add(p)
+        if max_eqns is not None and (
+            len(region) > max_eqns or getattr(inner, "effects", None)
+        ):
+            return None
+        todo.extend(u for u in inner.invars if _unknown(u, known))
+    return region, leaves
+
+
+def cut_to_one_leaf(
+    top: int,
+    region: set[int],
+    leaves: set[Any],
+    eqns: Sequence[Any],
+    grow: Callable[[Any], tuple[set[int], set[Any]]],
+) -> tuple[set[int], set[Any]]:
+    """Where several unknowns reach equation `top`'s result (the rest of the
+    program feeds the block at more than one point): the region cut at the
+    earliest value of the result's shape inside it that every path back
+    passes through (`grow(cut)` then has that value as its one leaf), or the
+    region as it was if there is none among the first `_MAX_CUTS`."""
+    shape = eqns[top].outvars[0].aval.shape
+    for p in sorted(region)[:_MAX_CUTS]:
+        cut = eqns[p].outvars[0]
+        if p == top or cut.aval.shape != shape:
+            continue
+        region, leaves = grow(cut)
+        if leaves == {cut}:
+            break
+    return region, leaves
+
+
+def is_chain(block_eqns: Sequence[Any], known: Callable[[Any], bool]) -> bool:
+    """Whether the equations read each unknown value once: a chain, which the
+    single-equation rules solve (and whose refusals stand: `where` with a
+    constant mask, `x * 0`)."""
+    reads = [v for e in block_eqns for v in e.invars if _unknown(v, known)]
+    return len(reads) == len(set(reads))
+
+
+def _unknown(v: Any, known: Callable[[Any], bool]) -> bool:
+    return type(v) is not _Literal and not known(v)
 
 
 def independent(

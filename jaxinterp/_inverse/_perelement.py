@@ -357,34 +357,13 @@ def find_block(
         return None
 
     def grow(stop: Any = None) -> tuple[set[int], set[Any]]:
-        region = {top}
-        leaves: set[Any] = set()
-        todo = [v for v in eqn.invars if type(v) is not _Literal and not known(v)]
-        while todo:
-            v = todo.pop()
-            p = producer.get(v)
-            if p is None or v is stop or not _allowed(eqns[p]):
-                leaves.add(v)
-                continue
-            if p in region:
-                continue
-            region.add(p)
-            todo.extend(
-                u for u in eqns[p].invars if type(u) is not _Literal and not known(u)
-            )
-        return region, leaves
+        grown = bl.grow_region([top], eqns, producer, known, _allowed, stop)
+        assert grown is not None  # (no limit asked)
+        return grown
 
     region, leaves = grow()
     if len(leaves) > 1:
-        # As `_blocks.find_block` does: cut at the earliest value of the
-        # result's shape that every path to the unknowns passes through.
-        for p in sorted(region)[: bl._MAX_CUTS]:
-            cut = eqns[p].outvars[0]
-            if p == top or cut.aval.shape != shape:
-                continue
-            region, leaves = grow(cut)
-            if leaves == {cut}:
-                break
+        region, leaves = bl.cut_to_one_leaf(top, region, leaves, eqns, grow)
     if len(leaves) != 1:
         return None
     (x,) = leaves
@@ -392,14 +371,8 @@ def find_block(
         return None
     indices = sorted(region)
     block_eqns = [eqns[i] for i in indices]
-    reads = [
-        v
-        for inner in block_eqns
-        for v in inner.invars
-        if type(v) is not _Literal and not known(v)
-    ]
-    if len(reads) == len(set(reads)):
-        return None  # a chain: the single-equation rules' (see `_blocks`)
+    if bl.is_chain(block_eqns, known):
+        return None  # the single-equation rules' (see `_blocks`)
     analysis = _Analysis(shape)
     env: dict[Any, Alignment] = {x: analysis.identity}
     if not analysis.run(block_eqns, env, ()) or env.get(y) != analysis.identity:

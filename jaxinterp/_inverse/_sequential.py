@@ -95,10 +95,6 @@ class Triangular:
         self.affine = affine
 
 
-def _unknown(v: Any, known: Callable[[Any], bool]) -> bool:
-    return type(v) is not _Literal and not known(v)
-
-
 def _grow(
     tops: Sequence[int],
     eqns: Sequence[Any],
@@ -109,22 +105,7 @@ def _grow(
     """The equations between the results of `tops` and the unknown values
     they depend on (not going past `stop`), and those values; `None` if the
     region is too large or holds an equation with effects."""
-    region = set(tops)
-    leaves: set[Any] = set()
-    todo = [v for t in tops for v in eqns[t].invars if _unknown(v, known)]
-    while todo:
-        v = todo.pop()
-        p = producer.get(v)
-        if p is None or v is stop:
-            leaves.add(v)
-            continue
-        if p in region:
-            continue
-        region.add(p)
-        if len(region) > _MAX_EQNS or getattr(eqns[p], "effects", None):
-            return None
-        todo.extend(u for u in eqns[p].invars if _unknown(u, known))
-    return region, leaves
+    return bl.grow_region(tops, eqns, producer, known, stop=stop, max_eqns=_MAX_EQNS)
 
 
 def find_sequential(st: Any) -> list[bl.Block]:
