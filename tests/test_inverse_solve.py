@@ -128,11 +128,13 @@ def test_each_tier_is_needed_by_some_map():
     # softsign far out needs more Newton rounds than the first pass takes,
     # and logit near its ends needs the full search.
     x = jnp.linspace(-300.0, 300.0, 1001, dtype=jnp.float32)
-    first = _solve._fast(softsign, softsign(x))
+    y = softsign(x)
+    first = _solve._fast(softsign, y, _solve._best_start(softsign, y))
     assert np.isnan(np.asarray(first)).any()
     x = jnp.linspace(0.002, 0.998, 1001, dtype=jnp.float32)
     y = logit(x)
-    rounds = _solve._rounds(logit, y, lambda y: jnp.full_like(y, jnp.nan))
+    start = _solve._best_start(logit, y)
+    rounds = _solve._rounds(logit, y, start, lambda y: jnp.full_like(y, jnp.nan))
     assert np.isnan(np.asarray(rounds)).any()
     np.testing.assert_allclose(_solve._find_roots(logit, y), x, rtol=1e-4)
 

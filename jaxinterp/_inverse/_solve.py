@@ -137,7 +137,7 @@ def monotone_on_grid(
     eps = jnp.finfo(dtype).eps
     size = math.prod(shape)
     if uniform and size:
-        return jnp.broadcast_to(_monotone_uniform(g, shape, dtype), shape)
+        return jnp.broadcast_to(_monotone_uniform(g, shape, dtype, like), shape)
     points = jnp.asarray(grid(dtype))
 
     # A `while_loop`, not `fori_loop`: under `jax_scan3` a fixed-length loop
@@ -170,17 +170,34 @@ def monotone_on_grid(
     return rising | falling
 
 
-def _monotone_uniform(g: Callable[[Any], Any], shape: Any, dtype: Any) -> Any:
+def _monotone_uniform(
+    g: Callable[[Any], Any], shape: Any, dtype: Any, like: Any = None
+) -> Any:
     """`monotone_on_grid` of a map that is the same for every element: the
-    grid laid out over the elements, a call of `g` per `size` points."""
+    grid laid out over the elements, a call of `g` per `size` points (in a
+    loop: one copy of `g` in the program however small `shape` is)."""
     points = grid(dtype)
     size = math.prod(shape)
-    chunks = []
-    for begin in range(0, points.shape[0], size):
-        chunk = points[begin : begin + size]
-        x = jnp.asarray(np.resize(chunk, size).reshape(shape), dtype)
-        chunks.append(jnp.reshape(g(x), (-1,))[: chunk.shape[0]])
-    values = jnp.concatenate(chunks)
+    count = points.shape[0]
+    chunks = -(-count // size)
+    # The last chunk is padded with repeated points, dropped below.
+    xs = jnp.asarray(np.resize(points, chunks * size).reshape((chunks, *shape)), dtype)
+    if chunks == 1:
+        values = jnp.reshape(g(xs[0]), (-1,))
+    else:
+        out = jax.eval_shape(g, jax.ShapeDtypeStruct(shape, dtype))
+
+        def step(state: tuple[Any, Any]) -> tuple[Any, Any]:
+            i, done = state
+            value = g(lax.dynamic_index_in_dim(xs, i, keepdims=False))
+            return i + 1, lax.dynamic_update_index_in_dim(done, value, i, 0)
+
+        start = (jnp.int32(0), jnp.zeros((chunks, *out.shape), out.dtype))
+        if like is not None:
+            start = compat.vary_like(start, like)
+        _, done = lax.while_loop(lambda s: s[0] < chunks, step, start)
+        values = jnp.reshape(done, (-1,))
+    values = values[:count]
     eps = jnp.finfo(dtype).eps
     # The same tests as `monotone_on_grid`'s loop, on neighbouring points.
     prev, value = values[:-1], values[1:]
@@ -208,16 +225,17 @@ def _find_roots(g: Callable[[Any], Any], y: Any) -> Any:
     1. `_fast`: the best of the fixed starts, one round of Newton steps, the
        acceptance test; no loop, so XLA compiles it to one pass over the
        elements. It usually decides every element.
-    2. only if some element is left undecided, `_rounds`: from the start
-       again, rounds of safeguarded Newton steps while some residual is not
+    2. only if some element is left undecided, `_rounds`: from the same
+       start, rounds of safeguarded Newton steps while some residual is not
        down to rounding (a far root: Newton's steps double on the way);
     3. only if some element is still undecided, the full search (`_search`).
 
     Each later tier runs for all elements (the results of the earlier one
     are kept where accepted) inside `_lazily`.
     """
-    x = _fast(g, y)
-    return _lazily(x, y, lambda y: _rounds(g, y, lambda y: _search(g, y)))
+    start = _best_start(g, y)
+    x = _fast(g, y, start)
+    return _lazily(x, y, lambda y: _rounds(g, y, start, lambda y: _search(g, y)))
 
 
 def _lazily(x: Any, y: Any, solve: Callable[[Any], Any]) -> Any:
@@ -298,12 +316,11 @@ def _accepted(g: Callable[[Any], Any], y: Any, x: Any, settled: Any) -> Any:
     return jnp.where(settled & close & single, x, jnp.nan)
 
 
-def _fast(g: Callable[[Any], Any], y: Any) -> Any:
+def _fast(g: Callable[[Any], Any], y: Any, x: Any) -> Any:
     """Tier 1 of `_find_roots`: one round of Newton steps from the best start,
     accepted where its residual is down to rounding, else NaN. No loop,
     and one value out (an intermediate XLA would hand to two consumers is
     materialised), so it is one pass of XLA."""
-    x = _best_start(g, y)
     for _ in range(_newton_round(y)):
         # The plain step (no test of its size: a second use of each point
         # would make XLA split the round into one pass per step).
@@ -313,7 +330,9 @@ def _fast(g: Callable[[Any], Any], y: Any) -> Any:
     return _accepted(g, y, x, False)
 
 
-def _rounds(g: Callable[[Any], Any], y: Any, otherwise: Callable[[Any], Any]) -> Any:
+def _rounds(
+    g: Callable[[Any], Any], y: Any, start: Any, otherwise: Callable[[Any], Any]
+) -> Any:
     """Tier 2 of `_find_roots`: rounds of Newton steps from the best start,
     while the residual of some element is not down to rounding (at most
     `_MAX_ROUNDS`); a step that leaves the domain (NaN) goes back halfway.
@@ -343,7 +362,7 @@ def _rounds(g: Callable[[Any], Any], y: Any, otherwise: Callable[[Any], Any]) ->
         x = jnp.where(settled, x, x_new)
         return i + 1, x, settled | now | jnp.isnan(x)
 
-    x = _best_start(g, y)
+    x = start
     _, x, settled = lax.while_loop(cond, body, (jnp.int32(0), x, jnp.isnan(x)))
     return _lazily(_accepted(g, y, x, settled), y, otherwise)
 
