@@ -26,7 +26,8 @@ A map that turns (not monotone on a grid of points from `2**-12` to `2**14`
 in magnitude, `monotone_on_grid`) is not injective: its elements are NaN, or,
 when its known operands are constants, the block is refused before solving.
 When the known operands are scalars, the map is the same for every element
-and one call of `g` samples the whole grid.
+and each call of `g` samples as many grid points as there are elements (the
+calls run in a loop: the program holds one copy of `g`).
 
 Most elements never need steps 2 and 3. A fast path runs first
 (`_fast`): from the best start, rounds of a few Newton steps fused into one
