@@ -53,16 +53,9 @@ def eager_callable(prim: Any, params: dict[str, Any]) -> Any:
         return fn
     if any(True for _ in compat.jaxprs_in_params(params)):
         return None
-    jitted = compat.primitive_callable(prim, params)
-    if jitted is None:
+    fn = compat.primitive_callable(prim, params)
+    if fn is None:
         return None
-    if prim.multiple_results:
-        fn = jitted
-    else:
-
-        def fn(*args: Any) -> list[Any]:
-            return [jitted(*args)]
-
     return _eager_cache.put(key, fn)
 
 

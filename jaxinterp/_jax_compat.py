@@ -326,15 +326,15 @@ if not hasattr(_disable_jit_state, "swap_local"):  # pragma: no cover
 
 
 def primitive_callable(prim: Any, params: dict[str, Any]) -> Any:
-    """JAX's own cached `jax.jit` of `prim` alone with `params`, or `None`.
+    """JAX's own cached `jax.jit` of `prim` alone with `params`, as a function
+    returning a list of results, or `None`.
 
     It is what eager `bind` of one of JAX's primitives calls
     (`jax._src.dispatch.apply_primitive`, no public equivalent): calling it
     directly shares JAX's compilation cache, so a primitive the program
-    already ran eagerly is not compiled again. It returns what `bind` returns
-    (a list for primitives with several results). `None` where the
-    primitive does not dispatch by compiling, its params are unhashable, or
-    this JAX lacks the function.
+    already ran eagerly is not compiled again. `None` where the primitive
+    does not dispatch by compiling, its params are unhashable, or this JAX
+    lacks the function.
     """
     if _xla_primitive_callable is None or not dispatches_by_compiling(prim):
         return None
@@ -344,17 +344,30 @@ def primitive_callable(prim: Any, params: dict[str, Any]) -> Any:
         return None
     state = _disable_jit_state
     if state is None:  # pragma: no cover - other JAX layouts
-        return jitted
+        if prim.multiple_results:
+            return jitted
+        return lambda *args: [jitted(*args)]
+    # As `apply_primitive`: `jit` keys its executables by the thread's
+    # explicitly set `disable_jit`, so a call made otherwise would compile
+    # again what eager `bind` compiled.
+    swap, restore = state.swap_local, state.set_local
+    if prim.multiple_results:
 
-    def call(*args: Any) -> Any:
-        # As `apply_primitive`: `jit` keys its executables by the thread's
-        # explicitly set `disable_jit`, so a call made otherwise would
-        # compile again what eager `bind` compiled.
-        prev = state.swap_local(False)
-        try:
-            return jitted(*args)
-        finally:
-            state.set_local(prev)
+        def call(*args: Any) -> Any:
+            prev = swap(False)
+            try:
+                return jitted(*args)
+            finally:
+                restore(prev)
+
+    else:
+
+        def call(*args: Any) -> Any:
+            prev = swap(False)
+            try:
+                return [jitted(*args)]
+            finally:
+                restore(prev)
 
     return call
 

@@ -124,6 +124,17 @@ def test_inverse_through_hijax_round_trips(program):
     _check(fn, X)
 
 
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_explain_inverse_reads_what_inverse_solves(program):
+    # `explain_inverse` analyses the same pure program as `inverse` (mutable
+    # references and `Scan3` made pure first), so both agree: invertible.
+    fn = PROGRAMS[program]
+    with future_flags(True):
+        report = jaxinterp.explain_inverse(fn, X)
+    assert report.splitlines()[-1] == "Invertible: every unknown input is recovered."
+    assert " new_ref " not in report
+
+
 @pytest.mark.parametrize("program", ["scan_layers", "with_refs", "mixed"])
 def test_inverse_through_hijax_under_jit_and_vmap(program):
     fn = PROGRAMS[program]

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import flags_off, future_flags_on
+from helpers import flags_off
 from hypothesis import given, settings, strategies as st
 
 import jaxinterp
@@ -140,11 +140,6 @@ def test_autoregressive_flows(make, make_inverse):
     grad = jax.grad(lambda y: jaxinterp.ildj(f)(y))(y)
     expected = jax.grad(lambda y: ildj_reference(f, reference(y)))(y)
     np.testing.assert_allclose(grad, expected, atol=1e-4, rtol=1e-4)
-    if future_flags_on() and make is maf:
-        # Known gap: under JAX's hijax future flags `explain_inverse` reads
-        # the loop-forward MAF (a `fori_loop`, staged with refs) as not
-        # invertible, although `inverse` inverts it (checked above).
-        return
     report = jaxinterp.explain_inverse(f, X)
     assert "(sequential solve)" in report
     assert report.splitlines()[-1] == "Invertible: every unknown input is recovered."

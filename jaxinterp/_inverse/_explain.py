@@ -10,6 +10,7 @@ import jax.tree_util as jtu
 
 from .. import _jax_compat as compat
 from .._errors import JaxinterpError, source_line
+from .._state import functionalize
 from .._trace import check_callable, normalize_argnums, spec_of, stage
 from ._engine import BLOCKING, FORWARD, INVERTED, UNUSED, InverseWalker
 
@@ -88,7 +89,9 @@ def explain_inverse(
     else:
         unknown = normalize_argnums(argnums, n, what="`explain_inverse`: argnums")
     staged = stage(fn, *example_args)
-    jaxpr, consts = staged.jaxpr, staged.consts
+    # What `inverse` solves: mutable references (and `scan` under
+    # `jax_scan3`) made pure first.
+    jaxpr, consts = functionalize(staged.jaxpr, staged.consts)
     mask: list[bool] = []
     for i, arg in enumerate(example_args):
         mask.extend([i in unknown] * len(jtu.tree_leaves(arg)))
@@ -103,7 +106,8 @@ def explain_inverse(
         return []
 
     try:
-        jax.make_jaxpr(run)(out_specs, in_specs)
+        with compat.classic_scan():
+            jax.make_jaxpr(run)(out_specs, in_specs)
     except JaxinterpError as err:
         return f"explain_inverse: the analysis itself failed: {err}"
     sol = result["solution"]
