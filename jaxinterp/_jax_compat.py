@@ -351,23 +351,15 @@ def primitive_callable(prim: Any, params: dict[str, Any]) -> Any:
     # explicitly set `disable_jit`, so a call made otherwise would compile
     # again what eager `bind` compiled.
     swap, restore = state.swap_local, state.set_local
-    if prim.multiple_results:
+    several = prim.multiple_results
 
-        def call(*args: Any) -> Any:
-            prev = swap(False)
-            try:
-                return jitted(*args)
-            finally:
-                restore(prev)
-
-    else:
-
-        def call(*args: Any) -> Any:
-            prev = swap(False)
-            try:
-                return [jitted(*args)]
-            finally:
-                restore(prev)
+    def call(*args: Any) -> Any:
+        prev = swap(False)
+        try:
+            out = jitted(*args)
+        finally:
+            restore(prev)
+        return out if several else [out]
 
     return call
 

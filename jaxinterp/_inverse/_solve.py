@@ -186,14 +186,15 @@ def _monotone_uniform(
     if chunks == 1:
         values = jnp.reshape(g(xs[0]), (-1,))
     else:
-        out = jax.eval_shape(g, jax.ShapeDtypeStruct(shape, dtype))
 
         def step(state: tuple[Any, Any]) -> tuple[Any, Any]:
             i, done = state
             value = g(lax.dynamic_index_in_dim(xs, i, keepdims=False))
             return i + 1, lax.dynamic_update_index_in_dim(done, value, i, 0)
 
-        start = (jnp.int32(0), jnp.zeros((chunks, *out.shape), out.dtype))
+        # (`g` maps `dtype` values of `shape` to the same, as in the loop of
+        # `monotone_on_grid`.)
+        start = (jnp.int32(0), jnp.zeros((chunks, *shape), dtype))
         if like is not None:
             start = compat.vary_like(start, like)
         _, done = lax.while_loop(lambda s: s[0] < chunks, step, start)
