@@ -43,6 +43,7 @@ from . import (
     _linear_parts as lp,
     _masked as mk,
     _nonsquare as nsq,
+    _normalized as nz,
     _refusals as rf,
     _sequential as sq,
 )
@@ -437,6 +438,9 @@ class InverseWalker:
     def _solve_block(self, st: SolveState) -> bool:
         """Solve an elementwise block; whether one was found."""
         found = self._block_step(st)
+        if found is None:
+            # A value divided by a function of itself (`_normalized.py`).
+            found = nz.normalized_step(st)
         if found is None and st.options.solvers:
             # Last: a triangular map of one unknown (`_sequential.py`).
             found = sq.sequential_step(st)

@@ -1,0 +1,529 @@
+"""Normalized blocks: a value divided by a function of itself.
+
+A softmax, `e / sum(e)`, and a row normalized to unit length, `u / |u|`,
+end in a `div` whose two operands are both unknown, so its rule is stuck.
+But the divisor is constant along some axes (a `keepdims` reduction,
+broadcast back), so the result fixes the numerator up to one unknown factor
+per row: `e = y * s`. Walking back from the numerator through steps that
+keep such a family exact, the engine tracks a value `v` as **known up to a
+per-row scale** (`v = base * s`) or **shift** (`v = base + c`):
+
+- `exp` turns a scale into a shift (`log|base|`), `log` a shift into a scale;
+- adding, subtracting, multiplying or dividing by a known value transforms
+  `base`; by an unknown value that is itself constant along the same axes
+  (the `max` a stable softmax subtracts) the row's unknown absorbs it.
+
+Once some elements of `v` do not depend on the unknowns at all (a `0`
+appended by `pad`, a diagonal of ones set by `where`), each row's unknown is
+pinned by one of them, and `v` is known: the only value any preimage can give
+it. The block (the equations from `v` to the `div`) is then run forwards on
+`v`, and a result that does not map back to `y` (within rounding), a row with
+no element to pin it or with pinned elements that disagree, gives NaN. `v`
+is handed to the engine, which inverts what produced it by formulas.
+
+The block maps the free elements of `v` onto a manifold (the simplex, unit
+rows), so its ildj follows the non-square convention, `-0.5 log det(J^T J)`
+with `J` the Jacobian of the results with respect to those elements.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import _jax_compat as compat
+from . import _blocks as bl, _nonsquare
+
+_Literal = compat.Literal
+
+NORMALIZATION = "normalization"
+
+_SCALE, _SHIFT = "scale", "shift"
+
+# At most this many steps back from the `div` to the value that pins it.
+_MAX_STEPS = 16
+
+# Elementwise primitives whose results depend on an element of the unknowns
+# only where their operands do.
+_ELEMENTWISE = bl._ELEMENTWISE - {"select_n"}
+
+
+def normalized_step(st: Any) -> tuple[bl.Block, Any, Any, str] | None:
+    """Solve the first normalized block of the engine state `st` (a
+    `SolveState`): (the block, the pinned value, its ildj, the method), or
+    `None`."""
+    for top in sorted(st.reasons, reverse=True):
+        eqn = st.eqns[top]
+        if eqn.primitive.name != "div" or len(eqn.outvars) != 1:
+            continue
+        found = _solve(st, top)
+        if isinstance(found, str):
+            st.reasons[top] = found
+        elif found is not None:
+            return found
+    return None
+
+
+def _unpinned(axes: set[int], walked: list[str]) -> str:
+    through = f" (back through {', '.join(walked)})" if walked else ""
+    return (
+        "its result fixes its numerator only up to one unknown factor per row "
+        f"along axes {sorted(axes)}, where the divisor is constant, and no "
+        f"element of the numerator{through} is fixed independently of the "
+        "unknowns to pin that factor: such a normalization (a softmax, a unit "
+        "vector) of unconstrained values loses one degree of freedom per row"
+    )
+
+
+# -- which axes a value is constant along -----------------------------------
+
+
+def _constant_axes(v: Any, shape: tuple[int, ...], st: Any) -> set[int]:
+    """Axes of `shape` along which `v`, broadcast to `shape`, is constant
+    whatever the unknowns are: size-1 axes of `v` (or all, for a scalar),
+    and axes a `broadcast_in_dim` producing `v` added."""
+    if type(v) is _Literal or not hasattr(v.aval, "shape"):
+        return set(range(len(shape)))
+    vshape = tuple(v.aval.shape)
+    if len(vshape) == 0:
+        return set(range(len(shape)))
+    if len(vshape) != len(shape):
+        return set()
+    axes = {d for d, (n, m) in enumerate(zip(vshape, shape, strict=True)) if n == 1}
+    p = st.producer.get(v)
+    if p is not None and st.eqns[p].primitive.name == "broadcast_in_dim":
+        eqn = st.eqns[p]
+        (w,) = eqn.invars[:1]
+        dims = [int(d) for d in compat.params_of(eqn).get("broadcast_dimensions", ())]
+        wshape = tuple(getattr(w.aval, "shape", ()))
+        for d in range(len(shape)):
+            if d not in dims:
+                axes.add(d)
+        for k, d in enumerate(dims):
+            if k < len(wshape) and wshape[k] == 1:
+                axes.add(d)
+    return axes
+
+
+# -- the walk back from the `div` --------------------------------------------
+
+
+def _known(st: Any, v: Any) -> bool:
+    return type(v) is _Literal or v in st.env
+
+
+def _value(st: Any, v: Any) -> Any:
+    return v.val if type(v) is _Literal else st.env[v]
+
+
+def _step(
+    st: Any, eqn: Any, v: Any, kind: str, base: Any, axes: set[int]
+) -> tuple[Any, str, Any] | None:
+    """One step back from `v` (known up to `kind` along `axes`, with `base`)
+    to the one operand of `eqn` it depends on: (operand, kind, base)."""
+    name = eqn.primitive.name
+    shape = tuple(v.aval.shape)
+    ins = list(eqn.invars)
+    if name in ("exp", "log", "sqrt", "neg"):
+        (u,) = ins
+        if _known(st, u) or tuple(u.aval.shape) != shape:
+            return None
+        if name == "exp" and kind == _SCALE:
+            return u, _SHIFT, jnp.log(jnp.abs(base))
+        if name == "log" and kind == _SHIFT:
+            return u, _SCALE, jnp.exp(base)
+        if name == "sqrt" and kind == _SCALE:
+            return u, _SCALE, base * base
+        if name == "neg":
+            return u, kind, -base
+        return None
+    if name not in ("add", "add_any", "sub", "mul", "div") or len(ins) != 2:
+        return None
+    # The operand `v` depends on: unknown, of `v`'s shape, not constant along
+    # `axes`; the other is known or constant along them (absorbed).
+    const = [
+        axes <= _constant_axes(a, shape, st) if not _known(st, a) else False
+        for a in ins
+    ]
+    on_path = [
+        k
+        for k, a in enumerate(ins)
+        if not _known(st, a) and not const[k] and tuple(a.aval.shape) == shape
+    ]
+    if len(on_path) != 1:
+        return None
+    (k,) = on_path
+    u, other = ins[k], ins[1 - k]
+    if not _known(st, other) and not const[1 - k]:
+        return None
+    absorbed = not _known(st, other)
+    o = None if absorbed else _value(st, other)
+    # Known operands that vary along `axes` may scale, not shift, a row.
+    varies = not absorbed and not axes <= _constant_axes(other, shape, st)
+    if name in ("add", "add_any") and kind == _SHIFT:
+        return u, _SHIFT, base if absorbed else base - o
+    if name == "sub" and kind == _SHIFT:
+        if k == 0:  # v = u - other
+            return u, _SHIFT, base if absorbed else base + o
+        return u, _SHIFT, -base if absorbed else o - base  # v = other - u
+    if name == "mul":
+        if kind == _SCALE:
+            return u, _SCALE, base if absorbed else base / o
+        if kind == _SHIFT and not absorbed and not varies:
+            return u, _SHIFT, base / o
+        return None
+    if name == "div":
+        if k == 0:  # v = u / other
+            if kind == _SCALE:
+                return u, _SCALE, base if absorbed else base * o
+            if kind == _SHIFT and not absorbed and not varies:
+                return u, _SHIFT, base * o
+            return None
+        if kind == _SCALE:  # v = other / u
+            return u, _SCALE, 1 / base if absorbed else o / base
+    return None
+
+
+# -- which elements of a value do not depend on the unknowns ----------------
+
+
+def _ancestors(st: Any, v: Any) -> list[int]:
+    """The equations producing `v` from the unknowns, in program order."""
+    seen: set[int] = set()
+    todo = [v]
+    while todo:
+        a = todo.pop()
+        if _known(st, a):
+            continue
+        p = st.producer.get(a)
+        if p is None or p in seen:
+            continue
+        seen.add(p)
+        todo.extend(st.eqns[p].invars)
+    return sorted(seen)
+
+
+def _dependence(st: Any, v: Any) -> np.ndarray:
+    """Which elements of `v` may depend on an unknown input (conservatively:
+    `True` unless proven otherwise)."""
+    masks: dict[Any, np.ndarray] = {}
+
+    def mask(a: Any) -> np.ndarray:
+        shape = tuple(getattr(a.aval, "shape", ())) if type(a) is not _Literal else ()
+        if _known(st, a):
+            return np.zeros(np.shape(a.val) if type(a) is _Literal else shape, bool)
+        got = masks.get(a)
+        return np.ones(shape, bool) if got is None else got
+
+    for p in _ancestors(st, v):
+        eqn = st.eqns[p]
+        ins = [mask(a) for a in eqn.invars]
+        vals = [_value(st, a) if _known(st, a) else None for a in eqn.invars]
+        masks.update(zip(eqn.outvars, _propagate(eqn, ins, vals), strict=True))
+    return mask(v)
+
+
+def _propagate(eqn: Any, ins: list[np.ndarray], vals: list[Any]) -> list[np.ndarray]:
+    """The dependence masks of `eqn`'s results from its operands' masks
+    (`vals`: the known operands' values, `None` for unknown ones)."""
+    name = eqn.primitive.name
+    outs = [tuple(getattr(o.aval, "shape", ())) for o in eqn.outvars]
+    anything = any(m.any() for m in ins)
+    everywhere = [np.full(s, anything, bool) for s in outs]
+    if not anything:
+        return everywhere
+    params = compat.params_of(eqn)
+    try:
+        if name in _ELEMENTWISE and len(outs) == 1:
+            acc = np.zeros(outs[0], bool)
+            for m in ins:
+                acc = acc | np.broadcast_to(m, outs[0])
+            return [acc]
+        if name == "select_n" and len(outs) == 1:
+            pred = vals[0]
+            if pred is None or ins[0].any() or compat.is_tracer(pred):
+                return everywhere
+            pick = np.broadcast_to(np.asarray(pred).astype(np.int32), outs[0])
+            cases = [np.broadcast_to(m, outs[0]) for m in ins[1:]]
+            return [np.choose(pick, cases)]
+        if name == "pad":
+            if ins[1].any():
+                return everywhere
+            config = params.get("padding_config", ())
+            with jax.ensure_compile_time_eval():
+                padded = lax.pad(
+                    jnp.asarray(ins[0], jnp.int8),
+                    jnp.int8(0),
+                    [(int(lo), int(hi), int(i)) for lo, hi, i in config],
+                )
+            return [np.asarray(padded).astype(bool)]
+        if name == "broadcast_in_dim":
+            dims = [int(d) for d in params.get("broadcast_dimensions", ())]
+            shape = outs[0]
+            expanded = np.reshape(
+                ins[0],
+                [
+                    ins[0].shape[dims.index(d)] if d in dims else 1
+                    for d in range(len(shape))
+                ],
+            )
+            return [np.broadcast_to(expanded, shape)]
+        if name in ("reshape", "squeeze", "expand_dims"):
+            return [np.reshape(ins[0], outs[0])]
+        if eqn.primitive is compat.jit_p:
+            body = compat.jit_params(params).jaxpr
+            return _through_body(body, ins, vals)
+    except (ValueError, TypeError, IndexError):
+        return everywhere
+    return everywhere
+
+
+def _through_body(
+    closed: Any, ins: list[np.ndarray], vals: list[Any]
+) -> list[np.ndarray]:
+    """`_propagate` through a `jit` body, equation by equation."""
+    jaxpr = compat.open_jaxpr(closed)
+    masks: dict[Any, np.ndarray] = {}
+    values: dict[Any, Any] = {}
+    for v in jaxpr.constvars:
+        masks[v] = np.zeros(tuple(v.aval.shape), bool)
+    for v, m, val in zip(jaxpr.invars, ins, vals, strict=True):
+        masks[v] = m
+        if val is not None and not m.any():
+            values[v] = val
+
+    def mask(a: Any) -> np.ndarray:
+        if type(a) is _Literal:
+            return np.zeros(np.shape(a.val), bool)
+        return masks[a]
+
+    def value(a: Any) -> Any:
+        return a.val if type(a) is _Literal else values.get(a)
+
+    for eqn in jaxpr.eqns:
+        in_masks = [mask(a) for a in eqn.invars]
+        in_vals = [value(a) for a in eqn.invars]
+        outs = _propagate(eqn, in_masks, in_vals)
+        for o, m in zip(eqn.outvars, outs, strict=True):
+            masks[o] = m
+        if not any(m.any() for m in in_masks) and all(
+            val is not None and not compat.is_tracer(val) for val in in_vals
+        ):
+            # Constants only (an `iota` mask): folded, so a `select_n`
+            # downstream sees its predicate.
+            with jax.ensure_compile_time_eval():
+                got = compat.bind_eqn(eqn.primitive, in_vals, eqn.params)
+            values.update(zip(eqn.outvars, got, strict=True))
+    return [mask(o) for o in jaxpr.outvars]
+
+
+def _static_values(st: Any, v: Any) -> Any:
+    """`v` computed with every unknown input replaced by zeros: right at the
+    elements that do not depend on them."""
+    env: dict[Any, Any] = {}
+
+    def read(a: Any) -> Any:
+        if _known(st, a):
+            return _value(st, a)
+        got = env.get(a)
+        return jnp.zeros(a.aval.shape, a.aval.dtype) if got is None else got
+
+    for p in _ancestors(st, v):
+        eqn = st.eqns[p]
+        user_ctx, eqn_ctx = compat.eqn_contexts(eqn)
+        with user_ctx, eqn_ctx:
+            outs = compat.bind_eqn(
+                eqn.primitive, [read(a) for a in eqn.invars], eqn.params
+            )
+        env.update(zip(eqn.outvars, outs, strict=True))
+    return read(v)
+
+
+# -- the block ----------------------------------------------------------------
+
+
+def _region(st: Any, top: int, v: Any) -> tuple[list[int], list[Any]] | None:
+    """The equations from `v` to equation `top` and the known values they
+    read, or `None` if an unknown they read does not come from `v`."""
+    region: set[int] = set()
+    known: list[Any] = []
+    todo = [top]
+    while todo:
+        i = todo.pop()
+        if i in region:
+            continue
+        region.add(i)
+        for a in st.eqns[i].invars:
+            if type(a) is _Literal or a is v:
+                continue
+            if a in st.env:
+                if a not in known:
+                    known.append(a)
+                continue
+            p = st.producer.get(a)
+            if p is None or a in st.pieces:
+                return None
+            todo.append(p)
+    for i in region:
+        for o in st.eqns[i].outvars:
+            if i != top and (o in st.env or o in st.pieces):
+                return None  # a second constraint inside: not this method's
+    return sorted(region), known
+
+
+def _solve(st: Any, top: int) -> tuple[bl.Block, Any, Any, str] | str | None:
+    """The normalized block ending at equation `top` solved, why it cannot
+    be (a row with nothing to pin it), or `None` when it is not one."""
+    eqn = st.eqns[top]
+    (y,) = eqn.outvars
+    m, o = eqn.invars
+    if y not in st.env or _known(st, m) or _known(st, o):
+        return None
+    if not jnp.issubdtype(y.aval.dtype, jnp.floating):
+        return None
+    shape = tuple(y.aval.shape)
+    if tuple(m.aval.shape) != shape:
+        return None
+    axes = {d for d in _constant_axes(o, shape, st) if shape[d] > 1}
+    if not axes:
+        return None
+    kind, base, v = _SCALE, st.env[y], m
+    walked: list[str] = []
+    for _ in range(_MAX_STEPS):
+        free = _dependence(st, v)
+        if not free.all():
+            break
+        p = st.producer.get(v)
+        if p is None or v in st.pieces:
+            return _unpinned(axes, walked)
+        stepped = _step(st, st.eqns[p], v, kind, base, axes)
+        if stepped is None:
+            return None
+        walked.append(st.eqns[p].primitive.name)
+        v, kind, base = stepped
+    else:
+        return None
+    if v in st.pieces or tuple(v.aval.shape) != shape:
+        return None
+    groups = _first_fixed(free, axes)
+    if groups is None:
+        return _unpinned(axes, walked)  # some row has no element to pin it
+    got = _region(st, top, v)
+    if got is None:
+        return None
+    indices, known_vars = got
+    n_free = int(free.sum())
+    if n_free > bl.MAX_LINEAR:
+        return None
+    block = bl.Block(
+        top,
+        indices,
+        [st.eqns[i] for i in indices],
+        v,
+        y,
+        known_vars,
+        {},
+        False,
+        bl.ELEMENTWISE,
+    )
+    fixed = _static_values(st, v)
+    known = [st.env[k] for k in block.known]
+    value = _pin(kind, base, fixed, free, groups, axes)
+    value = _checked(block, value, free, st.env[y], known, st.options.want_ildj)
+    return value
+
+
+def _first_fixed(free: np.ndarray, axes: set[int]) -> np.ndarray | None:
+    """Per row (the positions along the axes not in `axes`), the flat index
+    along `axes` of its first element that depends on no unknown; `None` if
+    some row has none."""
+    order = [d for d in range(free.ndim) if d not in axes] + sorted(axes)
+    rows = math.prod(free.shape[d] for d in range(free.ndim) if d not in axes)
+    fixed = ~np.transpose(free, order).reshape(rows, -1)
+    if not fixed.any(axis=1).all():
+        return None
+    return np.argmax(fixed, axis=1)
+
+
+def _rows(a: Any, axes: set[int]) -> Any:
+    """`a` (of the block's shape) as (rows, elements along `axes`)."""
+    order = [d for d in range(a.ndim) if d not in axes] + sorted(axes)
+    rows = math.prod(a.shape[d] for d in range(a.ndim) if d not in axes)
+    return jnp.transpose(a, order).reshape(rows, -1)
+
+
+def _unrows(a: Any, axes: set[int], shape: tuple[int, ...]) -> Any:
+    order = [d for d in range(len(shape)) if d not in axes] + sorted(axes)
+    a = jnp.reshape(a, [shape[d] for d in order])
+    return jnp.transpose(a, [int(d) for d in np.argsort(order)])
+
+
+def _pin(
+    kind: str,
+    base: Any,
+    fixed: Any,
+    free: np.ndarray,
+    groups: np.ndarray,
+    axes: set[int],
+) -> Any:
+    """The value known up to a scale or shift per row, pinned by each row's
+    first fixed element; NaN in a row whose fixed elements disagree."""
+    shape = free.shape
+    dtype = jnp.result_type(base)
+    b_rows, f_rows = (
+        _rows(jnp.asarray(base, dtype), axes),
+        _rows(jnp.asarray(fixed, dtype), axes),
+    )
+    at = jnp.asarray(groups)[:, None]
+    b_at = jnp.take_along_axis(b_rows, at, axis=1)
+    f_at = jnp.take_along_axis(f_rows, at, axis=1)
+    if kind == _SHIFT:
+        rows = b_rows + (f_at - b_at)
+    else:
+        rows = b_rows * (f_at / b_at)
+    # Every fixed element must agree with the pinned row.
+    eps = jnp.finfo(dtype).eps
+    fixed_rows = _rows(jnp.asarray(~free), axes)
+    agree = jnp.abs(rows - f_rows) <= 16 * eps * (jnp.abs(rows) + jnp.abs(f_rows))
+    ok = jnp.all(agree | ~fixed_rows, axis=1, keepdims=True)
+    rows = jnp.where(fixed_rows, f_rows, rows)
+    rows = jnp.where(ok, rows, jnp.nan)
+    return _unrows(rows, axes, shape)
+
+
+def _checked(
+    block: bl.Block,
+    value: Any,
+    free: np.ndarray,
+    y: Any,
+    known: Sequence[Any],
+    want_ildj: bool,
+) -> tuple[bl.Block, Any, Any, str]:
+    """The pinned value, NaN unless the block maps it back to `y` within
+    rounding; the block's ildj on the free elements."""
+    idx = np.flatnonzero(free)
+    dtype = jnp.result_type(value)
+    flat = jnp.ravel(value)
+
+    def g_free(u: Any) -> Any:
+        return jnp.ravel(block.g(jnp.reshape(flat.at[idx].set(u), value.shape), *known))
+
+    u = flat[idx]
+    y_back = g_free(u)
+    jac = jax.jacfwd(g_free)(u)
+    eps = jnp.finfo(dtype).eps
+    y_flat = jnp.ravel(y)
+    scale = jnp.abs(y_flat) + jnp.abs(jac) @ jnp.abs(u)
+    tiny = jnp.finfo(dtype).tiny
+    ok = jnp.all(jnp.abs(y_back - y_flat) <= 32 * eps * scale + 16 * tiny)
+    ildj: Any = 0.0
+    if want_ildj:
+        _, ildj, full_rank = _nonsquare.least_squares(jac, y_flat)
+        ok = ok & full_rank
+    return block, jnp.where(ok, value, jnp.nan), ildj, NORMALIZATION

@@ -1,0 +1,158 @@
+"""Normalized blocks (`jaxinterp/_inverse/_normalized.py`): a value divided by
+a function of itself, pinned by elements that do not depend on the unknowns.
+
+Each map is written the way a bijector library writes it (TFP's
+`SoftmaxCentered` and `CorrelationCholesky`) and checked against a
+hand-written inverse, its ildj against the area formula
+`-0.5 * logdet(J^T J)` from `jax.jacfwd`, and its gradient on the image's
+tangent space (`J^T grad = 1`: the gradient of a left inverse is fixed only
+along the image).
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import jaxinterp
+
+
+def softmax_centered(x):
+    """TFP's `SoftmaxCentered` forward: a zero appended, then a stable softmax."""
+    b = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, 1)])
+    d = jnp.max(b, axis=-1, keepdims=True)
+    d = jnp.where(jnp.isfinite(d), d, 0.0)
+    e = jnp.exp(b - d)
+    return e / jnp.sum(e, axis=-1, keepdims=True)
+
+
+def softmax_centered_inverse(y):
+    return jnp.log(y[..., :-1]) - jnp.log(y[..., -1:])
+
+
+def correlation_cholesky(x):
+    """TFP's `CorrelationCholesky` forward for 3x3 factors: `x` filled into
+    the strict lower triangle, ones on the diagonal, rows scaled to unit norm."""
+    e = jnp.concatenate([x[2:], x[::-1]]).reshape(2, 2)
+    lower = jnp.pad(jnp.tril(e), ((1, 0), (0, 1)))
+    u = jnp.where(jnp.eye(3, dtype=bool), 1.0, lower)
+    return u / jnp.linalg.norm(u, axis=-1, keepdims=True)
+
+
+def correlation_cholesky_inverse(y):
+    """Each row divided by its diagonal element, read back off the triangle."""
+    u = y / jnp.diagonal(y)[:, None]
+    return jnp.stack([u[2, 1], u[2, 0], u[1, 0]])
+
+
+def area_ildj(f, x):
+    jac = jax.jacfwd(f)(x).reshape(-1, x.size)
+    return -0.5 * jnp.linalg.slogdet(jac.T @ jac)[1]
+
+
+CASES = {
+    "softmax_centered": (softmax_centered, softmax_centered_inverse),
+    "correlation_cholesky": (correlation_cholesky, correlation_cholesky_inverse),
+}
+
+vectors = st.lists(st.floats(-3, 3, width=32), min_size=3, max_size=3).map(
+    lambda v: jnp.asarray(v, jnp.float32)
+)
+
+
+def test_the_hand_written_inverses_invert():
+    x = jnp.array([0.3, -1.0, 0.5])
+    for f, f_inv in CASES.values():
+        np.testing.assert_allclose(f_inv(f(x)), x, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@given(x=vectors)
+def test_normalized_inverse_matches_hand_written_and_area_formula(name, x):
+    f, f_inv = CASES[name]
+    y = f(x)
+    got, ildj = jaxinterp.inverse_and_ildj(f, example_args=(x,))(y)
+    np.testing.assert_allclose(got, f_inv(y), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, x, rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(ildj, area_ildj(f, x), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_normalized_inverse_composes_with_jit_vmap_and_grad(name):
+    f, f_inv = CASES[name]
+    xs = jnp.array([[0.3, -1.0, 0.5], [1.2, 0.1, -0.7]])
+    ys = jax.vmap(f)(xs)
+    inv = jaxinterp.inverse(f, example_args=(xs[0],))
+    np.testing.assert_allclose(jax.jit(inv)(ys[0]), f_inv(ys[0]), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(jax.vmap(inv)(ys), jax.vmap(f_inv)(ys), atol=1e-5)
+    # The gradient of sum(x) with respect to y, along the image's tangents.
+    x = xs[1]
+    grad = jax.grad(lambda y: jnp.sum(inv(y)))(f(x))
+    jac = jax.jacfwd(f)(x).reshape(-1, x.size)
+    np.testing.assert_allclose(jac.T @ grad.ravel(), jnp.ones(3), rtol=1e-4, atol=1e-4)
+
+
+def test_batched_rows_are_solved_each_with_its_own_factor():
+    xs = jnp.array([[0.3, -1.0, 0.5], [4.0, -2.0, 0.0], [-8.0, 1.0, 3.0]])
+    ys = softmax_centered(xs)
+    got = jaxinterp.inverse(softmax_centered, example_args=(xs,))(ys)
+    np.testing.assert_allclose(got, softmax_centered_inverse(ys), rtol=1e-5, atol=1e-5)
+
+
+def test_jax_nn_softmax_of_a_padded_vector():
+    def f(x):
+        return jax.nn.softmax(jnp.pad(x, (1, 0)))
+
+    x = jnp.array([0.5, -2.0, 1.5])
+    y = f(x)
+    np.testing.assert_allclose(
+        jaxinterp.inverse(f, example_args=(x,))(y), jnp.log(y[1:] / y[0]), atol=1e-5
+    )
+
+
+def test_a_y_off_the_image_gives_nan():
+    x = jnp.array([0.3, -1.0, 0.5])
+    inv = jaxinterp.inverse(softmax_centered, example_args=(x,))
+    y = softmax_centered(x)
+    assert jnp.all(jnp.isnan(inv(y * 1.01)))  # sums to 1.01
+    assert jnp.all(jnp.isfinite(inv(y)))
+    inv_corr = jaxinterp.inverse(correlation_cholesky, example_args=(x,))
+    y_corr = correlation_cholesky(x)
+    assert jnp.all(jnp.isnan(inv_corr(y_corr.at[2].multiply(1.1))))  # not unit norm
+    assert jnp.all(jnp.isnan(inv_corr(y_corr.at[0, 2].set(0.1))))  # not triangular
+
+
+def test_two_fixed_elements_of_a_row_must_agree():
+    def f(x):  # zeros at both ends: the results there must be equal
+        e = jnp.exp(jnp.pad(x, (1, 1)))
+        return e / jnp.sum(e)
+
+    x = jnp.array([0.3, -1.0])
+    inv = jaxinterp.inverse(f, example_args=(x,))
+    y = f(x)
+    np.testing.assert_allclose(inv(y), x, atol=1e-5)
+    skewed = y.at[0].multiply(1.2)
+    assert jnp.all(jnp.isnan(inv(skewed / jnp.sum(skewed))))
+
+
+def test_a_softmax_of_unconstrained_values_is_refused_naming_the_lost_freedom():
+    x = jnp.array([0.3, -1.0, 0.5])
+    with pytest.raises(
+        jaxinterp.NotInvertibleError,
+        match=re.escape("fixes its numerator only up to one unknown factor per row"),
+    ) as err:
+        jaxinterp.inverse(jax.nn.softmax)(jax.nn.softmax(x))
+    assert "Blocked at `div`" in str(err.value)
+    assert "loses one degree of freedom per row" in str(err.value)
+
+
+def test_explain_names_the_normalization():
+    x = jnp.array([0.3, -1.0, 0.5])
+    text = jaxinterp.explain_inverse(softmax_centered, x)
+    assert "(normalization)" in text
+    assert text.strip().endswith("Invertible: every unknown input is recovered.")
