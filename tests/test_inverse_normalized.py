@@ -156,3 +156,110 @@ def test_explain_names_the_normalization():
     text = jaxinterp.explain_inverse(softmax_centered, x)
     assert "(normalization)" in text
     assert text.strip().endswith("Invertible: every unknown input is recovered.")
+
+
+# -- projective blocks: ratios of affine maps ----------------------------------
+
+
+def unit_vector(x):
+    """TFP's `UnitVector` forward: the inverse stereographic projection."""
+    d = jnp.sum(x * x, keepdims=True)
+    return jnp.concatenate([2 * x, d - 1]) / (d + 1)
+
+
+def unit_vector_inverse(y):
+    return y[:-1] / (1 - y[-1])
+
+
+A = jnp.array([[1.0, 0.2], [0.1, 0.9]])
+C = jnp.array([0.1, -0.2])
+B = jnp.array([0.5, -0.3])
+
+
+def projective(x):
+    """A projective map of the plane in homogeneous coordinates."""
+    return (A @ x + B) / (C @ x + 1.0)
+
+
+def projective_inverse(y):
+    # (A - y c^T) x = y - b
+    return jnp.linalg.solve(A - jnp.outer(y, C), y - B)
+
+
+def mobius(x):
+    return (2 * x + 1) / (x + 3)
+
+
+def mobius_inverse(y):
+    return (1 - 3 * y) / (y - 2)
+
+
+PROJECTIVE = {
+    "unit_vector": (unit_vector, unit_vector_inverse, 3),
+    "projective": (projective, projective_inverse, 2),
+    "mobius": (mobius, mobius_inverse, 3),
+}
+
+
+def exact_ildj(f, x):
+    jac = jax.jacfwd(f)(x).reshape(-1, x.size)
+    if jac.shape[0] == jac.shape[1]:
+        return -jnp.linalg.slogdet(jac)[1]
+    return -0.5 * jnp.linalg.slogdet(jac.T @ jac)[1]
+
+
+def test_the_hand_written_projective_inverses_invert():
+    for f, f_inv, n in PROJECTIVE.values():
+        x = jnp.linspace(-0.7, 0.4, n)
+        np.testing.assert_allclose(f_inv(f(x)), x, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(PROJECTIVE))
+@given(data=st.data())
+def test_projective_inverse_matches_hand_written_and_jacobian(name, data):
+    f, f_inv, n = PROJECTIVE[name]
+    x = jnp.asarray(
+        data.draw(st.lists(st.floats(-2, 2, width=32), min_size=n, max_size=n)),
+        jnp.float32,
+    )
+    y = f(x)
+    if not jnp.all(jnp.isfinite(y)) or jnp.linalg.cond(jax.jacfwd(f)(x)) > 1e3:
+        return  # near a pole or a fold of the map: not a well-posed check
+    got, ildj = jaxinterp.inverse_and_ildj(f, example_args=(x,))(y)
+    np.testing.assert_allclose(got, f_inv(y), rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(ildj, exact_ildj(f, x), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", sorted(PROJECTIVE))
+def test_projective_inverse_composes_with_jit_vmap_and_grad(name):
+    f, f_inv, n = PROJECTIVE[name]
+    xs = jnp.stack([jnp.linspace(-0.7, 0.4, n), jnp.linspace(0.9, -0.2, n)])
+    ys = jax.vmap(f)(xs)
+    inv = jaxinterp.inverse(f, example_args=(xs[0],))
+    np.testing.assert_allclose(jax.jit(inv)(ys[0]), f_inv(ys[0]), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(jax.vmap(inv)(ys), jax.vmap(f_inv)(ys), atol=1e-5)
+    grad = jax.grad(lambda y: jnp.sum(inv(y)))(ys[1])
+    jac = jax.jacfwd(f)(xs[1]).reshape(-1, n)
+    np.testing.assert_allclose(jac.T @ grad, jnp.ones(n), rtol=1e-4, atol=1e-4)
+
+
+def test_projective_off_the_image_gives_nan():
+    x = jnp.array([0.3, -1.0, 0.5])
+    inv = jaxinterp.inverse(unit_vector, example_args=(x,))
+    y = unit_vector(x)
+    assert jnp.all(jnp.isfinite(inv(y)))
+    assert jnp.all(jnp.isnan(inv(y * 1.01)))  # not on the unit sphere
+    # The one value a Mobius map never takes: no preimage.
+    got = jaxinterp.inverse(mobius)(jnp.array([2.0, 0.5]))
+    assert jnp.isnan(got).all()  # one NaN element poisons the block's check
+    np.testing.assert_allclose(
+        jaxinterp.inverse(mobius)(jnp.array([1.5, 0.5])),
+        mobius_inverse(jnp.array([1.5, 0.5])),
+        rtol=1e-5,
+    )
+
+
+def test_explain_names_the_projective_solve():
+    text = jaxinterp.explain_inverse(unit_vector, jnp.array([0.3, -1.0, 0.5]))
+    assert "(projective solve)" in text
+    assert text.strip().endswith("Invertible: every unknown input is recovered.")

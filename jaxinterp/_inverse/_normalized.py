@@ -63,6 +63,10 @@ def normalized_step(st: Any) -> tuple[bl.Block, Any, Any, str] | None:
         if eqn.primitive.name != "div" or len(eqn.outvars) != 1:
             continue
         found = _solve(st, top)
+        if found is None or isinstance(found, str):
+            projective = _solve_projective(st, top)
+            if projective is not None:
+                return projective
         if isinstance(found, str):
             st.reasons[top] = found
         elif found is not None:
@@ -527,3 +531,172 @@ def _checked(
         _, ildj, full_rank = _nonsquare.least_squares(jac, y_flat)
         ok = ok & full_rank
     return block, jnp.where(ok, value, jnp.nan), ildj, NORMALIZATION
+
+
+# -- ratios of affine maps -----------------------------------------------------
+
+PROJECTIVE = "projective solve"
+
+# Reductions whose results a projective block takes as extra unknowns (and
+# checks once its other unknowns are solved): a squared norm, a total.
+_CUTS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod"})
+
+
+def _solve_projective(st: Any, top: int) -> tuple[bl.Block, Any, Any, str] | None:
+    """`y = m / o` with `m` and `o` affine in some unknown values (`x`, and
+    reductions of it taken as extra unknowns, as `|x|^2` in an inverse
+    stereographic projection): `m - y * o = 0` is a linear system in them,
+    solved when it determines them; `None` when the block is not one."""
+    eqns, producer, env = st.eqns, st.producer, st.env
+    known = env.__contains__
+    eqn = eqns[top]
+    (y,) = eqn.outvars
+    if y not in env or not jnp.issubdtype(y.aval.dtype, jnp.floating):
+        return None
+
+    def member(e: Any) -> bool:
+        flags = [type(v) is not _Literal and not known(v) for v in e.invars]
+        return e.primitive.name not in _CUTS and bl.is_linear(e, flags)
+
+    grown = bl.grow_region([top], eqns, producer, known, member=member, max_eqns=256)
+    if grown is None:
+        return None
+    region, leaves = grown
+    if any(v in st.pieces for v in leaves):
+        return None
+    # Leaves computed from the other leaves are cuts: extra unknowns, checked.
+    cuts: list[Any] = []
+    for v in leaves:
+        p = producer.get(v)
+        if p is None:
+            continue
+        others = leaves - {v}
+        got = bl.grow_region(
+            [p], eqns, producer, lambda u, others=others: known(u) or u in others
+        )
+        if got is not None and not got[1]:
+            cuts.append(v)
+    free = sorted(
+        (v for v in leaves if v not in cuts), key=lambda v: producer.get(v, -1)
+    )
+    if not free or not bl.independent(free, region, eqns, producer, known):
+        return None
+    chains: set[int] = set()
+    for c in cuts:
+        got = bl.grow_region(
+            [producer[c]], eqns, producer, lambda u: known(u) or u in free
+        )
+        if got is None or got[1]:
+            return None
+        chains |= got[0]
+    inside = region | chains
+    for i in inside:
+        for o in eqns[i].outvars:
+            if i != top and (o in env or o in st.pieces):
+                return None
+    sizes = [math.prod(v.aval.shape) for v in (*free, *cuts)]
+    n, m_eq = sum(sizes), math.prod(y.aval.shape)
+    if (
+        n > m_eq
+        or n > bl.MAX_LINEAR
+        or not all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in (*free, *cuts))
+    ):
+        return None
+    known_vars = sorted(
+        {
+            v
+            for i in inside
+            for v in eqns[i].invars
+            if type(v) is not _Literal and known(v)
+        },
+        key=lambda v: producer.get(v, -1),
+    )
+    lin_indices = sorted(region - {top})
+    m_var, o_var = eqn.invars
+    lin = bl.Block(
+        top,
+        lin_indices,
+        [eqns[i] for i in lin_indices],
+        free[0],
+        y,
+        known_vars,
+        {},
+        True,
+        bl.LINEAR,
+        xs=[*free, *cuts],
+    )
+    full_indices = sorted(inside)
+    full = bl.Block(
+        top,
+        full_indices,
+        [eqns[i] for i in full_indices],
+        free[0],
+        y,
+        known_vars,
+        {},
+        False,
+        bl.LINEAR,
+        xs=list(free),
+    )
+    kn = [env[v] for v in known_vars]
+    dtype = jnp.result_type(*(v.aval.dtype for v in (*free, *cuts)))
+
+    def split(u: Any, which: Sequence[Any]) -> list[Any]:
+        parts, start = [], 0
+        for v in which:
+            size = math.prod(v.aval.shape)
+            parts.append(
+                jnp.reshape(u[start : start + size], v.aval.shape).astype(v.aval.dtype)
+            )
+            start += size
+        return parts
+
+    def residual(u: Any, y_val: Any) -> Any:
+        parts = split(u, lin.xs)
+        run = lin.run(parts if len(parts) > 1 else parts[0], kn)
+        mv = run[m_var] if type(m_var) is not _Literal else m_var.val
+        ov = run[o_var] if type(o_var) is not _Literal else o_var.val
+        return jnp.ravel(mv - y_val * ov)
+
+    zero = jnp.zeros((n,), dtype)
+    if not any(compat.is_tracer(k) for k in kn) and not compat.in_manual_body():
+        # A generic `y`: the system must determine the unknowns there, else
+        # it never does (refused now rather than NaN at run time).
+        probe = np.asarray(
+            0.2 + 0.6 * np.random.default_rng(0).random(y.aval.shape), y.aval.dtype
+        )
+        with jax.ensure_compile_time_eval():
+            at = jnp.zeros((n,), dtype)
+            jac_probe = np.asarray(jax.jacfwd(lambda u: residual(u, probe))(at))
+        if np.linalg.matrix_rank(jac_probe) < n:
+            return None
+    y_val = env[y]
+    jac = jax.jacfwd(lambda u: residual(u, y_val))(zero)
+    offset = residual(zero, y_val)
+    u, _, ok = bl._least_squares(jac, -offset)
+    x_parts = split(jnp.where(ok, u, jnp.nan), free)
+    x_val = x_parts if len(free) > 1 else x_parts[0]
+    # The cuts must be what the solved unknowns give them, and `y` what they
+    # map to: both hold when `y` comes back within rounding.
+    n_free = sum(math.prod(v.aval.shape) for v in free)
+
+    def g_flat(w: Any) -> Any:
+        parts = split(w, free)
+        return jnp.ravel(full.run(parts if len(free) > 1 else parts[0], kn)[y])
+
+    w = jnp.concatenate([jnp.ravel(p) for p in x_parts]).astype(dtype)
+    y_back = g_flat(w)
+    jac_f = jax.jacfwd(g_flat)(w)
+    eps = jnp.finfo(dtype).eps
+    y_flat = jnp.ravel(y_val)
+    scale = jnp.abs(y_flat) + jnp.abs(jac_f) @ jnp.abs(w)
+    good = jnp.all(
+        jnp.abs(y_back - y_flat) <= 32 * eps * scale + 16 * jnp.finfo(dtype).tiny
+    )
+    if n_free == m_eq:
+        ildj = -jnp.linalg.slogdet(jac_f)[1]
+    else:
+        _, ildj, full_rank = _nonsquare.least_squares(jac_f, y_flat)
+        good = good & full_rank
+    x_val = jax.tree_util.tree_map(lambda a: jnp.where(good, a, jnp.nan), x_val)
+    return full, x_val, ildj if st.options.want_ildj else 0.0, PROJECTIVE
