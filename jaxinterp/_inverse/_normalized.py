@@ -571,9 +571,11 @@ def _solve_projective(st: Any, top: int) -> tuple[bl.Block, Any, Any, str] | Non
         if p is None:
             continue
         others = leaves - {v}
-        got = bl.grow_region(
-            [p], eqns, producer, lambda u, others=others: known(u) or u in others
-        )
+
+        def stops(u: Any, others: set[Any] = others) -> bool:
+            return known(u) or u in others
+
+        got = bl.grow_region([p], eqns, producer, stops)
         if got is not None and not got[1]:
             cuts.append(v)
     free = sorted(
