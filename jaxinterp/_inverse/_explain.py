@@ -65,7 +65,11 @@ def explain_inverse(
     `(piecewise)` or `(elementwise solve)` for the equations of an elementwise
     block (one unknown used several times, or a formula chosen by a predicate
     of the unknown), `(sequential solve)` for a triangular map of one unknown
-    solved level by level, `(clamp)` for a clamp inverted on its unsaturated range.
+    solved level by level, `(linear solve)` / `(symmetric solve)` for a
+    linear block, `(normalization)` for a value divided by a function of
+    itself and pinned by elements no unknown reaches, `(projective solve)`
+    for a ratio of affine maps, `(clamp)` for a clamp inverted on its
+    unsaturated range.
 
     Args:
         fn: the function.
