@@ -8,6 +8,10 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
+from ._jax_compat import array_impl_type
+
+_ArrayImpl = array_impl_type()
+
 # A pytree: any nesting of tuples, lists, dicts, None and registered nodes with
 # array leaves. Spelled `Any` because pytrees cannot be typed precisely.
 PyTree = Any
@@ -51,11 +55,18 @@ class InverseRule(Protocol):
 def is_plain(value: Any) -> bool:
     """Whether `value` is a plain array or scalar (one pytree leaf), not an
     interpreter's own value type (a dual number, an interval...)."""
-    if isinstance(value, jax.Array | np.ndarray | np.generic | int | float | complex):
+    if type(value) is _ArrayImpl or isinstance(
+        value, jax.Array | np.ndarray | np.generic | int | float | complex
+    ):
         return True
     return jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(value))
 
 
 def has_custom(values: Sequence[Any]) -> bool:
     """Whether any of `values` is an interpreter's own value, not an array."""
-    return not all(is_plain(v) for v in values)
+    for v in values:
+        # (A concrete array first: `jax.Array` is an abstract base class,
+        # whose `isinstance` check costs a microsecond per value.)
+        if type(v) is not _ArrayImpl and not is_plain(v):
+            return True
+    return False

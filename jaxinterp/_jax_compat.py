@@ -198,6 +198,13 @@ _ArrayImpl = _private_attr("jax._src.array", "ArrayImpl")
 _SingleDeviceSharding = jax.sharding.SingleDeviceSharding
 
 
+def array_impl_type() -> Any:
+    """JAX's concrete array class, for fast type checks (`type(x) is ...`);
+    `None` if it moved (every such check then fails, taking the general
+    path)."""
+    return _ArrayImpl
+
+
 def aval_of(value: Any) -> Any:
     """Return the abstract value of an array, tracer or Python scalar.
 

@@ -282,10 +282,16 @@ def stage_flat(
     return staged, leaves
 
 
+_ArrayImpl = compat.array_impl_type()
+_SingleDevice = jax.sharding.SingleDeviceSharding
+
+
 def _leaf_aval(leaf: Any) -> Any:
     """The full type of an argument (`jax.typeof`: a `jax.ShapeDtypeStruct`'s
     sharding included), which keys the staging cache. An abstract value (what
     `spec_of` gives) is its own type."""
+    if type(leaf) is _ArrayImpl and type(leaf.sharding) is _SingleDevice:
+        return leaf.aval  # (the common case first: `compat.aval_of`'s shortcut)
     if isinstance(leaf, compat.ShapedArray) or compat.is_ref_aval(leaf):
         return leaf
     try:
