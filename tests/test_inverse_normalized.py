@@ -17,9 +17,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 import jaxinterp
+
+# Each example traces and compiles a new inverse: fewer than the profile's.
+FEW = settings(max_examples=max(4, settings.default.max_examples // 3))
+SOME = settings(max_examples=max(6, settings.default.max_examples // 2))
 
 
 def softmax_centered(x):
@@ -72,6 +76,7 @@ def test_the_hand_written_inverses_invert():
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
+@FEW
 @given(x=vectors)
 def test_normalized_inverse_matches_hand_written_and_area_formula(name, x):
     f, f_inv = CASES[name]
@@ -215,6 +220,7 @@ def test_the_hand_written_projective_inverses_invert():
 
 
 @pytest.mark.parametrize("name", sorted(PROJECTIVE))
+@FEW
 @given(data=st.data())
 def test_projective_inverse_matches_hand_written_and_jacobian(name, data):
     f, f_inv, n = PROJECTIVE[name]
@@ -263,3 +269,80 @@ def test_explain_names_the_projective_solve():
     text = jaxinterp.explain_inverse(unit_vector, jnp.array([0.3, -1.0, 0.5]))
     assert "(projective solve)" in text
     assert text.strip().endswith("Invertible: every unknown input is recovered.")
+
+
+# -- random maps: a finite answer is the preimage -------------------------------
+
+
+def _finite_answer_is_the_preimage(f, x, y):
+    """`inverse(f)(y)` refuses, or is NaN, or is `x` (the maps drawn are
+    injective where their homogeneous matrix has full rank, and a rank
+    deficient one must not give a finite answer)."""
+    try:
+        got = jaxinterp.inverse(f, example_args=(x,))(y)
+    except jaxinterp.NotInvertibleError:
+        return None
+    if not jnp.all(jnp.isfinite(got)):
+        return got
+    np.testing.assert_allclose(f(got), y, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(got, x, rtol=1e-2, atol=1e-2)
+    return got
+
+
+@SOME
+@given(data=st.data())
+def test_random_projective_maps_never_answer_wrongly(data):
+    n = data.draw(st.integers(1, 3), label="n")
+    m = data.draw(st.integers(n, n + 1), label="m")
+    rank_deficient = data.draw(st.booleans(), label="rank deficient")
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(m, n)).astype(np.float32)
+    b = rng.normal(size=m).astype(np.float32)
+    c = (0.3 * rng.normal(size=n)).astype(np.float32)
+    if rank_deficient:
+        # The homogeneous matrix [[a, b], [c, 2]] loses rank: `a`'s columns
+        # lie in a span of one direction.
+        a = np.outer(rng.normal(size=m), rng.normal(size=n)).astype(np.float32)
+        c = np.zeros(n, np.float32)
+
+    def f(x):
+        return (jnp.asarray(a) @ x + jnp.asarray(b)) / (jnp.asarray(c) @ x + 2.0)
+
+    x = jnp.asarray(rng.uniform(-1, 1, size=n), jnp.float32)
+    y = f(x)
+    jac = np.asarray(jax.jacfwd(f)(x))
+    got = _finite_answer_is_the_preimage(f, x, y)
+    if not rank_deficient and np.linalg.cond(jac) < 1e2:
+        assert got is not None and jnp.all(jnp.isfinite(got))
+    if rank_deficient and n > 1:
+        assert got is None or not jnp.all(jnp.isfinite(got))
+
+
+@SOME
+@given(data=st.data())
+def test_random_normalizations_never_answer_wrongly(data):
+    n = data.draw(st.integers(1, 4), label="n")
+    lo = data.draw(st.integers(0, 2), label="pad before")
+    hi = data.draw(st.integers(0 if lo else 1, 2), label="pad after")
+    fill = data.draw(st.floats(-2, 2, width=32), label="pad value")
+    stable = data.draw(st.booleans(), label="subtract the max")
+    temperature = data.draw(st.floats(0.5, 2, width=32), label="temperature")
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+
+    def f(x):
+        b = jnp.pad(x, (lo, hi), constant_values=fill) / temperature
+        if stable:
+            b = b - jnp.max(b)
+        e = jnp.exp(b)
+        return e / jnp.sum(e)
+
+    x = jnp.asarray(np.random.default_rng(seed).uniform(-2, 2, size=n), jnp.float32)
+    y = f(x)
+    got = _finite_answer_is_the_preimage(f, x, y)
+    assert got is not None and jnp.all(jnp.isfinite(got))
+    if lo + hi > 1:
+        # Two padded values: they must agree, else NaN.
+        skewed = y.at[0 if lo else -1].multiply(1.5)
+        bad = jaxinterp.inverse(f, example_args=(x,))(skewed / jnp.sum(skewed))
+        assert jnp.all(jnp.isnan(bad))
