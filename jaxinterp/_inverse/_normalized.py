@@ -553,6 +553,8 @@ def _solve_projective(st: Any, top: int) -> tuple[bl.Block, Any, Any, str] | Non
     (y,) = eqn.outvars
     if y not in env or not jnp.issubdtype(y.aval.dtype, jnp.floating):
         return None
+    if any(_known(st, v) for v in eqn.invars):
+        return None  # one unknown operand: `div`'s own rule, and its refusals
 
     def member(e: Any) -> bool:
         flags = [type(v) is not _Literal and not known(v) for v in e.invars]
