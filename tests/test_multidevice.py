@@ -127,8 +127,8 @@ def _():
     np.testing.assert_allclose(jax.jit(evaluate(pm))(y), pm(y), rtol=1e-6)
 
 
-# Where `pmap` stages to `jit` of `shard_map` (newer JAX) the walker reaches
-# inside it; an `xla_pmap` equation (older JAX) is re-bound as it is.
+# The walker reaches inside `pmap`: a `jit` of a `shard_map` (JAX >= 0.10) or
+# an `xla_pmap` equation (before), rebuilt with the same params.
 pmap_p = jaxinterp._jax_compat.pmap_p
 prims = top_level_primitives(stage(pm, y).jaxpr)
 results["pmap_is_primitive"] = pmap_p is not None and pmap_p in prims
@@ -136,9 +136,17 @@ results["pmap_is_primitive"] = pmap_p is not None and pmap_p in prims
 
 @check("pmap_reached")
 def _():
+    transformed = SinToCos().transform(pm)
+    np.testing.assert_allclose(transformed(y), pm_cos(y), rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(transformed)(y), pm_cos(y), rtol=1e-6)
+    got, want = jax.make_jaxpr(transformed)(y), jax.make_jaxpr(pm)(y)
+    names = primitive_names(got)
+    assert "sin" not in names and "cos" in names, names
+    assert top_level_primitives(got) == top_level_primitives(want)
     if results["pmap_is_primitive"]:
-        return
-    np.testing.assert_allclose(SinToCos().transform(pm)(y), pm_cos(y), rtol=1e-6)
+        read = jaxinterp._jax_compat.pmap_params
+        (g,), (w,) = got.jaxpr.eqns, want.jaxpr.eqns
+        assert read(g)[1:] == read(w)[1:], (g, w)
 
 
 # --------------------------------------------------------------------------
@@ -455,11 +463,6 @@ def test_multidevice(results, check):
 
 
 def test_pmap_reached(results):
-    if results["pmap_is_primitive"]:
-        pytest.skip(
-            "this JAX stages `pmap` as an `xla_pmap` primitive, which the walker "
-            "re-binds without reaching inside"
-        )
     assert results["pmap_reached"] == "ok", results["pmap_reached"]
 
 
