@@ -388,7 +388,10 @@ def _():
 def checkerboard(axis_types=None):
     own = iter(d for d in jax.devices() if d.process_index == 0)
     other = iter(d for d in jax.devices() if d.process_index != 0)
-    grid = [[next(own if (p + q) % 2 == 0 else other) for q in range(4)] for p in range(2)]
+    grid = [
+        [next(own if (p + q) % 2 == 0 else other) for q in range(4)]
+        for p in range(2)
+    ]
     kwargs = {} if axis_types is None else {"axis_types": axis_types}
     return jax.sharding.Mesh(np.array(grid), ("p", "q"), **kwargs)
 
@@ -400,7 +403,9 @@ QRING = [(i, (i + 1) % 4) for i in range(4)]
 BODY_2X4 = lambda b: b + lax.ppermute(b, "q", QRING) + lax.psum(b, "p")
 # `P("p", "q")` gives each device an 8x1 block: `ppermute` moves column `q`
 # to `q + 1`, `psum` adds the two row halves.
-NUMPY_2X4 = GLOBAL + np.roll(GLOBAL, 1, axis=1) + np.tile(GLOBAL[:8] + GLOBAL[8:], (2, 1))
+NUMPY_2X4 = (
+    GLOBAL + np.roll(GLOBAL, 1, axis=1) + np.tile(GLOBAL[:8] + GLOBAL[8:], (2, 1))
+)
 
 
 @check("mesh_2x4")
@@ -408,13 +413,15 @@ def _():
     spec = P("p", "q")
     for name, mesh in MESHES_2X4.items():
         for axis in ("p", "q"):  # each axis spans both processes
-            procs = {d.process_index for d in np.moveaxis(
-                mesh.devices, mesh.axis_names.index(axis), -1)[0]}
+            line = np.moveaxis(mesh.devices, mesh.axis_names.index(axis), -1)[0]
+            procs = {d.process_index for d in line}
             assert procs == {0, 1}, (name, axis, mesh.devices)
         ctx = set_mesh(mesh) if name == "explicit" else in_mesh("default")
         with ctx:
             sharding = NamedSharding(mesh, spec)
-            v = jax.make_array_from_callback(GLOBAL.shape, sharding, lambda i: GLOBAL[i])
+            v = jax.make_array_from_callback(
+                GLOBAL.shape, sharding, lambda i: GLOBAL[i]
+            )
             # A sharded `jit`, resharding from `P("p", "q")` to `P("q", "p")`.
             g = jax.jit(
                 lambda u: jnp.exp(u) * 2.0 + jnp.sum(u, axis=0),
@@ -426,9 +433,12 @@ def _():
             np.testing.assert_allclose(gathered(want_f), NUMPY_2X4, rtol=1e-6)
             for how, wrap in (("eager", lambda h: h), ("jit", jax.jit)):
                 what = f"2x4 {how} on {name}"
-                same(wrap(evaluate(g))(v), wrap(g)(v), f"{what} jit", key=f"2x4_jit_{name}_{how}")
-                same(wrap(evaluate(f))(v), want_f, f"{what} shard_map", key=f"2x4_sm_{name}_{how}")
-                inner = jax.shard_map(evaluate(BODY_2X4), mesh=mesh, in_specs=spec, out_specs=spec)
+                key = f"{name}_{how}"
+                same(wrap(evaluate(g))(v), wrap(g)(v), what, key=f"2x4_jit_{key}")
+                same(wrap(evaluate(f))(v), want_f, what, key=f"2x4_sm_{key}")
+                inner = jax.shard_map(
+                    evaluate(BODY_2X4), mesh=mesh, in_specs=spec, out_specs=spec
+                )
                 same(wrap(inner)(v), want_f, f"{what} inside")
             # `inverse` of a `shard_map` on the 2x4 mesh; the ildj sums over
             # both axes, so over both processes.
@@ -442,7 +452,9 @@ def _():
                     gathered(back), GLOBAL, rtol=1e-5, atol=1e-6, err_msg=what
                 )
                 same_sharding(back, v, what)
-                np.testing.assert_allclose(gathered(ildj), want_ildj, rtol=1e-5, err_msg=what)
+                np.testing.assert_allclose(
+                    gathered(ildj), want_ildj, rtol=1e-5, err_msg=what
+                )
                 record(f"inv_2x4_{name}_{how}", back)
                 shared[f"ildj_2x4_{name}_{how}"] = float(gathered(ildj))
 
