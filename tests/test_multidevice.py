@@ -399,6 +399,41 @@ def _():
         raise AssertionError("the ildj of shards over different axes was not refused")
 
 
+# Memory kinds of arrays spread over the mesh (`NamedSharding(...,
+# memory_kind=...)`): staged with `jax.make_jaxpr`'s types, staged apart when
+# only the memory differs, evaluated into the memories plain JAX uses.
+def in_memory(kind):
+    try:
+        return jax.device_put(x, NamedSharding(mesh, P("i"), memory_kind=kind))
+    except ValueError as err:  # plain JAX cannot place it there
+        results.setdefault("memory_kinds_skipped", "")
+        results["memory_kinds_skipped"] += (
+            f"plain JAX {jax.__version__} cannot place an array in `{kind}` "
+            f"memory: {err}. "
+        )
+
+
+@check("memory_kinds_on_a_mesh")
+def _():
+    placed = {k: in_memory(k) for k in ("device", "pinned_host")}
+    if any(v is None for v in placed.values()):
+        return
+    f = lambda v: jnp.sin(v) * 2.0 + 1.0
+    staged = []
+    for kind, v in placed.items():
+        want = jax.make_jaxpr(f)(v)
+        got = stage(f, v)
+        assert str(got.closed_jaxpr.in_avals) == str(want.in_avals), (got, want)
+        assert list(got.closed_jaxpr.in_avals) == list(want.in_avals), kind
+        staged.append(got)
+        for wrap in (lambda g: g, jax.jit):
+            out, ref = wrap(evaluate(f))(v), wrap(f)(v)
+            assert_tree_equal(out, ref, kind)
+            assert out.sharding == ref.sharding, (kind, out.sharding, ref.sharding)
+    want_apart = [jax.make_jaxpr(f)(v).in_avals for v in placed.values()]
+    assert (staged[0] is staged[1]) == (want_apart[0] == want_apart[1]), want_apart
+
+
 @check("inverse_pmap")
 def _():
     # A `jit` of a `shard_map` (JAX >= 0.10) or an `xla_pmap` (before).
@@ -464,6 +499,12 @@ def test_multidevice(results, check):
 
 def test_pmap_reached(results):
     assert results["pmap_reached"] == "ok", results["pmap_reached"]
+
+
+def test_memory_kinds_on_a_mesh(results):
+    if "memory_kinds_skipped" in results:
+        pytest.skip(results["memory_kinds_skipped"])
+    assert results["memory_kinds_on_a_mesh"] == "ok", results["memory_kinds_on_a_mesh"]
 
 
 def test_inverse_pmap(results):
