@@ -3,10 +3,11 @@
 Each handler interprets the sub-Jaxprs with the calling interpreter and
 rebuilds the same construct through JAX's public API (`jax.jit`,
 `lax.switch`, `lax.scan`, `lax.while_loop`, `jax.checkpoint`,
-`jax.shard_map`), or swaps the body of a custom-derivative call while keeping
-its derivative rule. Params are read through `_jax_compat` only. Control flow
-(`cond`, `scan`, `while`, `shard_map`) cannot be inlined: the `inline` policy
-treats it as `recursive`.
+`jax.shard_map`, `jax.pmap`), or swaps the body of a custom-derivative call
+while keeping its derivative rule. Params are read through `_jax_compat` only.
+Control flow and mapped bodies (`cond`, `scan`, `while`, `shard_map`,
+`xla_pmap`) cannot be inlined: the `inline` policy treats them as
+`recursive`.
 """
 
 from __future__ import annotations
@@ -435,6 +436,29 @@ def _shard_map(
         return tuple(interp.eval_closed(p.jaxpr, *args))
 
     return list(compat.shard_map(body, p)(*invals))
+
+
+@builtin_handler(compat.pmap_p)
+def _pmap(
+    interp: Interpreter, eqn: compat.JaxprEqn, invals: list[Any], policy: str
+) -> list[Any]:
+    """`xla_pmap`, what `jax.pmap` stages before JAX 0.10 (later releases
+    stage a `jit` of a `shard_map`): the per-device body is walked and
+    rebuilt as a `jax.pmap` with the same axis name and size, devices,
+    backend, mapped axes, donations and name. A mapped body cannot be
+    inlined: `inline` treats it as `recursive`."""
+    p = compat.pmap_params(eqn.params)
+
+    def build() -> Callable[..., Any]:
+        def body(*args: Any) -> tuple[Any, ...]:
+            return tuple(interp.eval_closed(p.jaxpr, *args))
+
+        body.__name__ = body.__qualname__ = p.name
+        donate = tuple(i for i, d in enumerate(p.donated) if d)
+        return compat.pmap(body, p, p.in_axes, p.out_axes, donate_argnums=donate)
+
+    key = ("pmap", id(p.jaxpr), *p[1:])
+    return list(interp.cached(key, p.jaxpr, build)(*invals))
 
 
 @builtin_handler(compat.linear_solve_p)

@@ -534,6 +534,11 @@ HIGHER_ORDER_PARAMS: dict[str, ParamCoverage] = {
         "jaxpr mesh in_specs out_specs check_vma check_rep newly_manual_axes "
         "manual_axes auto"
     ),
+    # `jax.pmap` before JAX 0.10 (`pmap_params`).
+    "xla_pmap": _coverage(
+        "call_jaxpr axis_name axis_size in_axes out_axes devices backend name "
+        "donated_invars global_axis_size is_explicit_global_axis_size"
+    ),
 }
 # `checkpoint` is named `remat2` (its historical name) in every supported release.
 HIGHER_ORDER_PARAMS["remat2"] = HIGHER_ORDER_PARAMS["checkpoint"]
@@ -548,11 +553,9 @@ FIRST_ORDER_WITH_JAXPRS: frozenset[str] = frozenset(
 )
 
 # Higher-order primitives walkers re-bind as they are under every policy, with
-# the reason. `xla_pmap` is what `jax.pmap` stages before JAX 0.10 (later
-# releases stage `jit` around `shard_map`).
-REBOUND_HIGHER_ORDER: dict[str, str] = {
-    "xla_pmap": "`jax.pmap` before JAX 0.10 is re-bound as it is",
-}
+# the reason (none today: `xla_pmap`, what `jax.pmap` stages before JAX 0.10,
+# is walked and rebuilt since session 10).
+REBOUND_HIGHER_ORDER: dict[str, str] = {}
 
 
 # Higher-order primitives whose bodies are not visible as Jaxpr params: JAX's
@@ -989,32 +992,53 @@ def place_as(value: Any, sharding: Any) -> Any:
 class PmapParams(NamedTuple):
     jaxpr: Any  # ClosedJaxpr: the per-device body, with no consts
     axis_name: Any
-    axis_size: int
+    axis_size: int  # this process's devices
     in_axes: tuple[int | None, ...]
     out_axes: tuple[int | None, ...]
     devices: Any
     backend: str | None
     name: str
+    donated: tuple[bool, ...]
+    # The size over every process, and whether the user gave it (`jax.pmap`'s
+    # `axis_size`); otherwise `jax.pmap` derives it from the operands.
+    global_axis_size: int
+    explicit_axis_size: bool
 
 
 def pmap_params(params: Any) -> PmapParams:
     """The params of an `xla_pmap` equation (what `jax.pmap` stages before
     JAX 0.10; later releases stage a `jit` of a `shard_map`)."""
     params = params_of(params)
+    axis_size = int(params["axis_size"])
+    in_axes = tuple(params["in_axes"])
+    devices = params.get("devices")
     return PmapParams(
         jaxpr=as_closed(params["call_jaxpr"]),
         axis_name=params["axis_name"],
-        axis_size=int(params["axis_size"]),
-        in_axes=tuple(params["in_axes"]),
+        axis_size=axis_size,
+        in_axes=in_axes,
         out_axes=tuple(params["out_axes"]),
-        devices=params.get("devices"),
+        devices=None if devices is None else tuple(devices),
         backend=params.get("backend"),
         name=str(params.get("name", "pmap")),
+        donated=tuple(params.get("donated_invars", (False,) * len(in_axes))),
+        global_axis_size=int(params.get("global_axis_size", axis_size)),
+        explicit_axis_size=bool(params.get("is_explicit_global_axis_size", False)),
     )
 
 
-def pmap(fn: Any, p: PmapParams, in_axes: Any, out_axes: Any) -> Any:
-    """A `jax.pmap` of `fn` on the devices and axis of an `xla_pmap` equation."""
+def pmap(
+    fn: Any,
+    p: PmapParams,
+    in_axes: Any,
+    out_axes: Any,
+    donate_argnums: tuple[int, ...] = (),
+) -> Any:
+    """A `jax.pmap` of `fn` on the devices and axis of an `xla_pmap` equation.
+
+    `axis_size` is passed on only where the user gave it, as the global size:
+    otherwise `jax.pmap` derives it from the operands, over every process.
+    """
     return jax.pmap(
         fn,
         axis_name=p.axis_name,
@@ -1022,7 +1046,8 @@ def pmap(fn: Any, p: PmapParams, in_axes: Any, out_axes: Any) -> Any:
         out_axes=out_axes,
         devices=p.devices,
         backend=p.backend,
-        axis_size=p.axis_size,
+        axis_size=p.global_axis_size if p.explicit_axis_size else None,
+        donate_argnums=donate_argnums,
     )
 
 

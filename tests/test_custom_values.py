@@ -4,7 +4,7 @@ The interpreter here is the gallery's forward-mode AD with dual numbers
 (`examples/dual_numbers.py`: a `jax.tree_util.register_dataclass` dataclass
 of two arrays), with one rule for first-order primitives only: `jit`,
 `cond`, `switch`, `scan`, `fori_loop`, `while_loop`, `checkpoint`,
-`custom_jvp`, `custom_vjp` and their nestings go through the walker's own
+`custom_jvp`, `custom_vjp`, `pmap` and their nestings go through the walker's own
 handling. Results are compared with `jax.jvp` of the
 function (of the same function without the `custom_vjp`, which `jax.jvp`
 refuses), eagerly and under `jax.jit`.
@@ -97,6 +97,14 @@ CASES = {
         None,
     ),
 }
+# `jax.pmap` on one device: an `xla_pmap` before JAX 0.10, a `jit` of a
+# `shard_map` from 0.10; the dual numbers go through the rebuilt map.
+_pm = jax.pmap(
+    lambda v: jnp.sin(v) * v + lax.psum(v, "j"),
+    axis_name="j",
+    devices=jax.local_devices()[:1],
+)
+CASES["pmap"] = (lambda x: _pm(x[None])[0], None)
 X = jnp.array([0.3, -0.8, 1.2])
 T = jnp.array([1.0, 0.5, -2.0])
 

@@ -549,3 +549,75 @@ def test_rebuilt_jit_is_traced_once_across_calls():
     assert cached.count == n_all + n_top
     # Not cached: the body is walked on every call.
     assert uncached.count == 2 * n_all
+
+
+# ---------------------------------------------------------------------------
+# `jax.pmap`: an `xla_pmap` equation before JAX 0.10, walked per device and
+# rebuilt as a `jax.pmap` with the same params; from 0.10 a `jit` of a
+# `shard_map`, walked through those.
+
+_compat = jaxinterp._jax_compat
+PM_Y = jnp.arange(3.0 * jax.local_device_count()).reshape(-1, 3) / 4.0
+PM_S = jnp.float32(2.0)
+
+
+def _pmapped(op, **options):
+    return jax.pmap(
+        lambda v, s: op(v) * s + lax.psum(v, "j"),
+        axis_name="j",
+        in_axes=(0, None),
+        **options,
+    )
+
+
+def _mapped_eqns(closed) -> list:
+    mapped = (_compat.pmap_p, _compat.shard_map_p)
+    return [e for e in iter_eqns(closed) if e.primitive in mapped]
+
+
+def test_a_walker_sees_every_equation_of_a_pmap_body():
+    from helpers import PrimitiveLog
+
+    f = _pmapped(jnp.sin)
+    want = sorted(e.primitive.name for e in iter_eqns(jax.make_jaxpr(f)(PM_Y, PM_S)))
+    for wrap in (lambda g: g, jax.jit):
+        log = PrimitiveLog()
+        got = wrap(log.transform(f))(PM_Y, PM_S)
+        assert_tree_equal(got, wrap(f)(PM_Y, PM_S))
+        assert sorted(log.names) == want
+        assert "sin" in log.names and "psum" in log.names, log.names
+
+
+def test_pmap_body_is_changed_and_rebuilt_with_the_same_params():
+    # (JAX 0.7 cannot run an `xla_pmap` with `out_axes=1` under `jax.jit`:
+    # this test runs eagerly.)
+    options = dict(
+        devices=jax.local_devices(), axis_size=jax.local_device_count(), out_axes=1
+    )
+    f, f_cos = _pmapped(jnp.sin, **options), _pmapped(jnp.cos, **options)
+    np.testing.assert_allclose(
+        SinToCos().transform(f)(PM_Y, PM_S), f_cos(PM_Y, PM_S), rtol=1e-6
+    )
+    # Donation is only staged here (running it would delete `PM_Y`).
+    donating = _pmapped(jnp.sin, donate_argnums=(0,), **options)
+    for fn in (f, donating):
+        want = jax.make_jaxpr(fn)(PM_Y, PM_S)
+        got = jax.make_jaxpr(SinToCos().transform(fn))(PM_Y, PM_S)
+        assert "sin" not in primitive_names(got) and "cos" in primitive_names(got)
+        assert top_level_primitives(got) == top_level_primitives(want)
+        (w,), (g,) = _mapped_eqns(want), _mapped_eqns(got)
+        read = (
+            _compat.pmap_params
+            if w.primitive is _compat.pmap_p
+            else _compat.shard_map_params
+        )
+        assert read(g)[1:] == read(w)[1:], (g, w)  # all but the body
+        if w.primitive is not _compat.pmap_p:  # the `jit` around a `shard_map`
+            (wj,), (gj,) = (c.jaxpr.eqns for c in (want, got))
+            assert _compat.jit_params(gj).donated == _compat.jit_params(wj).donated
+
+
+def test_evaluate_of_pmap_matches_jax():
+    f = _pmapped(jnp.sin)
+    assert_tree_equal(evaluate(f)(PM_Y, PM_S), f(PM_Y, PM_S))
+    assert_tree_equal(jax.jit(evaluate(f))(PM_Y, PM_S), jax.jit(f)(PM_Y, PM_S))

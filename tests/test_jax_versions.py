@@ -203,6 +203,7 @@ READERS: dict[str, Callable[[Any], Any]] = {
     "eval_jaxpr": compat.call_jaxpr,
     "custom_linear_solve": compat.linear_solve_params,
     "shard_map": compat.shard_map_params,
+    "xla_pmap": compat.pmap_params,
 }
 
 

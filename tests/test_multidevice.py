@@ -127,8 +127,8 @@ def _():
     np.testing.assert_allclose(jax.jit(evaluate(pm))(y), pm(y), rtol=1e-6)
 
 
-# Where `pmap` stages to `jit` of `shard_map` (newer JAX) the walker reaches
-# inside it; an `xla_pmap` equation (older JAX) is re-bound as it is.
+# The walker reaches inside `pmap`: a `jit` of a `shard_map` (JAX >= 0.10) or
+# an `xla_pmap` equation (before), rebuilt with the same params.
 pmap_p = jaxinterp._jax_compat.pmap_p
 prims = top_level_primitives(stage(pm, y).jaxpr)
 results["pmap_is_primitive"] = pmap_p is not None and pmap_p in prims
@@ -136,9 +136,17 @@ results["pmap_is_primitive"] = pmap_p is not None and pmap_p in prims
 
 @check("pmap_reached")
 def _():
+    transformed = SinToCos().transform(pm)
+    np.testing.assert_allclose(transformed(y), pm_cos(y), rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(transformed)(y), pm_cos(y), rtol=1e-6)
+    got, want = jax.make_jaxpr(transformed)(y), jax.make_jaxpr(pm)(y)
+    names = primitive_names(got)
+    assert "sin" not in names and "cos" in names, names
+    assert top_level_primitives(got) == top_level_primitives(want)
     if results["pmap_is_primitive"]:
-        return
-    np.testing.assert_allclose(SinToCos().transform(pm)(y), pm_cos(y), rtol=1e-6)
+        read = jaxinterp._jax_compat.pmap_params
+        (g,), (w,) = got.jaxpr.eqns, want.jaxpr.eqns
+        assert read(g)[1:] == read(w)[1:], (g, w)
 
 
 # --------------------------------------------------------------------------
@@ -391,6 +399,41 @@ def _():
         raise AssertionError("the ildj of shards over different axes was not refused")
 
 
+# Memory kinds of arrays spread over the mesh (`NamedSharding(...,
+# memory_kind=...)`): staged with `jax.make_jaxpr`'s types, staged apart when
+# only the memory differs, evaluated into the memories plain JAX uses.
+def in_memory(kind):
+    try:
+        return jax.device_put(x, NamedSharding(mesh, P("i"), memory_kind=kind))
+    except ValueError as err:  # plain JAX cannot place it there
+        results.setdefault("memory_kinds_skipped", "")
+        results["memory_kinds_skipped"] += (
+            f"plain JAX {jax.__version__} cannot place an array in `{kind}` "
+            f"memory: {err}. "
+        )
+
+
+@check("memory_kinds_on_a_mesh")
+def _():
+    placed = {k: in_memory(k) for k in ("device", "pinned_host")}
+    if any(v is None for v in placed.values()):
+        return
+    f = lambda v: jnp.sin(v) * 2.0 + 1.0
+    staged = []
+    for kind, v in placed.items():
+        want = jax.make_jaxpr(f)(v)
+        got = stage(f, v)
+        assert str(got.closed_jaxpr.in_avals) == str(want.in_avals), (got, want)
+        assert list(got.closed_jaxpr.in_avals) == list(want.in_avals), kind
+        staged.append(got)
+        for wrap in (lambda g: g, jax.jit):
+            out, ref = wrap(evaluate(f))(v), wrap(f)(v)
+            assert_tree_equal(out, ref, kind)
+            assert out.sharding == ref.sharding, (kind, out.sharding, ref.sharding)
+    want_apart = [jax.make_jaxpr(f)(v).in_avals for v in placed.values()]
+    assert (staged[0] is staged[1]) == (want_apart[0] == want_apart[1]), want_apart
+
+
 @check("inverse_pmap")
 def _():
     # A `jit` of a `shard_map` (JAX >= 0.10) or an `xla_pmap` (before).
@@ -455,12 +498,13 @@ def test_multidevice(results, check):
 
 
 def test_pmap_reached(results):
-    if results["pmap_is_primitive"]:
-        pytest.skip(
-            "this JAX stages `pmap` as an `xla_pmap` primitive, which the walker "
-            "re-binds without reaching inside"
-        )
     assert results["pmap_reached"] == "ok", results["pmap_reached"]
+
+
+def test_memory_kinds_on_a_mesh(results):
+    if "memory_kinds_skipped" in results:
+        pytest.skip(results["memory_kinds_skipped"])
+    assert results["memory_kinds_on_a_mesh"] == "ok", results["memory_kinds_on_a_mesh"]
 
 
 def test_inverse_pmap(results):

@@ -24,7 +24,7 @@ import pytest
 TIMEOUT = 150
 
 SCRIPT = r"""
-import json, sys, traceback
+import json, sys, time, traceback
 
 process_id, port = int(sys.argv[1]), sys.argv[2]
 import jax
@@ -63,14 +63,19 @@ results = {
 shared = {}
 
 
+timings = {}  # seconds per check, for the test's report
+
+
 def check(name):
     def decorate(fn):
+        start = time.perf_counter()
         try:
             fn()
             results[name] = "ok"
         except Exception as err:  # reported to the test
             text = "".join(traceback.format_exception(err))
             results[name] = f"{type(err).__name__}: {err}\n{text}"[:3000]
+        timings[name] = round(time.perf_counter() - start, 2)
         return fn
     return decorate
 
@@ -376,6 +381,85 @@ def _():
                 shared[f"ildj_2d_{name}_{how}"] = float(gathered(ildj))
 
 
+# A 2x4 mesh whose two axes both span the processes: the devices are laid out
+# as a checkerboard (process 0's on the cells where `p + q` is even), so along
+# `p` and along `q` neighbouring blocks sit in different processes. `ppermute`
+# over `q` and `psum` over `p` then both pass data between processes.
+def checkerboard(axis_types=None):
+    own = iter(d for d in jax.devices() if d.process_index == 0)
+    other = iter(d for d in jax.devices() if d.process_index != 0)
+    grid = [
+        [next(own if (p + q) % 2 == 0 else other) for q in range(4)]
+        for p in range(2)
+    ]
+    kwargs = {} if axis_types is None else {"axis_types": axis_types}
+    return jax.sharding.Mesh(np.array(grid), ("p", "q"), **kwargs)
+
+
+MESHES_2X4 = {"default": checkerboard()}
+if "explicit" in MESHES:
+    MESHES_2X4["explicit"] = checkerboard((AxisType.Explicit,) * 2)
+QRING = [(i, (i + 1) % 4) for i in range(4)]
+BODY_2X4 = lambda b: b + lax.ppermute(b, "q", QRING) + lax.psum(b, "p")
+# `P("p", "q")` gives each device an 8x1 block: `ppermute` moves column `q`
+# to `q + 1`, `psum` adds the two row halves.
+NUMPY_2X4 = (
+    GLOBAL + np.roll(GLOBAL, 1, axis=1) + np.tile(GLOBAL[:8] + GLOBAL[8:], (2, 1))
+)
+
+
+@check("mesh_2x4")
+def _():
+    spec = P("p", "q")
+    for name, mesh in MESHES_2X4.items():
+        for axis in ("p", "q"):  # each axis spans both processes
+            line = np.moveaxis(mesh.devices, mesh.axis_names.index(axis), -1)[0]
+            procs = {d.process_index for d in line}
+            assert procs == {0, 1}, (name, axis, mesh.devices)
+        ctx = set_mesh(mesh) if name == "explicit" else in_mesh("default")
+        with ctx:
+            sharding = NamedSharding(mesh, spec)
+            v = jax.make_array_from_callback(
+                GLOBAL.shape, sharding, lambda i: GLOBAL[i]
+            )
+            # A sharded `jit`, resharding from `P("p", "q")` to `P("q", "p")`.
+            g = jax.jit(
+                lambda u: jnp.exp(u) * 2.0 + jnp.sum(u, axis=0),
+                in_shardings=sharding,
+                out_shardings=NamedSharding(mesh, P("q", "p")),
+            )
+            f = jax.shard_map(BODY_2X4, mesh=mesh, in_specs=spec, out_specs=spec)
+            want_f = f(v)
+            np.testing.assert_allclose(gathered(want_f), NUMPY_2X4, rtol=1e-6)
+            for how, wrap in (("eager", lambda h: h), ("jit", jax.jit)):
+                what = f"2x4 {how} on {name}"
+                key = f"{name}_{how}"
+                same(wrap(evaluate(g))(v), wrap(g)(v), what, key=f"2x4_jit_{key}")
+                same(wrap(evaluate(f))(v), want_f, what, key=f"2x4_sm_{key}")
+            # The interpreter inside the body (eagerly: `jit` adds nothing new).
+            inner = jax.shard_map(
+                evaluate(BODY_2X4), mesh=mesh, in_specs=spec, out_specs=spec
+            )
+            same(inner(v), want_f, f"2x4 inside on {name}")
+            # `inverse` of a `shard_map` on the 2x4 mesh; the ildj sums over
+            # both axes, so over both processes.
+            flow = jax.shard_map(FLOW, mesh=mesh, in_specs=spec, out_specs=spec)
+            y = flow(v)
+            want_ildj = gathered(reference_ildj(v))
+            for how, wrap in (("eager", lambda h: h), ("jit", jax.jit)):
+                what = f"2x4 inverse {how} on {name}"
+                back, ildj = wrap(jaxinterp.inverse_and_ildj(flow))(y)
+                np.testing.assert_allclose(
+                    gathered(back), GLOBAL, rtol=1e-5, atol=1e-6, err_msg=what
+                )
+                same_sharding(back, v, what)
+                np.testing.assert_allclose(
+                    gathered(ildj), want_ildj, rtol=1e-5, err_msg=what
+                )
+                record(f"inv_2x4_{name}_{how}", back)
+                shared[f"ildj_2x4_{name}_{how}"] = float(gathered(ildj))
+
+
 # `jax.pmap` takes and returns each process's local data (one row a local
 # device), and its collectives span both processes. Before JAX 0.10 it stages
 # as an `xla_pmap` equation, which `evaluate` re-binds as it is and which JAX
@@ -422,6 +506,7 @@ def _():
 
 
 results["shared"] = shared
+results["timings"] = timings
 print("RESULTS" + json.dumps(results), flush=True)
 """
 
@@ -500,11 +585,13 @@ CHECKS = [
     "inverse_shard_map",
     "inverse_sharded_jit",
     "mesh_2d",
+    "mesh_2x4",
     "pmap",
 ]
 
 
 def test_two_processes_joined(results):
+    print("seconds per check:", results[0]["timings"])
     assert [r["process_index"] for r in results] == [0, 1]
     for r in results:
         assert r["process_count"] == 2

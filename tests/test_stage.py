@@ -358,3 +358,98 @@ def test_clear_caches_forgets_everything_and_results_stay():
     assert_tree_equal(run(x), first)
     assert_tree_equal(inv(jnp.exp(x) * 2.0), x_rec)
     assert jaxinterp._trace.cache_size(f) == 1
+
+
+# ---------------------------------------------------------------------------
+# Memory spaces (issue 13). An array placed in another memory of its device
+# (`SingleDeviceSharding(dev, memory_kind=...)`) has that memory space in its
+# type where JAX records it (`float32<host>[8]`, JAX >= 0.10): staging keeps
+# it as `jax.make_jaxpr` does, the cache keys on it, and evaluation places the
+# results as plain JAX does.
+
+MEMORY_KINDS = ("device", "pinned_host", "unpinned_host")
+
+
+def _in_memory(kind, value=None):
+    """`value` (a small float array) placed in memory `kind` of the default
+    device; skips, quoting plain JAX, where JAX itself cannot place it there
+    (JAX 0.7's CPU devices address `unpinned_host` memory only)."""
+    value = jnp.arange(8.0) / 4.0 - 1.0 if value is None else value
+    dev = jax.devices()[0]
+    try:
+        sharding = jax.sharding.SingleDeviceSharding(dev, memory_kind=kind)
+        return jax.device_put(value, sharding)
+    except ValueError as err:
+        pytest.skip(
+            f"plain JAX {jax.__version__} cannot place an array in `{kind}` memory "
+            f"of a {dev.platform} device: {err}"
+        )
+
+
+def _memory_spaces(avals):
+    return [(str(a), getattr(a, "memory_space", None)) for a in avals]
+
+
+def _memory_test_fn(name):
+    """A function of the memory tests: computing in place, or moving its
+    result to another memory (skipped where plain JAX has no such memory)."""
+    if name == "elementwise":
+        return lambda u: jnp.sin(u) * 2.0 + 1.0
+    if name == "reduction":
+        return lambda u: jnp.sum(u * u)
+    target = _in_memory(name.removeprefix("to_")).sharding
+    return lambda u: jax.device_put(u * 2.0, target)
+
+
+MEMORY_TEST_FNS = ("elementwise", "reduction", "to_device", "to_pinned_host")
+
+
+@pytest.mark.parametrize("kind", MEMORY_KINDS)
+def test_staging_keeps_the_memory_space(kind):
+    v = _in_memory(kind)
+    sds = jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding)
+    f = lambda u: jnp.sin(u) * 2.0 + 1.0  # noqa: E731
+    for arg in (v, sds):
+        want = jax.make_jaxpr(f)(arg)
+        got = stage(f, arg).closed_jaxpr
+        assert list(got.in_avals) == list(want.in_avals), (got, want)
+        assert list(got.out_avals) == list(want.out_avals), (got, want)
+        assert _memory_spaces(got.in_avals) == _memory_spaces(want.in_avals)
+        assert _memory_spaces(got.out_avals) == _memory_spaces(want.out_avals)
+
+
+@pytest.mark.parametrize("kind", MEMORY_KINDS)
+@pytest.mark.parametrize("name", MEMORY_TEST_FNS)
+def test_evaluate_places_results_in_memory_as_jax_does(kind, name):
+    v = _in_memory(kind)
+    f = _memory_test_fn(name)
+    for wrap in (lambda g: g, jax.jit):
+        want = wrap(f)(v)
+        got = wrap(evaluate(f))(v)
+        assert_tree_equal(got, want)
+        assert got.sharding == want.sharding, (got.sharding, want.sharding)
+        assert got.sharding.memory_kind == want.sharding.memory_kind
+        assert _memory_spaces([jax.typeof(got)]) == _memory_spaces([jax.typeof(want)])
+
+
+def test_the_staging_cache_tells_memory_spaces_apart():
+    on_device, on_host = _in_memory("device"), _in_memory("pinned_host")
+    f, traces = _counting(lambda u: jnp.sin(u) * 2.0)
+    want = [jax.make_jaxpr(f)(a) for a in (on_device, on_host)]
+    # Plain JAX gives the two calls different types...
+    assert list(want[0].in_avals) != list(want[1].in_avals), want
+    del traces[:]
+    ev = evaluate(f)
+    for arg, w in zip((on_device, on_host), want, strict=True):
+        got = ev(arg)
+        assert got.sharding == f(arg).sharding, (got.sharding, f(arg).sharding)
+        assert _memory_spaces(stage(f, arg).closed_jaxpr.in_avals) == (
+            _memory_spaces(w.in_avals)
+        )
+    # ... so each signature is staged once, and not confused with the other.
+    n = len(traces)
+    assert stage(f, on_device) is not stage(f, on_host)
+    ev(on_device)
+    ev(on_host)
+    # Two traces by `evaluate`, two eager calls of `f` as references.
+    assert len(traces) == n == 2 + 2

@@ -142,9 +142,12 @@ def _pmap_inverse(
     )
 
     inverse_body.__name__ = inverse_body.__qualname__ = f"inverse_{p.name}"
+    # Over this process's devices only, as `jax.pmap` stages from JAX 0.10
+    # on: in a multi-process program the ildj is that of the process's data.
+    local = p._replace(global_axis_size=p.axis_size, explicit_axis_size=True)
     fn = compat.pmap(
         inverse_body,
-        p,
+        local,
         in_axes=(*p.out_axes, *known_axes),
         out_axes=(solved_axes, 0),
     )
