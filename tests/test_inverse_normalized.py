@@ -346,3 +346,13 @@ def test_random_normalizations_never_answer_wrongly(data):
         skewed = y.at[0 if lo else -1].multiply(1.5)
         bad = jaxinterp.inverse(f, example_args=(x,))(skewed / jnp.sum(skewed))
         assert jnp.all(jnp.isnan(bad))
+
+
+def test_a_normalization_too_large_to_check_densely_says_to_vmap():
+    xs = jnp.zeros((1100, 2))  # 2200 free elements
+    with pytest.raises(
+        jaxinterp.NotInvertibleError, match="map the inverse over the rows"
+    ):
+        jaxinterp.inverse(softmax_centered, example_args=(xs,))(softmax_centered(xs))
+    rows = jax.vmap(jaxinterp.inverse(softmax_centered, example_args=(xs[0],)))
+    np.testing.assert_allclose(rows(softmax_centered(xs)), xs, atol=1e-5)

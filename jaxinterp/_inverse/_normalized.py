@@ -424,7 +424,11 @@ def _solve(st: Any, top: int) -> tuple[bl.Block, Any, Any, str] | str | None:
     indices, known_vars = got
     n_free = int(free.sum())
     if n_free > bl.MAX_LINEAR:
-        return None
+        return (
+            f"its numerator is pinned as a normalization of {n_free} free "
+            f"elements, more than jaxinterp checks densely ({bl.MAX_LINEAR}): "
+            "map the inverse over the rows with `jax.vmap` instead"
+        )
     block = bl.Block(
         top,
         indices,
