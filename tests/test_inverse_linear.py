@@ -368,3 +368,19 @@ def test_a_block_with_traced_known_operands_is_solved_or_nan():
         np.testing.assert_allclose(inv(f(x, c), c), want, atol=1e-5)
     # c = 1: `x + x[::-1]` does not determine x.
     assert np.isnan(np.asarray(inv(f(x, 1.0), 1.0))).all()
+
+
+def test_a_literal_operand_in_a_block_with_shared_values_does_not_crash():
+    """Fuzzer, seed 61 program 299: a shared-value cut met a literal operand
+    (`x != 0.25`), which JAX 0.12 does not hash (`TypeError: unhashable type:
+    'Literal'`)."""
+
+    def f(x):
+        v = x + jnp.where(x != 0.25, 5.0, -5.0)
+        return jnp.real(v * (1.0 + 0.5j))
+
+    x = jnp.array([[[-1.5, 0.85]], [[-1.76, -1.43]]], jnp.float32)
+    got, ildj = jaxinterp.inverse_and_ildj(f)(f(x))
+    np.testing.assert_allclose(got, x, atol=1e-5)
+    jac = jax.jacfwd(f)(x).reshape(x.size, x.size)
+    np.testing.assert_allclose(ildj, -jnp.linalg.slogdet(jac)[1], atol=1e-6)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from helpers import flags_off
 from hypothesis import given, settings, strategies as st
+from jax import lax
 
 import jaxinterp
 from jaxinterp.testing import compare_with_reference
@@ -322,3 +323,20 @@ print(float(jnp.max(jnp.abs(got - reference(f(x))))), float(abs(ildj - ref)))
     )
     err_x, err_ildj = map(float, out.split())
     assert err_x < 1e-12 and err_ildj < 1e-10, out
+
+
+def test_a_value_solved_from_a_where_is_not_counted_twice_in_the_ildj():
+    """Fuzzer, seed 61 program 327: `where(all_true, scan(x), x)`. The masked
+    step solves the scan's result from the `where`'s; the sequential block
+    then solving `x` must not take both as results (the ildj of a map that
+    looks non-square, each element counted twice: -2 log 2 instead of 0)."""
+    x = jnp.array([[[0.64, -1.74]], [[1.04, 1.71]]], jnp.float32)
+
+    def f(x):
+        ys = lax.scan(lambda c, r: (0.5 * c + r, c + r), jnp.zeros_like(x[0]), x)[1]
+        return jnp.where(jnp.ones(x.shape, bool), ys, x)
+
+    got, ildj = jaxinterp.inverse_and_ildj(f)(f(x))
+    np.testing.assert_allclose(got, x, atol=1e-6)
+    jac = jax.jacfwd(f)(x).reshape(x.size, x.size)
+    np.testing.assert_allclose(ildj, -jnp.linalg.slogdet(jac)[1], atol=1e-6)

@@ -473,7 +473,8 @@ def grow_region(
             continue
         inner = eqns[p]
         if (member is not None and not member(inner)) or (
-            shared and any(u in shared for u in inner.invars)
+            shared
+            and any(type(u) is not _Literal and u in shared for u in inner.invars)
         ):
             leaves.add(v)
             continue

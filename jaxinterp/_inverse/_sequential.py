@@ -176,9 +176,20 @@ def _block(x: Any, tops: list[int], st: Any) -> bl.Block | None:
             break
     indices = sorted(region)
     block_eqns = [eqns[i] for i in indices]
+    # A known value that a block equation's masked step solved from that
+    # equation's result (the case a constant-mask `where` always picks)
+    # holds nothing that result does not: as a second result it would count
+    # the same elements twice in the ildj of a map it makes look non-square.
+    learned = {
+        v
+        for i in indices
+        if i in st.masked_inverted
+        for v in eqns[i].invars
+        if type(v) is not _Literal
+    }
     ys: list[Any] = []
     for e in block_eqns:
-        ys.extend(v for v in e.outvars if known(v) and v not in ys)
+        ys.extend(v for v in e.outvars if known(v) and v not in ys and v not in learned)
     # Real results only: a complex one would lose its imaginary part.
     if not ys or not all(_real(v) for v in ys):
         return None
