@@ -388,3 +388,24 @@ def test_broadcast_copies_must_agree():
     inv = inverse(f, argnums=0, example_args=(b,))
     np.testing.assert_array_equal(inv(f(b, m), m), b)
     assert jnp.all(jnp.isnan(inv(f(b, m).at[2, 0].add(1.0), m)))
+
+
+def test_a_scatter_into_zeros_read_back_after_a_linear_solve():
+    """Fuzzer, seed 63 program 497: the zeros the scatter leaves come back
+    from a linear solve as about 1e-8, not 0: within rounding of the values
+    around them, so on the image (was NaN)."""
+    m = jnp.array([[0.85, 0.09, -0.17], [-0.19, 1.18, -0.33], [-0.18, -0.01, 0.98]])
+
+    def filled(x):
+        v = jnp.full((3, 3), 0.0).at[jnp.array([1])].set(x)
+        return jnp.concatenate([jnp.full((3, 2), 2, jnp.float32), v], axis=1)
+
+    def f(x):
+        return jnp.einsum("ij,...j->...i", m, filled(x).T)
+
+    x = jnp.array([[0.94, -0.57, 0.34]], jnp.float32)
+    got = inverse(f, example_args=(x,))(f(x))
+    np.testing.assert_allclose(got, x, atol=1e-5)
+    # A non-zero where the scatter leaves 0: off the image.
+    off = filled(x).at[0, 2].set(0.01).T @ m.T
+    assert jnp.all(jnp.isnan(inverse(f, example_args=(x,))(off)))

@@ -224,3 +224,20 @@ def test_explain_names_the_masked_steps():
     report = jaxinterp.explain_inverse(f, jnp.ones(4))
     assert "(masked)" in report
     assert report.splitlines()[-1] == "Invertible: every unknown input is recovered."
+
+
+def test_broadcast_copies_solved_by_different_paths_agree_within_rounding():
+    """Fuzzer, seed 63 program 244: two copies of `x` from a broadcast, one
+    read back directly, one solved through a coupling (`(y - u) / e^tanh(u)`,
+    off by an ulp): they agree within rounding, not exactly (was NaN)."""
+
+    def f(x):
+        copies = jnp.broadcast_to(x, (2, 1, 3))
+        u, w = jnp.split(copies, [1])
+        return jnp.concatenate([u, w * jnp.exp(jnp.tanh(u)) + u])
+
+    x = jnp.array([[1.11, -0.41, -0.75]], jnp.float32)
+    got = inverse(f, example_args=(x,))(f(x))
+    np.testing.assert_allclose(got, x, atol=1e-6)
+    off = f(x).at[1, 0, 0].add(0.01)  # the copies disagree: off the image
+    assert jnp.all(jnp.isnan(inverse(f, example_args=(x,))(off)))

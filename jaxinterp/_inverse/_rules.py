@@ -368,6 +368,16 @@ register_binary_inverse(
 )
 
 
+def agree_within_rounding(a: Any, b: Any, scale: Any) -> Any:
+    """Elementwise, whether `a` and `b` (two values of what should be the
+    same elements: redundant copies, a known constant) agree within the
+    rounding of values of magnitude `scale` as well as their own: one of
+    them may come from steps solved before (a linear solve leaves `1e-8`
+    where `0` was meant)."""
+    eps = jnp.finfo(jnp.result_type(a, b)).eps
+    return jnp.abs(a - b) <= 32 * eps * (jnp.abs(a) + jnp.abs(b) + scale)
+
+
 def describe_elements(mask: np.ndarray, limit: int = 6) -> str:
     """`"(0,), (2,) and 3 more of (8,)"`: the positions where `mask` holds."""
     where = np.argwhere(mask)

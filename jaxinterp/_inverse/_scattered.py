@@ -30,7 +30,7 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
-from ._rules import MaskedPiece
+from ._rules import MaskedPiece, agree_within_rounding
 
 if TYPE_CHECKING:
     from ._dataflow import SolveState
@@ -178,7 +178,10 @@ def _broadcast(
         # is off the image, and the new elements are NaN.
         copies = mk.gather(out_value, known_at)
         firsts = mk.gather(out_value, known_at[first])
-        agree = jnp.all(copies == jnp.asarray(firsts)[np.ravel(which)])
+        scale = jnp.max(jnp.abs(jnp.where(jnp.isfinite(copies), copies, 0)), initial=0)
+        agree = jnp.all(
+            agree_within_rounding(copies, jnp.asarray(firsts)[np.ravel(which)], scale)
+        )
         value = jnp.where(agree, value, jnp.nan)
     mk.add_piece(st, x, new.reshape(in_shape), value, i, True)
     return True

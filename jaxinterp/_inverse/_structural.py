@@ -21,7 +21,13 @@ from jax import lax
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
 from . import _scattered
-from ._rules import InverseContext, Piece, PieceResult, inverse_rules
+from ._rules import (
+    InverseContext,
+    Piece,
+    PieceResult,
+    agree_within_rounding,
+    inverse_rules,
+)
 
 
 def _static_ints(values: Sequence[Any]) -> tuple[int, ...] | None:
@@ -661,9 +667,8 @@ def _scatter_rule(name: str) -> Any:
             # (Within rounding: `y` may come from steps solved before.)
             untouched = counts == 0
             op = jnp.asarray(operand, jnp.result_type(y))
-            eps = jnp.finfo(jnp.result_type(y)).eps
-            gap = jnp.abs(y - op) > 32 * eps * (jnp.abs(y) + jnp.abs(op))
-            off = jnp.any(untouched & gap)
+            scale = jnp.max(jnp.abs(jnp.where(jnp.isfinite(y), y, 0)), initial=0)
+            off = jnp.any(untouched & ~agree_within_rounding(y, op, scale))
             got = jnp.where(off, jnp.nan, got)
         return [operand, indices, got.astype(upd_aval.dtype)], 0.0
 
