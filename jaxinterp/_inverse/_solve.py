@@ -610,13 +610,14 @@ def _single(g: Callable[[Any], Any], x: Any, at: Any, flat: Any) -> Any:
     NaN, counts as neither)."""
     finfo = jnp.finfo(jnp.result_type(x))
     eps, tiny = finfo.eps, finfo.tiny
-    noise = 4 * eps * jnp.abs(at) + tiny
+    minus = -at
+    noise = 4 * eps * jnp.abs(minus) + tiny
     extremum = jnp.zeros(jnp.shape(x), bool)
     flat_below = flat_above = jnp.ones(jnp.shape(x), bool)
     magnitude = jnp.maximum(jnp.abs(x), 1.0)
     for rel in (jnp.sqrt(eps), eps**0.75, 16 * eps):
-        below = g(x - rel * magnitude) - at
-        above = g(x + rel * magnitude) - at
+        below = g(x - rel * magnitude) + minus
+        above = g(x + rel * magnitude) + minus
         # (Both beyond `noise` on one side; a NaN compares false.)
         extremum = extremum | (jnp.minimum(below, above) > noise)
         extremum = extremum | (jnp.maximum(below, above) < -noise)
