@@ -246,29 +246,47 @@ def _find_roots(g: Callable[[Any], Any], y: Any) -> Any:
 def _lazily(x: Any, y: Any, solve: Callable[[Any], Any]) -> Any:
     """`x`, with `solve(y)` where `x` is NaN and `y` is not: `solve` runs
     only if there is such an element, inside a `while_loop` of at most one
-    step (a `cond` that stays lazy under `vmap`: a batched `cond` runs both
-    branches, the loop runs once if any member needs it)."""
+    step (`_once`: a `cond` that stays lazy under `vmap`).
+
+    First a test on `x` alone, whether it may hold a NaN (a reduction that
+    reads `x` and writes nothing per element), then only if so the exact
+    test, which also reads `y` (XLA writes the mask it reduces to memory)."""
+
+    def exact(x: Any, y: Any) -> Any:
+        need = jnp.any(jnp.isnan(x) & ~jnp.isnan(y))
+        return _once(need, x, y, lambda x, y: _fill(x, y, solve))
+
+    # A sum holding a NaN is NaN (so is one of inf and -inf: then the exact
+    # test runs for nothing). Not a `max`: XLA's CPU reductions may drop
+    # NaN there.
+    some_nan = jnp.isnan(jnp.sum(x))
+    return _once(some_nan, x, y, exact)
+
+
+def _fill(x: Any, y: Any, solve: Callable[[Any], Any]) -> Any:
+    return jnp.where(jnp.isnan(x) & ~jnp.isnan(y), solve(y), x)
+
+
+def _once(flag: Any, x: Any, y: Any, step: Callable[[Any, Any], Any]) -> Any:
+    """`step(x, y)` if `flag`, else `x`: a `while_loop` of at most one step
+    (a batched `cond` runs both branches; the loop runs once if any member
+    of a `vmap` needs it)."""
     nan = jnp.full_like(y, jnp.nan)
-    any_need = jnp.any(jnp.isnan(x) & ~jnp.isnan(y))
 
     # XLA hoists work that does not depend on a loop's state out of the
     # loop, and inlines a loop it can prove runs at most once; either would
-    # run `solve` always. So `solve` reads `y` through the loop's flag
+    # run `step` always. So `step` reads `y` through the loop's flag
     # (false inside the loop: `y` itself), and the state starts behind an
-    # optimisation barrier (the trip count is unknown). Which elements need
-    # `solve` is recomputed from the state (a mask shared with the test
-    # above would be written to memory for every element).
+    # optimisation barrier (the trip count is unknown).
     def body(state: tuple[Any, Any]) -> tuple[Any, Any]:
         ran, x = state
         # (`ran | True`, not a fresh `True`: it keeps the flag's type, which
         # varies over the mesh axes inside a `shard_map` body on older JAX.)
         done = ran | jnp.bool_(True)
-        y_ = jnp.where(ran, nan, y)
-        need = jnp.isnan(x) & ~jnp.isnan(y_)
-        return done, jnp.where(need, solve(y_), x)
+        return done, step(x, jnp.where(ran, nan, y))
 
     start = lax.optimization_barrier((jnp.bool_(False), x))
-    _, x = lax.while_loop(lambda s: ~s[0] & any_need, body, start)
+    _, x = lax.while_loop(lambda s: ~s[0] & flag, body, start)
     return x
 
 
