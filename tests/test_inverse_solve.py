@@ -143,6 +143,17 @@ def test_each_tier_is_needed_by_some_map():
     np.testing.assert_allclose(_solve._find_roots(logit, y), x, rtol=1e-4)
 
 
+def test_one_far_element_among_many_reaches_the_later_tiers():
+    # The test for "some element needs a later tier" reduces over every
+    # element; XLA's CPU `max` over a large array can lose a NaN, a `sum`
+    # cannot. One element far out (the first tier leaves it) among 2**18.
+    x = jnp.linspace(-4.0, 4.0, 2**18, dtype=jnp.float32).at[12345].set(5000.0)
+    y = softsign(x)
+    got = jax.jit(jaxinterp.inverse(softsign))(y)
+    np.testing.assert_allclose(got, y / (1 - jnp.abs(y)), rtol=1e-3)
+    assert np.isnan(np.asarray(_solve._fast(softsign, y)))[12345]
+
+
 def test_outside_the_image_is_nan_in_every_tier():
     y = jnp.array([0.5, 1.5, -2.0, 0.999, jnp.nan])
     got = jax.jit(lambda y: _solve._find_roots(softsign, y))(y)
