@@ -30,13 +30,15 @@ and each call of `g` samples as many grid points as there are elements (the
 calls run in a loop: the program holds one copy of `g`).
 
 Most elements never need steps 2 and 3. A fast path runs first
-(`_fast`): from the best start, rounds of a few Newton steps fused into one
-pass of XLA, more rounds only while some residual is not yet down to rounding,
-then the acceptance test of step 4 (`_accept`, the same test). The full
-search runs only if some element is left undecided, and then inside a loop
-of at most one step, so that it costs nothing otherwise (also under `vmap`).
-For softsign on 10^5 elements this is about 3x the closed form, against about
-20x for the full search on every element (`benchmarks/bench_inverse.py`).
+(`_fast`): from the best start, a few Newton steps, then the acceptance test
+of step 4 (`_accept`, the same test), as a few passes over the elements
+without a loop (one per Newton step: XLA's CPU code for one long fusion is
+several times slower per operation). Rounds of Newton steps, then the full
+search, run only if some element is left undecided, and then inside a loop
+of at most one step, so that they cost nothing otherwise (also under
+`vmap`). For softsign on 10^6 elements this is about 9x the closed form,
+against about 175x for the full search on every element
+(`benchmarks/bench_inverse.py`, docs/benchmarks.md).
 
 All elements are solved at once (the loops run until every element is done),
 so the solver composes with `jax.jit` and `jax.vmap`. Derivatives come from the
