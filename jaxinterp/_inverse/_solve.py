@@ -333,14 +333,17 @@ def _eps_tiny(y: Any) -> tuple[Any, Any]:
     return finfo.eps, finfo.tiny
 
 
-def _accepted(g: Callable[[Any], Any], y: Any, x: Any, settled: Any) -> Any:
+def _accepted(
+    g: Callable[[Any], Any], y: Any, x: Any, settled: Any, *, split: bool = True
+) -> Any:
     """`x` where `_accept` accepts it and it is as accurate as the full
     search makes it: the last step to it was `settled`, or a Newton step
     from it would be (its residual is within the same rounding floor, or the
     step would move it by a few ulps). Else NaN.
 
-    In two passes (`_split`): the tests on `g(x)` and `g'(x)`, then those
-    on the neighbours of `x` (`_single`)."""
+    With `split`, in two passes (`_split`): the tests on `g(x)` and `g'(x)`,
+    then those on the neighbours of `x` (`_single`), which evaluate `g(x)`
+    and `g'(x)` again."""
     at, slope = _value_and_slope(g, x)
     close = _close(y, x, at, slope)
     eps, tiny = _eps_tiny(y)
@@ -348,10 +351,12 @@ def _accepted(g: Callable[[Any], Any], y: Any, x: Any, settled: Any) -> Any:
     floor = 2 * eps * (jnp.abs(y) + _through(x, slope))
     step = 4 * eps * jnp.maximum(jnp.abs(x), tiny) * jnp.abs(slope)
     settled = settled | (jnp.abs(residual) <= floor) | (jnp.abs(residual) <= step)
-    # The neighbours in a pass of their own: `g(x)` and `g'(x)` evaluated
-    # again there cost less than handing them over (`_split`).
-    x = _split(jnp.where(settled & close, x, jnp.nan))
-    at, slope = _value_and_slope(g, x)
+    x = jnp.where(settled & close, x, jnp.nan)
+    if split:
+        # The neighbours in a pass of their own: `g(x)` and `g'(x)` evaluated
+        # again there cost less at 10^6 elements than handing them over.
+        x = _split(x)
+        at, slope = _value_and_slope(g, x)
     return jnp.where(_single(g, x, at, slope == 0), x, jnp.nan)
 
 
@@ -422,7 +427,10 @@ def _rounds(
 
     x = start
     _, x, settled = lax.while_loop(cond, body, (jnp.int32(0), x, jnp.isnan(x)))
-    return _lazily(_accepted(g, y, x, settled), y, lambda y: otherwise(y, start))
+    # (One pass: the evaluations a second would repeat cost more here than
+    # in the first tier, where every call pays for them.)
+    x = _accepted(g, y, x, settled, split=False)
+    return _lazily(x, y, lambda y: otherwise(y, start))
 
 
 def _search(g: Callable[[Any], Any], y: Any, start: Any = None) -> Any:
