@@ -248,3 +248,22 @@ def test_a_far_point_where_the_tolerance_overflows_is_not_accepted(x, far):
     candidate = jnp.full((4,), far, jnp.float32)
     assert np.isnan(np.asarray(_solve._accepted(steep, y, candidate, False))).all()
     assert np.isnan(np.asarray(_solve._accepted(steep, y, candidate, True))).all()
+
+
+def root_plus(x):  # defined for x >= 0 only
+    return jnp.sqrt(x) + x
+
+
+_root_plus_inverse = jax.jit(jaxinterp.inverse(root_plus))
+
+
+@given(st.lists(st.floats(1e-7, 1e-3, width=32), min_size=8, max_size=8))
+def test_a_neighbour_outside_the_domain_is_no_extremum(xs):
+    # Near 0 the neighbour below `x` (at `x - sqrt(eps)`) is outside the
+    # domain: NaN, which the extremum test counts as neither side (it
+    # compares through `min` and `max`, which must keep a NaN).
+    y = root_plus(jnp.asarray(xs, jnp.float32))
+    got = np.asarray(_root_plus_inverse(y), np.float64)
+    # The closed form: sqrt(x) is the positive root of s**2 + s - y.
+    s = (np.sqrt(1 + 4 * np.asarray(y, np.float64)) - 1) / 2
+    np.testing.assert_allclose(got, s * s, rtol=1e-5)
