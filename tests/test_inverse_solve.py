@@ -257,7 +257,13 @@ def root_plus(x):  # defined for x >= 0 only
 _root_plus_inverse = jax.jit(jaxinterp.inverse(root_plus))
 
 
-@given(st.lists(st.floats(1e-7, 1e-3, width=32), min_size=8, max_size=8))
+@given(
+    st.lists(
+        st.floats(float(np.float32(1e-7)), float(np.float32(1e-3)), width=32),
+        min_size=8,
+        max_size=8,
+    )
+)
 def test_a_neighbour_outside_the_domain_is_no_extremum(xs):
     # Near 0 the neighbour below `x` (at `x - sqrt(eps)`) is outside the
     # domain: NaN, which the extremum test counts as neither side (it
