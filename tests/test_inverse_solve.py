@@ -38,6 +38,10 @@ def sinh_arcsinh(x):
     return jnp.sinh(1.3 * jnp.arcsinh(x) + 0.2)
 
 
+def steep(x):  # steep far out: x * g'(x) overflows float32 beyond |x| of about 39
+    return x * jnp.exp(x**2 / 20)
+
+
 # (map, closed-form inverse or None, sampler bounds for x)
 MAPS = {
     "softsign": (softsign, lambda y: y / (1 - jnp.abs(y)), (-300.0, 300.0)),
@@ -48,6 +52,7 @@ MAPS = {
         lambda y: jnp.sinh((jnp.arcsinh(y) - 0.2) / 1.3),
         (-30.0, 30.0),
     ),
+    "steep": (steep, None, (-8.5, 8.5)),
 }
 
 
@@ -129,14 +134,24 @@ def test_each_tier_is_needed_by_some_map():
     # and logit near its ends needs the full search.
     x = jnp.linspace(-300.0, 300.0, 1001, dtype=jnp.float32)
     y = softsign(x)
-    first = _solve._fast(softsign, y, _solve._best_start(softsign, y))
+    first = _solve._fast(softsign, y)
     assert np.isnan(np.asarray(first)).any()
     x = jnp.linspace(0.002, 0.998, 1001, dtype=jnp.float32)
     y = logit(x)
-    start = _solve._best_start(logit, y)
-    rounds = _solve._rounds(logit, y, start, lambda y: jnp.full_like(y, jnp.nan))
+    rounds = _solve._rounds(logit, y, lambda y, start: jnp.full_like(y, jnp.nan))
     assert np.isnan(np.asarray(rounds)).any()
     np.testing.assert_allclose(_solve._find_roots(logit, y), x, rtol=1e-4)
+
+
+def test_one_far_element_among_many_reaches_the_later_tiers():
+    # The test for "some element needs a later tier" reduces over every
+    # element; XLA's CPU `max` over a large array can lose a NaN, a `sum`
+    # cannot. One element far out (the first tier leaves it) among 2**18.
+    x = jnp.linspace(-4.0, 4.0, 2**18, dtype=jnp.float32).at[12345].set(5000.0)
+    y = softsign(x)
+    got = jax.jit(jaxinterp.inverse(softsign))(y)
+    np.testing.assert_allclose(got, y / (1 - jnp.abs(y)), rtol=1e-3)
+    assert np.isnan(np.asarray(_solve._fast(softsign, y)))[12345]
 
 
 def test_outside_the_image_is_nan_in_every_tier():
@@ -200,3 +215,62 @@ def test_the_uniform_grid_check_matches_the_loop():
             loop = _solve.monotone_on_grid(g, shape, jnp.float32)
             once = _solve.monotone_on_grid(g, shape, jnp.float32, uniform=True)
             np.testing.assert_array_equal(loop, once)
+
+
+def _bisect64(g, y, low, high):
+    """Preimages of `y` under an increasing `g` by bisection in float64
+    (NumPy), a reference computed without the solver."""
+    y = np.asarray(y, np.float64)
+    low, high = np.full_like(y, low), np.full_like(y, high)
+    for _ in range(200):
+        mid = low / 2 + high / 2
+        up = np.asarray(g(mid)) > y
+        low, high = np.where(up, low, mid), np.where(up, mid, high)
+    return low / 2 + high / 2
+
+
+def test_a_steep_map_far_from_the_starts_matches_bisection():
+    # From the best fixed start (2), Newton's first step for y near 69
+    # lands near x = 40, where `g(x)` is about 4e36 and `x * g'(x)`
+    # overflows float32: a rounding tolerance of inf once accepted it.
+    x = jnp.linspace(-8.0, 8.0, 4001, dtype=jnp.float32)
+    y = steep(x)
+    got = np.asarray(jax.jit(jaxinterp.inverse(steep))(y))
+    want = _bisect64(lambda v: v * np.exp(v**2 / 20), y, -9.0, 9.0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@given(st.floats(-8.0, 8.0, width=32), st.floats(30.0, 40.75, width=32))
+def test_a_far_point_where_the_tolerance_overflows_is_not_accepted(x, far):
+    # `g(far)` is beyond 1e21 and `g(x)` below 200: not within rounding,
+    # however large `far * g'(far)` (inf in float32 from about 39.5, while
+    # `g'(far)` is finite up to about 40.8).
+    y = steep(jnp.full((4,), x, jnp.float32))
+    candidate = jnp.full((4,), far, jnp.float32)
+    assert np.isnan(np.asarray(_solve._accepted(steep, y, candidate, False))).all()
+    assert np.isnan(np.asarray(_solve._accepted(steep, y, candidate, True))).all()
+
+
+def root_plus(x):  # defined for x >= 0 only
+    return jnp.sqrt(x) + x
+
+
+_root_plus_inverse = jax.jit(jaxinterp.inverse(root_plus))
+
+
+@given(
+    st.lists(
+        st.floats(float(np.float32(1e-7)), float(np.float32(1e-3)), width=32),
+        min_size=8,
+        max_size=8,
+    )
+)
+def test_a_neighbour_outside_the_domain_is_no_extremum(xs):
+    # Near 0 the neighbour below `x` (at `x - sqrt(eps)`) is outside the
+    # domain: NaN, which the extremum test counts as neither side (it
+    # compares through `min` and `max`, which must keep a NaN).
+    y = root_plus(jnp.asarray(xs, jnp.float32))
+    got = np.asarray(_root_plus_inverse(y), np.float64)
+    # The closed form: sqrt(x) is the positive root of s**2 + s - y.
+    s = (np.sqrt(1 + 4 * np.asarray(y, np.float64)) - 1) / 2
+    np.testing.assert_allclose(got, s * s, rtol=1e-5)

@@ -30,13 +30,15 @@ and each call of `g` samples as many grid points as there are elements (the
 calls run in a loop: the program holds one copy of `g`).
 
 Most elements never need steps 2 and 3. A fast path runs first
-(`_fast`): from the best start, rounds of a few Newton steps fused into one
-pass of XLA, more rounds only while some residual is not yet down to rounding,
-then the acceptance test of step 4 (`_accept`, the same test). The full
-search runs only if some element is left undecided, and then inside a loop
-of at most one step, so that it costs nothing otherwise (also under `vmap`).
-For softsign on 10^5 elements this is about 3x the closed form, against about
-20x for the full search on every element (`benchmarks/bench_inverse.py`).
+(`_fast`): from the best start, a few Newton steps, then the acceptance test
+of step 4 (`_accept`, the same test), as a few passes over the elements
+without a loop (one per Newton step: XLA's CPU code for one long fusion is
+several times slower per operation). Rounds of Newton steps, then the full
+search, run only if some element is left undecided, and then inside a loop
+of at most one step, so that they cost nothing otherwise (also under
+`vmap`). For softsign on 10^6 elements this is about 9x the closed form,
+against about 175x for the full search on every element
+(`benchmarks/bench_inverse.py`, docs/benchmarks.md).
 
 All elements are solved at once (the loops run until every element is done),
 so the solver composes with `jax.jit` and `jax.vmap`. Derivatives come from the
@@ -225,33 +227,57 @@ def _find_roots(g: Callable[[Any], Any], y: Any) -> Any:
     In tiers, each accepting only what the full search would (`_accept`):
 
     1. `_fast`: the best of the fixed starts, one round of Newton steps, the
-       acceptance test; no loop, so XLA compiles it to one pass over the
-       elements. It usually decides every element.
+       acceptance test; no loop, a few passes over the elements. It usually
+       decides every element.
     2. only if some element is left undecided, `_rounds`: from the same
        start, rounds of safeguarded Newton steps while some residual is not
        down to rounding (a far root: Newton's steps double on the way);
-    3. only if some element is still undecided, the full search (`_search`).
+    3. only if some element is still undecided, the full search (`_search`),
+       from the same start.
 
     Each later tier runs for all elements (the results of the earlier one
-    are kept where accepted) inside `_lazily`.
+    are kept where accepted) inside `_lazily`, and computes what it needs
+    (the start) itself: a value the first tier shared with it would be
+    written to memory for every element, and work that XLA can move out of
+    the lazy loop would run always.
     """
-    start = _best_start(g, y)
-    x = _fast(g, y, start)
-    return _lazily(x, y, lambda y: _rounds(g, y, start, lambda y: _search(g, y)))
+    x = _fast(g, y)
+    return _lazily(x, y, lambda y: _rounds(g, y, lambda y, s: _search(g, y, s)))
 
 
 def _lazily(x: Any, y: Any, solve: Callable[[Any], Any]) -> Any:
     """`x`, with `solve(y)` where `x` is NaN and `y` is not: `solve` runs
     only if there is such an element, inside a `while_loop` of at most one
-    step (a `cond` that stays lazy under `vmap`: a batched `cond` runs both
-    branches, the loop runs once if any member needs it)."""
+    step (`_once`: a `cond` that stays lazy under `vmap`).
+
+    First a test on `x` alone, whether it may hold a NaN (a reduction that
+    reads `x` and writes nothing per element), then only if so the exact
+    test, which also reads `y` (XLA writes the mask it reduces to memory)."""
+
+    def exact(x: Any, y: Any) -> Any:
+        need = jnp.any(jnp.isnan(x) & ~jnp.isnan(y))
+        return _once(need, x, y, lambda x, y: _fill(x, y, solve))
+
+    # A sum holding a NaN is NaN (so is one of inf and -inf: then the exact
+    # test runs for nothing). Not a `max`: XLA's CPU reductions may drop
+    # NaN there.
+    some_nan = jnp.isnan(jnp.sum(x))
+    return _once(some_nan, x, y, exact)
+
+
+def _fill(x: Any, y: Any, solve: Callable[[Any], Any]) -> Any:
+    return jnp.where(jnp.isnan(x) & ~jnp.isnan(y), solve(y), x)
+
+
+def _once(flag: Any, x: Any, y: Any, step: Callable[[Any, Any], Any]) -> Any:
+    """`step(x, y)` if `flag`, else `x`: a `while_loop` of at most one step
+    (a batched `cond` runs both branches; the loop runs once if any member
+    of a `vmap` needs it)."""
     nan = jnp.full_like(y, jnp.nan)
-    need = jnp.isnan(x) & ~jnp.isnan(y)
-    any_need = jnp.any(need)
 
     # XLA hoists work that does not depend on a loop's state out of the
     # loop, and inlines a loop it can prove runs at most once; either would
-    # run `solve` always. So `solve` reads `y` through the loop's flag
+    # run `step` always. So `step` reads `y` through the loop's flag
     # (false inside the loop: `y` itself), and the state starts behind an
     # optimisation barrier (the trip count is unknown).
     def body(state: tuple[Any, Any]) -> tuple[Any, Any]:
@@ -259,10 +285,10 @@ def _lazily(x: Any, y: Any, solve: Callable[[Any], Any]) -> Any:
         # (`ran | True`, not a fresh `True`: it keeps the flag's type, which
         # varies over the mesh axes inside a `shard_map` body on older JAX.)
         done = ran | jnp.bool_(True)
-        return done, jnp.where(need, solve(jnp.where(ran, nan, y)), x)
+        return done, step(x, jnp.where(ran, nan, y))
 
     start = lax.optimization_barrier((jnp.bool_(False), x))
-    _, x = lax.while_loop(lambda s: ~s[0] & any_need, body, start)
+    _, x = lax.while_loop(lambda s: ~s[0] & flag, body, start)
     return x
 
 
@@ -274,10 +300,14 @@ def _best_start(g: Callable[[Any], Any], y: Any) -> Any:
     """Per element, the start (`y` or one of `_STARTS`) with the smallest
     residual that is a number (NaN: none), as the full search picks it."""
     x = jnp.full_like(y, jnp.nan)
+    # (`best` is never NaN: inf until a start is taken. A NaN residual
+    # compares false, so it is never taken.)
     best = jnp.full_like(y, jnp.inf)
     for s in [y, *(jnp.full_like(y, s) for s in _STARTS)]:
-        fs = g(s) - y
-        better = _finite(fs) & ~(jnp.abs(fs) >= jnp.abs(best)) & jnp.isfinite(s)
+        fs = jnp.abs(g(s) - y)
+        better = fs < best
+        if s is y:
+            better = better & jnp.isfinite(s)
         x = jnp.where(better, s, x)
         best = jnp.where(better, fs, best)
     return x
@@ -291,7 +321,7 @@ def _newton(g: Callable[[Any], Any], y: Any, x: Any) -> tuple[Any, Any]:
     residual = gx - y
     step = jnp.where(residual == 0, 0, residual / slope)
     eps, tiny = _eps_tiny(y)
-    floor = 2 * eps * (jnp.abs(y) + jnp.abs(x * slope))
+    floor = 2 * eps * (jnp.abs(y) + _through(x, slope))
     settled = (jnp.abs(step) <= 4 * eps * jnp.maximum(jnp.abs(x), tiny)) | (
         jnp.abs(residual) <= floor
     )
@@ -303,42 +333,73 @@ def _eps_tiny(y: Any) -> tuple[Any, Any]:
     return finfo.eps, finfo.tiny
 
 
-def _accepted(g: Callable[[Any], Any], y: Any, x: Any, settled: Any) -> Any:
+def _accepted(
+    g: Callable[[Any], Any], y: Any, x: Any, settled: Any, *, split: bool = True
+) -> Any:
     """`x` where `_accept` accepts it and it is as accurate as the full
     search makes it: the last step to it was `settled`, or a Newton step
     from it would be (its residual is within the same rounding floor, or the
-    step would move it by a few ulps). Else NaN."""
+    step would move it by a few ulps). Else NaN.
+
+    With `split`, in two passes (`_split`): the tests on `g(x)` and `g'(x)`,
+    then those on the neighbours of `x` (`_single`), which evaluate `g(x)`
+    and `g'(x)` again."""
     at, slope = _value_and_slope(g, x)
-    close, single = _accept(g, y, x, at, slope)
+    close = _close(y, x, at, slope)
     eps, tiny = _eps_tiny(y)
     residual = at - y
-    floor = 2 * eps * (jnp.abs(y) + jnp.abs(x * slope))
+    floor = 2 * eps * (jnp.abs(y) + _through(x, slope))
     step = 4 * eps * jnp.maximum(jnp.abs(x), tiny) * jnp.abs(slope)
     settled = settled | (jnp.abs(residual) <= floor) | (jnp.abs(residual) <= step)
-    return jnp.where(settled & close & single, x, jnp.nan)
+    x = jnp.where(settled & close, x, jnp.nan)
+    if split:
+        # The neighbours in a pass of their own: `g(x)` and `g'(x)` evaluated
+        # again there cost less at 10^6 elements than handing them over.
+        x = _split(x)
+        at, slope = _value_and_slope(g, x)
+    return jnp.where(_single(g, x, at, slope == 0), x, jnp.nan)
 
 
-def _fast(g: Callable[[Any], Any], y: Any, x: Any) -> Any:
+def _split(*values: Any) -> Any:
+    """`values`, each written to memory (through `lax.optimization_barrier`,
+    which XLA does not fuse across): the first tier runs as several passes
+    over the elements instead of one. XLA's CPU backend compiles a long
+    elementwise fusion to much slower code per operation than short ones
+    (a chain of 48 divisions over 10^6 float32 elements: 14 ms as one
+    fusion, 5.5 ms as passes of 4 to 8); writing and reading an array
+    between passes costs far less."""
+    out = lax.optimization_barrier(values)
+    return out if len(values) > 1 else out[0]
+
+
+def _fast(g: Callable[[Any], Any], y: Any) -> Any:
     """Tier 1 of `_find_roots`: one round of Newton steps from the best start,
-    accepted where its residual is down to rounding, else NaN. No loop,
-    and one value out (an intermediate XLA would hand to two consumers is
-    materialised), so it is one pass of XLA."""
+    accepted where its residual is down to rounding, else NaN. No loop; a
+    pass over the elements for the start, one per Newton step and two for
+    the acceptance test (`_split`), each with one value out (an
+    intermediate XLA would hand to two consumers is written to memory)."""
+    x = _split(_best_start(g, y))
     for _ in range(_newton_round(y)):
         # The plain step (no test of its size: a second use of each point
-        # would make XLA split the round into one pass per step).
-        gx, slope = _value_and_slope(g, x)
-        residual = gx - y
-        x = jnp.where(residual == 0, x, x - residual / slope)
+        # would be a second value out of the pass).
+        residual, slope = _residual_and_slope(g, y, x)
+        x = _split(jnp.where(residual == 0, x, x - residual / slope))
     return _accepted(g, y, x, False)
 
 
+def _residual_and_slope(g: Callable[[Any], Any], y: Any, x: Any) -> tuple[Any, Any]:
+    gx, slope = _value_and_slope(g, x)
+    return gx - y, slope
+
+
 def _rounds(
-    g: Callable[[Any], Any], y: Any, start: Any, otherwise: Callable[[Any], Any]
+    g: Callable[[Any], Any], y: Any, otherwise: Callable[[Any, Any], Any]
 ) -> Any:
     """Tier 2 of `_find_roots`: rounds of Newton steps from the best start,
     while the residual of some element is not down to rounding (at most
     `_MAX_ROUNDS`); a step that leaves the domain (NaN) goes back halfway.
-    Accepted, or else (lazily) `otherwise(y)`."""
+    Accepted, or else (lazily) `otherwise(y, start)`."""
+    start = _best_start(g, y)
 
     def round_(x: Any) -> tuple[Any, Any]:
         previous = x
@@ -366,12 +427,16 @@ def _rounds(
 
     x = start
     _, x, settled = lax.while_loop(cond, body, (jnp.int32(0), x, jnp.isnan(x)))
-    return _lazily(_accepted(g, y, x, settled), y, otherwise)
+    # (One pass: the evaluations a second would repeat cost more here than
+    # in the first tier, where every call pays for them.)
+    x = _accepted(g, y, x, settled, split=False)
+    return _lazily(x, y, lambda y: otherwise(y, start))
 
 
-def _search(g: Callable[[Any], Any], y: Any) -> Any:
+def _search(g: Callable[[Any], Any], y: Any, start: Any = None) -> Any:
     """The full search (steps 1 to 4 of the module's docstring), for every
-    element: what the fast path (`_find_roots`) leaves undecided."""
+    element: what the fast path (`_find_roots`) leaves undecided. `start`:
+    the best start (`_best_start`) if the caller has it."""
     dtype = jnp.result_type(y)
     finfo = jnp.finfo(dtype)
     eps, tiny = finfo.eps, finfo.tiny
@@ -381,16 +446,12 @@ def _search(g: Callable[[Any], Any], y: Any) -> Any:
 
     # 1. A start where the residual is a number (NaN marks a point outside
     # the domain; +-inf still tells which side the root is on).
-    starts = [y, *(jnp.full_like(y, s) for s in _STARTS)]
-    best_x = jnp.full_like(y, jnp.nan)
-    best_f = jnp.full_like(y, jnp.inf)
-    for s in starts:
-        fs = residual(s)
-        better = _finite(fs) & ~(jnp.abs(fs) >= jnp.abs(best_f)) & jnp.isfinite(s)
-        best_x = jnp.where(better, s, best_x)
-        best_f = jnp.where(better, fs, best_f)
-    started = ~jnp.isnan(best_x)
-    best_x = jnp.where(started, best_x, 0.0)
+    if start is None:
+        start = _best_start(g, y)
+    best_f = residual(start)
+    started = ~jnp.isnan(start) & ~jnp.isnan(best_f)
+    best_x = jnp.where(started, start, 0.0)
+    best_f = jnp.where(started, best_f, jnp.inf)
 
     # The direction in which the residual moves towards zero, from the slope
     # at the start (a monotone `g` has one sign of slope throughout).
@@ -506,7 +567,7 @@ def _search(g: Callable[[Any], Any], y: Any) -> Any:
             jnp.abs(x_new - x_old) <= 4 * eps * jnp.maximum(jnp.abs(x_old), tiny)
         )
         # ... or once the residual is down to rounding.
-        floor = 2 * eps * (jnp.abs(y) + jnp.abs(x_new * d_new))
+        floor = 2 * eps * (jnp.abs(y) + _through(x_new, d_new))
         settled = settled | (jnp.abs(f_new) <= floor)
         done = (f_new == 0) | width_small(neg, pos) | jnp.isnan(f_new) | settled
         return i + 1, x, fx, dfx, neg, pos, slow, active & ~done
@@ -542,36 +603,52 @@ def _search(g: Callable[[Any], Any], y: Any) -> Any:
     return jnp.where(ok & single, x, jnp.nan)
 
 
+def _through(x: Any, slope: Any) -> Any:
+    """`|x * slope|`, the rounding of `x` carried to `g(x)` through `g'`
+    (in `x`'s ulps), as a tolerance: 0 where it overflows. An infinite
+    tolerance would accept any `x` far out where `g` is steep (`x e^(x^2/20)`
+    at `x = 40` in float32, `g(x)` about 4e36, for `y = 69`)."""
+    through = jnp.abs(x * slope)
+    return jnp.where(through == jnp.inf, 0.0, through)
+
+
 def _close(y: Any, x: Any, at: Any, slope: Any) -> Any:
     """Whether `at = g(x)` is `y` within rounding: of `y`, and of `x` through
     `slope = g'(x)`."""
     finfo = jnp.finfo(jnp.result_type(y))
     eps, tiny = finfo.eps, finfo.tiny
-    scale = jnp.abs(y) + jnp.abs(x * jnp.where(jnp.isfinite(slope), slope, 0.0))
+    scale = jnp.abs(y) + _through(x, jnp.where(jnp.isfinite(slope), slope, 0.0))
     return jnp.abs(at - y) <= 16 * eps * scale + 16 * tiny
 
 
 def _accept(g: Callable[[Any], Any], y: Any, x: Any, at: Any, slope: Any) -> Any:
     """`(close, single)` per element, for a candidate `x` with `g(x) = at`
     and `g'(x) = slope`: whether `at` is `y` within rounding (of `y`, and of
-    `x` through `g'`), and whether no other `x` nearby shares it: not on a
-    plateau (a constant branch, a saturated clamp: `g'(x) == 0` and `g` flat
-    on a side) nor at an extremum (both neighbours on one side of `g(x)`,
-    beyond rounding, for steps of three sizes; a neighbour outside the
-    domain, NaN, counts as neither)."""
-    finfo = jnp.finfo(jnp.result_type(y))
+    `x` through `g'`, `_close`), and whether no other `x` nearby shares it
+    (`_single`)."""
+    return _close(y, x, at, slope), _single(g, x, at, slope == 0)
+
+
+def _single(g: Callable[[Any], Any], x: Any, at: Any, flat: Any) -> Any:
+    """Per element, for a candidate `x` with `g(x) = at`, and `flat` where
+    `g'(x) == 0`: whether no other `x` nearby shares `at`: not on a plateau
+    (a constant branch, a saturated clamp: `g'(x) == 0` and `g` flat on a
+    side) nor at an extremum (both neighbours on one side of `g(x)`, beyond
+    rounding, for steps of three sizes; a neighbour outside the domain,
+    NaN, counts as neither)."""
+    finfo = jnp.finfo(jnp.result_type(x))
     eps, tiny = finfo.eps, finfo.tiny
-    close = _close(y, x, at, slope)
-    noise = 4 * eps * jnp.abs(at) + tiny
-    extremum = jnp.zeros(jnp.shape(y), bool)
-    flat_below = flat_above = jnp.ones(jnp.shape(y), bool)
+    minus = -at
+    noise = 4 * eps * jnp.abs(minus) + tiny
+    extremum = jnp.zeros(jnp.shape(x), bool)
+    flat_below = flat_above = jnp.ones(jnp.shape(x), bool)
     magnitude = jnp.maximum(jnp.abs(x), 1.0)
     for rel in (jnp.sqrt(eps), eps**0.75, 16 * eps):
-        below = g(x - rel * magnitude) - at
-        above = g(x + rel * magnitude) - at
-        extremum = extremum | ((below > noise) & (above > noise))
-        extremum = extremum | ((below < -noise) & (above < -noise))
+        below = g(x - rel * magnitude) + minus
+        above = g(x + rel * magnitude) + minus
+        # (Both beyond `noise` on one side; a NaN compares false.)
+        extremum = extremum | (jnp.minimum(below, above) > noise)
+        extremum = extremum | (jnp.maximum(below, above) < -noise)
         flat_below = flat_below & ~(jnp.abs(below) > noise)
         flat_above = flat_above & ~(jnp.abs(above) > noise)
-    single = ((slope != 0) | ~(flat_below | flat_above)) & ~extremum
-    return close, single
+    return (~flat | ~(flat_below | flat_above)) & ~extremum
