@@ -447,13 +447,17 @@ def _solve(st: Any, top: int) -> tuple[bl.Block, Any, Any, str] | str | None:
     return value
 
 
+def _row_order(ndim: int, axes: set[int]) -> list[int]:
+    """The axes with those of a row (`axes`) last."""
+    return [d for d in range(ndim) if d not in axes] + sorted(axes)
+
+
 def _first_fixed(free: np.ndarray, axes: set[int]) -> np.ndarray | None:
     """Per row (the positions along the axes not in `axes`), the flat index
     along `axes` of its first element that depends on no unknown; `None` if
     some row has none."""
-    order = [d for d in range(free.ndim) if d not in axes] + sorted(axes)
     rows = math.prod(free.shape[d] for d in range(free.ndim) if d not in axes)
-    fixed = ~np.transpose(free, order).reshape(rows, -1)
+    fixed = ~np.transpose(free, _row_order(free.ndim, axes)).reshape(rows, -1)
     if not fixed.any(axis=1).all():
         return None
     return np.argmax(fixed, axis=1)
@@ -461,13 +465,12 @@ def _first_fixed(free: np.ndarray, axes: set[int]) -> np.ndarray | None:
 
 def _rows(a: Any, axes: set[int]) -> Any:
     """`a` (of the block's shape) as (rows, elements along `axes`)."""
-    order = [d for d in range(a.ndim) if d not in axes] + sorted(axes)
     rows = math.prod(a.shape[d] for d in range(a.ndim) if d not in axes)
-    return jnp.transpose(a, order).reshape(rows, -1)
+    return jnp.transpose(a, _row_order(a.ndim, axes)).reshape(rows, -1)
 
 
 def _unrows(a: Any, axes: set[int], shape: tuple[int, ...]) -> Any:
-    order = [d for d in range(len(shape)) if d not in axes] + sorted(axes)
+    order = _row_order(len(shape), axes)
     a = jnp.reshape(a, [shape[d] for d in order])
     return jnp.transpose(a, [int(d) for d in np.argsort(order)])
 
@@ -516,25 +519,33 @@ def _checked(
     """The pinned value, NaN unless the block maps it back to `y` within
     rounding; the block's ildj on the free elements."""
     idx = np.flatnonzero(free)
-    dtype = jnp.result_type(value)
     flat = jnp.ravel(value)
 
     def g_free(u: Any) -> Any:
         return jnp.ravel(block.g(jnp.reshape(flat.at[idx].set(u), value.shape), *known))
 
-    u = flat[idx]
-    y_back = g_free(u)
-    jac = jax.jacfwd(g_free)(u)
-    eps = jnp.finfo(dtype).eps
-    y_flat = jnp.ravel(y)
+    ok, ildj = _maps_back(g_free, flat[idx], jnp.ravel(y), want_ildj)
+    return block, jnp.where(ok, value, jnp.nan), ildj, NORMALIZATION
+
+
+def _maps_back(g: Any, u: Any, y_flat: Any, want_ildj: bool) -> tuple[Any, Any]:
+    """Whether the flat map `g` takes `u` back to `y_flat` within rounding
+    (of `y` and of `u` through `g`'s Jacobian), and, if wanted, the ildj:
+    `-log|det J|`, or the area formula for more results than unknowns
+    (whose Jacobian must then have full column rank)."""
+    dtype = jnp.result_type(u)
+    eps, tiny = jnp.finfo(dtype).eps, jnp.finfo(dtype).tiny
+    jac = jax.jacfwd(g)(u)
     scale = jnp.abs(y_flat) + jnp.abs(jac) @ jnp.abs(u)
-    tiny = jnp.finfo(dtype).tiny
-    ok = jnp.all(jnp.abs(y_back - y_flat) <= 32 * eps * scale + 16 * tiny)
+    ok = jnp.all(jnp.abs(g(u) - y_flat) <= 32 * eps * scale + 16 * tiny)
     ildj: Any = 0.0
     if want_ildj:
-        _, ildj, full_rank = _nonsquare.least_squares(jac, y_flat)
-        ok = ok & full_rank
-    return block, jnp.where(ok, value, jnp.nan), ildj, NORMALIZATION
+        if jac.shape[0] == jac.shape[1]:
+            ildj = -jnp.linalg.slogdet(jac)[1]
+        else:
+            _, ildj, full_rank = _nonsquare.least_squares(jac, y_flat)
+            ok = ok & full_rank
+    return ok, ildj
 
 
 # -- ratios of affine maps -----------------------------------------------------
@@ -619,33 +630,26 @@ def _solve_projective(st: Any, top: int) -> tuple[bl.Block, Any, Any, str] | Non
         },
         key=lambda v: producer.get(v, -1),
     )
-    lin_indices = sorted(region - {top})
     m_var, o_var = eqn.invars
-    lin = bl.Block(
-        top,
-        lin_indices,
-        [eqns[i] for i in lin_indices],
-        free[0],
-        y,
-        known_vars,
-        {},
-        True,
-        bl.LINEAR,
-        xs=[*free, *cuts],
-    )
-    full_indices = sorted(inside)
-    full = bl.Block(
-        top,
-        full_indices,
-        [eqns[i] for i in full_indices],
-        free[0],
-        y,
-        known_vars,
-        {},
-        False,
-        bl.LINEAR,
-        xs=list(free),
-    )
+
+    def block(indices: set[int], xs: list[Any]) -> bl.Block:
+        order = sorted(indices)
+        return bl.Block(
+            top,
+            order,
+            [eqns[i] for i in order],
+            free[0],
+            y,
+            known_vars,
+            {},
+            False,
+            bl.LINEAR,
+            xs=xs,
+        )
+
+    # `m` and `o` from all the unknowns; `y` from the free ones (cuts computed).
+    lin = block(region - {top}, [*free, *cuts])
+    full = block(inside, list(free))
     kn = [env[v] for v in known_vars]
     dtype = jnp.result_type(*(v.aval.dtype for v in (*free, *cuts)))
 
@@ -686,25 +690,12 @@ def _solve_projective(st: Any, top: int) -> tuple[bl.Block, Any, Any, str] | Non
     x_val = x_parts if len(free) > 1 else x_parts[0]
     # The cuts must be what the solved unknowns give them, and `y` what they
     # map to: both hold when `y` comes back within rounding.
-    n_free = sum(math.prod(v.aval.shape) for v in free)
 
     def g_flat(w: Any) -> Any:
         parts = split(w, free)
         return jnp.ravel(full.run(parts if len(free) > 1 else parts[0], kn)[y])
 
     w = jnp.concatenate([jnp.ravel(p) for p in x_parts]).astype(dtype)
-    y_back = g_flat(w)
-    jac_f = jax.jacfwd(g_flat)(w)
-    eps = jnp.finfo(dtype).eps
-    y_flat = jnp.ravel(y_val)
-    scale = jnp.abs(y_flat) + jnp.abs(jac_f) @ jnp.abs(w)
-    good = jnp.all(
-        jnp.abs(y_back - y_flat) <= 32 * eps * scale + 16 * jnp.finfo(dtype).tiny
-    )
-    if n_free == m_eq:
-        ildj = -jnp.linalg.slogdet(jac_f)[1]
-    else:
-        _, ildj, full_rank = _nonsquare.least_squares(jac_f, y_flat)
-        good = good & full_rank
+    good, ildj = _maps_back(g_flat, w, jnp.ravel(y_val), True)
     x_val = jax.tree_util.tree_map(lambda a: jnp.where(good, a, jnp.nan), x_val)
     return full, x_val, ildj if st.options.want_ildj else 0.0, PROJECTIVE
