@@ -279,6 +279,25 @@ def reference_ildj(v):
     return -jnp.sum(jnp.log(jnp.abs(slope)))
 
 
+
+# `inverse_and_ildj` of `FLOW` mapped over `mesh`, eager and jitted: the
+# global input back with `v`'s sharding, the ildj over every process.
+def inverse_of_flow(mesh, spec, v, label, key, name):
+    flow = jax.shard_map(FLOW, mesh=mesh, in_specs=spec, out_specs=spec)
+    y = flow(v)
+    want_ildj = gathered(reference_ildj(v))
+    for how, wrap in (("eager", lambda h: h), ("jit", jax.jit)):
+        what = f"{label} inverse {how} on {name}"
+        back, ildj = wrap(jaxinterp.inverse_and_ildj(flow))(y)
+        np.testing.assert_allclose(
+            gathered(back), GLOBAL, rtol=1e-5, atol=1e-6, err_msg=what
+        )
+        same_sharding(back, v, what)
+        np.testing.assert_allclose(gathered(ildj), want_ildj, rtol=1e-5, err_msg=what)
+        record(f"inv_{key}_{name}_{how}", back)
+        shared[f"ildj_{key}_{name}_{how}"] = float(gathered(ildj))
+
+
 @check("inverse_shard_map")
 def _():
     for name, mesh in MESHES.items():
@@ -364,21 +383,7 @@ def _():
                 same(wrap(inner)(v), want, f"{what} inside")
                 g = lambda u: jnp.sin(u) * 2.0 + 1.0
                 same(wrap(evaluate(g))(v), wrap(g)(v), f"{what} elementwise")
-            flow = jax.shard_map(FLOW, mesh=mesh, in_specs=spec, out_specs=spec)
-            y = flow(v)
-            want_ildj = gathered(reference_ildj(v))
-            for how, wrap in (("eager", lambda h: h), ("jit", jax.jit)):
-                what = f"2-D inverse {how} on {name}"
-                back, ildj = wrap(jaxinterp.inverse_and_ildj(flow))(y)
-                np.testing.assert_allclose(
-                    gathered(back), GLOBAL, rtol=1e-5, atol=1e-6, err_msg=what
-                )
-                same_sharding(back, v, what)
-                np.testing.assert_allclose(
-                    gathered(ildj), want_ildj, rtol=1e-5, err_msg=what
-                )
-                record(f"inv_2d_{name}_{how}", back)
-                shared[f"ildj_2d_{name}_{how}"] = float(gathered(ildj))
+            inverse_of_flow(mesh, spec, v, "2-D", "2d", name)
 
 
 # A 2x4 mesh whose two axes both span the processes: the devices are laid out
@@ -443,21 +448,7 @@ def _():
             same(inner(v), want_f, f"2x4 inside on {name}")
             # `inverse` of a `shard_map` on the 2x4 mesh; the ildj sums over
             # both axes, so over both processes.
-            flow = jax.shard_map(FLOW, mesh=mesh, in_specs=spec, out_specs=spec)
-            y = flow(v)
-            want_ildj = gathered(reference_ildj(v))
-            for how, wrap in (("eager", lambda h: h), ("jit", jax.jit)):
-                what = f"2x4 inverse {how} on {name}"
-                back, ildj = wrap(jaxinterp.inverse_and_ildj(flow))(y)
-                np.testing.assert_allclose(
-                    gathered(back), GLOBAL, rtol=1e-5, atol=1e-6, err_msg=what
-                )
-                same_sharding(back, v, what)
-                np.testing.assert_allclose(
-                    gathered(ildj), want_ildj, rtol=1e-5, err_msg=what
-                )
-                record(f"inv_2x4_{name}_{how}", back)
-                shared[f"ildj_2x4_{name}_{how}"] = float(gathered(ildj))
+            inverse_of_flow(mesh, spec, v, "2x4", "2x4", name)
 
 
 # `jax.pmap` takes and returns each process's local data (one row a local
