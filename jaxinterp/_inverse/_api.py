@@ -9,12 +9,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax.extend import core as jex_core
 
 from .. import _caches, _jax_compat as compat, _recursion
 from .._custom_types import PyTree
 from .._errors import NotInvertibleError
+from .._interpreter import Interpreter
 from .._state import functionalize
 from .._trace import (
     Staged,
@@ -23,6 +25,7 @@ from .._trace import (
     spec_of,
     stage_flat,
 )
+from . import _nonsquare
 from ._engine import InverseWalker
 
 # Signatures remembered by each inverse function for its fast path.
@@ -313,9 +316,29 @@ def _compile(
         counts = [count for count, _ in sol.nan_checks]
         if mode == "x":
             return [*xs, *counts]
+        ildj = sol.ildj
+        if mode != "x":  # more results than unknowns: the whole map's area formula
+            area = _nonsquare.whole_map_ildj(
+                lambda unknown: forward(unknown, invals),
+                xs,
+                staged.out_avals,
+                staged.fn_name,
+            )
+            if area is not None:  # (NaN where the steps' ildj is)
+                ildj = jnp.where(jnp.isnan(ildj), jnp.nan, area)
         if mode == "ildj":
-            return [sol.ildj, *counts]
-        return [*xs, sol.ildj, *counts]
+            return [ildj, *counts]
+        return [*xs, ildj, *counts]
+
+    # The map forwards, for its Jacobian: a `custom_vjp` (no forward mode)
+    # runs its primal body, whose derivative is the map's.
+    primal_walker = Interpreter(policies={compat.custom_vjp_call_p: "inline"})
+
+    def forward(unknown: list[Any], invals: list[Any]) -> list[Any]:
+        it = iter(unknown)
+        args = [next(it) if m else v for v, m in zip(invals, mask, strict=True)]
+        return primal_walker.eval_jaxpr(jaxpr, consts, *args)
+
 
     known_specs = [
         spec_of(a) for a, m in zip(staged.in_avals, mask, strict=True) if not m

@@ -16,6 +16,7 @@ from typing import Any
 from .. import _jax_compat as compat
 from .._env import Env
 from . import _branches as br
+from ._rules import agree
 
 _Literal = compat.Literal
 _DropVar = compat.DropVar
@@ -86,6 +87,10 @@ class SolveState:
         self.methods: dict[int, str] = {}
         self.ildj_terms: list[Any] = []
         self.checks: list[tuple[Any, str]] = []
+        # Second constraints on known values (a result the program computes
+        # twice, an output that repeats an input): whether each holds, and
+        # where it comes from. A `y` off the image fails one: NaN.
+        self.agreements: list[tuple[Any, Any]] = []
         # A stack, last equation on top: inversion mostly runs backwards, so
         # each equation of a chain is usually looked at once.
         self.stack = list(range(n))
@@ -126,7 +131,10 @@ class SolveState:
                 if shape is not None and 0 in shape and not isinstance(v, _DropVar):
                     env[v] = _empty(shape, v.aval.dtype)
         for k, (v, val) in enumerate(zip(jaxpr.outvars, outvals, strict=True)):
-            if val is not None and type(v) is not _Literal and v not in env:
+            if val is not None and (type(v) is _Literal or v in env):
+                known = v.val if type(v) is _Literal else env[v]
+                self.agreements.append((agree(val, known), ("output", k)))
+            elif val is not None and type(v) is not _Literal:
                 env[v] = val
                 given = None if out_branches is None else out_branches[k]
                 if given is not None:

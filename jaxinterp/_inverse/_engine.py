@@ -21,6 +21,7 @@ live in `_refusals.py`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -56,7 +57,7 @@ from ._dataflow import (
     SolveState,
 )
 from ._refusals import not_invertible_error as not_invertible_error
-from ._rules import InverseContext, assemble, inverse_rules
+from ._rules import InverseContext, agree_recomputed, assemble, inverse_rules
 
 _Literal = compat.Literal
 
@@ -187,6 +188,15 @@ class InverseWalker:
         )
         if taint or st.piece_branch:
             self._check_recomputed(st, eqn, tainted)
+        known = [env[v] if v in env else None for v in eqn.outvars]
+        if any(k is not None for k in known):
+            # A result known already (an output, or solved from later steps):
+            # a second constraint, which a `y` off the image fails.
+            ins = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
+            ok = agree_recomputed(
+                lambda *a: self._forward(eqn, list(a)), ins, known
+            )
+            st.agreements.append((ok, eqn))
         if not all(v in env for v in eqn.outvars):
             ins = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
             outs = self._forward(eqn, ins)
@@ -620,6 +630,9 @@ class InverseWalker:
         in_out = [
             env.get(v) if type(v) is not _Literal else v.val for v in jaxpr.invars
         ]
+        ildj = _sum_terms(st.ildj_terms)
+        if st.agreements:
+            in_out, ildj = _unless_disagreeing(st, in_out, invals, ildj)
         out_out = st.read(jaxpr.outvars)
         branches = [
             None if type(v) is _Literal else st.taint.get(v) for v in jaxpr.invars
@@ -628,7 +641,7 @@ class InverseWalker:
         solution = Solution(
             in_out,
             out_out,
-            _sum_terms(st.ildj_terms),
+            ildj,
             st.status,
             st.reasons,
             branches,
@@ -647,6 +660,34 @@ class InverseWalker:
             if missing:
                 raise not_invertible_error(jaxpr, solution, missing)
         return solution
+
+
+def _unless_disagreeing(
+    st: SolveState, in_out: list[Any], invals: Sequence[Any], ildj: Any
+) -> tuple[list[Any], Any]:
+    """The solved inputs and the ildj, NaN (all of them) unless every second
+    constraint holds: a `y` off the image has no preimage. Counted for
+    `strict`."""
+    ok = functools.reduce(
+        jnp.logical_and, [a for a, _ in st.agreements], jnp.bool_(True)
+    )
+    out = list(in_out)
+    for k, (val, given) in enumerate(zip(in_out, invals, strict=True)):
+        if val is None or given is not None:
+            continue
+        if not jnp.issubdtype(jnp.result_type(val), jnp.inexact):
+            continue
+        out[k] = jnp.where(ok, val, jnp.asarray(jnp.nan, jnp.result_type(val)))
+        if st.options.nan_checks:
+            st.checks.append(
+                (
+                    jnp.where(ok, 0, jnp.size(val)).astype(jnp.int32),
+                    rf.disagreement(st.agreements, k, val),
+                )
+            )
+    if not isinstance(ildj, int | float) or ildj != 0:
+        ildj = jnp.where(ok, ildj, jnp.nan)
+    return out, ildj
 
 
 def _inherited_branch(

@@ -108,3 +108,88 @@ def determined(block: Any, known: Sequence[Any]) -> bool:
         return True
     jac = np.asarray(jac)
     return bool(np.linalg.matrix_rank(jac) == jac.shape[1])
+
+
+# A whole map's area formula takes its dense Jacobian: at most this many real
+# unknown coordinates, and this many Jacobian entries.
+MAX_AREA_UNKNOWNS = 2048
+MAX_AREA_ENTRIES = 1 << 24
+
+
+def _real_size(aval: Any) -> int:
+    """How many real coordinates a value of `aval` has (0 if not inexact)."""
+    dtype = aval.dtype
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        return 0
+    return int(np.prod(aval.shape)) * (2 if jnp.issubdtype(dtype, jnp.complexfloating) else 1)
+
+
+def whole_map_ildj(
+    forward: Callable[[list[Any]], list[Any]],
+    xs: Sequence[Any],
+    out_avals: Sequence[Any],
+    fn_name: str,
+) -> Any | None:
+    """The ildj of a map with more results than unknowns, `-0.5 logdet(J^T J)`
+    for the Jacobian `J` of the whole map at `xs` (the area formula, in real
+    coordinates); `None` when the map is square (the backward steps' ildjs
+    add up to it).
+
+    The sum of the steps' ildjs is the area formula only when the steps after
+    the non-square one act on the unknowns' coordinates alone; a linear map
+    applied after a padding, or an unknown both copied and transformed
+    (`(x, exp(x))`), needs the whole Jacobian.
+
+    Raises:
+        NotInvertibleError: if the Jacobian is too large to form densely.
+    """
+    from .._errors import NotInvertibleError
+
+    avals = [compat.aval_of(x) for x in xs]
+    if not avals or any(not jnp.issubdtype(a.dtype, jnp.inexact) for a in avals):
+        return None
+    n = sum(_real_size(a) for a in avals)
+    m = sum(_real_size(a) for a in out_avals)
+    if m <= n:
+        return None
+    if n > MAX_AREA_UNKNOWNS or n * m > MAX_AREA_ENTRIES:
+        shapes = ", ".join(str(a.str_short()) for a in avals)
+        raise NotInvertibleError(
+            f"`{fn_name}` maps {n} unknown real coordinates ({shapes}) to {m} "
+            "results: its ildj is the area formula `-0.5 logdet(J^T J)` of "
+            f"its dense Jacobian, formed up to {MAX_AREA_UNKNOWNS} unknowns and "
+            f"{MAX_AREA_ENTRIES} entries. Ask for `inverse` only, or map the "
+            "inverse over independent rows with `jax.vmap`."
+        )
+    flat = [_to_real(x) for x in xs]
+    sizes = [int(v.size) for v in flat]
+    splits = list(np.cumsum(sizes)[:-1])
+
+    def g(u: Any) -> Any:
+        parts = jnp.split(u, splits) if splits else [u]
+        args = [_from_real(p, a) for p, a in zip(parts, avals, strict=True)]
+        outs = forward(args)
+        return jnp.concatenate(
+            [_to_real(o) for o in outs if jnp.issubdtype(jnp.result_type(o), jnp.inexact)]
+        )
+
+    u = jnp.concatenate(flat) if len(flat) > 1 else flat[0]
+    jac = jax.jacfwd(g)(u)
+    _, r = jnp.linalg.qr(jac)
+    return -jnp.sum(jnp.log(jnp.abs(jnp.diagonal(r))))
+
+
+def _to_real(x: Any) -> Any:
+    """`x` flattened, a complex value as its real and imaginary parts."""
+    x = jnp.ravel(x)
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return jnp.concatenate([jnp.real(x), jnp.imag(x)])
+    return x
+
+
+def _from_real(u: Any, aval: Any) -> Any:
+    """The inverse of `_to_real` for a value of type `aval`."""
+    if jnp.issubdtype(aval.dtype, jnp.complexfloating):
+        re, im = jnp.split(u, 2)
+        u = lax.complex(re, im)
+    return jnp.reshape(u.astype(aval.dtype), aval.shape)

@@ -70,6 +70,22 @@ def nan_checks(
     return found
 
 
+def disagreement(agreements: Sequence[tuple[Any, Any]], k: int, val: Any) -> str:
+    """What to say when a second constraint fails: which ones there were."""
+    where = []
+    for _, origin in agreements[:3]:
+        if isinstance(origin, tuple):
+            where.append(f"output {origin[1]} (also given by another output)")
+        else:
+            where.append(f"`{origin.primitive.name}` at {source_line(origin)}")
+    more = f" and {len(agreements) - 3} more" if len(agreements) > 3 else ""
+    return (
+        f"the outputs constrain some values twice ({', '.join(where)}{more}) and "
+        f"disagree: no preimage, so all {{count}} element(s) of input {k} "
+        f"({compat.aval_of(val).str_short()}) would come back as NaN"
+    )
+
+
 def block_nan_checks(
     block: bl.Block, method: str, env: Env, x_val: Any
 ) -> list[tuple[Any, str]]:

@@ -18,6 +18,7 @@ with `jax.jacfwd` and `slogdet` (exact but slow: give it when you can).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 import warnings
@@ -376,6 +377,66 @@ def agree_within_rounding(a: Any, b: Any, scale: Any) -> Any:
     where `0` was meant)."""
     eps = jnp.finfo(jnp.result_type(a, b)).eps
     return jnp.abs(a - b) <= 32 * eps * (jnp.abs(a) + jnp.abs(b) + scale)
+
+
+# How far, in units of the dtype's epsilon times the magnitudes involved, a
+# value recomputed from solved inputs may differ from the same value known
+# from the outputs (two paths round differently).
+REDUNDANT_ROUNDING = 64
+
+
+def agree(a: Any, b: Any, slope: Any = 0.0) -> Any:
+    """Whether two values of what must be the same elements agree, as one
+    boolean: within rounding for floating values (of their magnitudes and of
+    `slope`, how much the first moves when its inputs move by their own
+    magnitude), exactly otherwise. NaN in either disagrees."""
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    if jnp.shape(a) != jnp.shape(b):
+        b = jnp.broadcast_to(b, jnp.shape(a))
+    dtype = jnp.result_type(a, b)
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        return jnp.all(a == b)
+    finfo = jnp.finfo(dtype)
+    scale = jnp.abs(a) + jnp.abs(b) + slope
+    bound = REDUNDANT_ROUNDING * finfo.eps * scale + 16 * finfo.tiny
+    return jnp.all(jnp.abs(a - b) <= bound)
+
+
+def agree_recomputed(
+    forward: Callable[..., list[Any]], ins: Sequence[Any], known: Sequence[Any]
+) -> Any:
+    """Whether `forward(*ins)` agrees with the values `known` of its results
+    (`None` where not known), as one boolean. The tolerance follows each
+    result's sensitivity to each floating operand's magnitude (one forward
+    derivative per such operand), so a recomputation through a steep map
+    rounds as it may."""
+    ins = list(ins)
+    floating = [
+        k for k, x in enumerate(ins) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+    ]
+    outs: list[Any] | None = None
+    slopes: list[Any] = [0.0] * len(known)
+    for k in floating:
+
+        def moved(xk: Any, k: int = k) -> list[Any]:
+            return list(forward(*ins[:k], xk, *ins[k + 1 :]))
+
+        try:
+            outs, tangents = jax.jvp(moved, (ins[k],), (jnp.abs(ins[k]),))
+        except TypeError:  # no forward mode (a `custom_vjp`): magnitudes only
+            continue
+        slopes = [
+            s + jnp.abs(t) if jnp.issubdtype(jnp.result_type(t), jnp.inexact) else s
+            for s, t in zip(slopes, tangents, strict=True)
+        ]
+    if outs is None:
+        outs = list(forward(*ins))
+    oks = [
+        agree(o, kn, s)
+        for o, kn, s in zip(outs, known, slopes, strict=True)
+        if kn is not None
+    ]
+    return functools.reduce(jnp.logical_and, oks, jnp.bool_(True))
 
 
 def describe_elements(mask: np.ndarray, limit: int = 6) -> str:
