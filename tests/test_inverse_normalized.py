@@ -199,10 +199,55 @@ def mobius_inverse(y):
     return (1 - 3 * y) / (y - 2)
 
 
+def unit_vector_sums_written_thrice(x):
+    """The inverse stereographic projection with `|x|^2` written out each
+    time it is used: three equal reductions, one unknown; two ratios sharing
+    it, solved as one system."""
+    return jnp.concatenate(
+        [
+            2 * x / (jnp.sum(x * x) + 1),
+            ((jnp.sum(x * x) - 1) / (jnp.sum(x * x) + 1))[None],
+        ]
+    )
+
+
+def unit_vector_sums_written_twice(x):
+    """TFP's form, `|x|^2` written once in the numerator, once in the divisor."""
+    return jnp.concatenate([2 * x, jnp.sum(x * x, keepdims=True) - 1]) / (
+        jnp.sum(x * x, keepdims=True) + 1
+    )
+
+
+def projective_dot_written_twice(x):
+    """A projective map of the plane, the dot product with `C` written twice
+    as a reduction."""
+    return (A @ x + B * jnp.sum(C * x)) / (jnp.sum(C * x) + 1.0)
+
+
+def projective_dot_written_twice_inverse(y):
+    # (A + (b - y) c^T) x = y
+    return jnp.linalg.solve(A + jnp.outer(B - y, C), y)
+
+
 PROJECTIVE = {
     "unit_vector": (unit_vector, unit_vector_inverse, 3),
     "projective": (projective, projective_inverse, 2),
     "mobius": (mobius, mobius_inverse, 3),
+    "unit_vector_sums_written_thrice": (
+        unit_vector_sums_written_thrice,
+        unit_vector_inverse,
+        3,
+    ),
+    "unit_vector_sums_written_twice": (
+        unit_vector_sums_written_twice,
+        unit_vector_inverse,
+        3,
+    ),
+    "projective_dot_written_twice": (
+        projective_dot_written_twice,
+        projective_dot_written_twice_inverse,
+        2,
+    ),
 }
 
 
@@ -269,6 +314,99 @@ def test_explain_names_the_projective_solve():
     text = jaxinterp.explain_inverse(unit_vector, jnp.array([0.3, -1.0, 0.5]))
     assert "(projective solve)" in text
     assert text.strip().endswith("Invertible: every unknown input is recovered.")
+
+
+def test_a_reduction_written_twice_is_one_unknown_and_checked():
+    x = jnp.array([0.3, -1.0, 0.5])
+    for f in (unit_vector_sums_written_thrice, unit_vector_sums_written_twice):
+        text = jaxinterp.explain_inverse(f, x)
+        sums = [line for line in text.splitlines() if "reduce_sum" in line]
+        assert len(sums) >= 2
+        assert all(line.endswith("(projective solve)") for line in sums)
+        assert text.strip().endswith("Invertible: every unknown input is recovered.")
+        inv = jaxinterp.inverse(f, example_args=(x,))
+        np.testing.assert_allclose(inv(f(x)), x, rtol=1e-5, atol=1e-5)
+        # The merged `|x|^2` must still be what the solved `x` gives it.
+        assert jnp.all(jnp.isnan(inv(f(x) * 1.01)))  # not on the unit sphere
+
+
+def columns_to_sphere(x, axes=(0, 0)):
+    """Each column of `x` by the inverse stereographic projection, its
+    squared norm written twice (over `axes[0]`, then `axes[1]`)."""
+    s0 = jnp.sum(x * x, axis=axes[0])
+    s1 = jnp.sum(x * x, axis=axes[1])
+    return jnp.concatenate([2 * x, (s0 - 1)[None]]) / (s1 + 1)[None]
+
+
+def test_equal_reductions_over_one_axis_merge():
+    x = jnp.array([[0.3, -1.0], [0.5, 0.2]])
+    y = columns_to_sphere(x)
+    got, ildj = jaxinterp.inverse_and_ildj(columns_to_sphere, example_args=(x,))(y)
+    np.testing.assert_allclose(got, y[:-1] / (1 - y[-1]), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, x, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        ildj, area_ildj(columns_to_sphere, x), rtol=1e-4, atol=1e-4
+    )
+
+
+def _refused_or_right(f, x):
+    """`inverse(f)` at `f(x)`: refused (`True`), or else `x` (`False`)."""
+    try:
+        got = jaxinterp.inverse(f, example_args=(x,))(f(x))
+    except jaxinterp.NotInvertibleError:
+        return True
+    np.testing.assert_allclose(got, x, rtol=1e-4, atol=1e-4)
+    return False
+
+
+def test_reductions_that_differ_do_not_merge():
+    # Over different axes: merged, the system would have as many unknowns
+    # as results (6), and be solved wrongly; kept apart it has 8.
+    x = jnp.array([[0.3, -1.0], [0.5, 0.2]])
+    assert _refused_or_right(lambda x: columns_to_sphere(x, (0, 1)), x)
+
+    # `sum(x * x)` and `sum(x * x * 2)`: two unknowns.
+    def scaled(x):
+        return jnp.concatenate([2 * x, jnp.sum(x * x, keepdims=True) - 1]) / (
+            jnp.sum(x * x * 2, keepdims=True) + 1
+        )
+
+    assert _refused_or_right(scaled, jnp.array([0.3, -1.0, 0.5]))
+
+
+def test_value_numbers_merge_only_one_computation_of_the_same_operands():
+    from jaxinterp import _jax_compat as compat
+    from jaxinterp._inverse._value_numbers import ValueNumbers
+
+    def f(x, z):
+        return (
+            jnp.sum(x * x, axis=0),  # 0
+            jnp.sum(x * x, axis=0),  # 1: the same as 0
+            jnp.sum(x * x, axis=1),  # 2: another axis
+            jnp.sum(x * x * 2, axis=0),  # 3: another operand
+            jnp.sum(x * z, axis=0),  # 4: another input
+            jnp.sum(x * 2.0, axis=0),  # 5
+            jnp.sum(x * 2.0, axis=0),  # 6: equal literals, the same as 5
+            jnp.sum(x * 3.0, axis=0),  # 7: another literal
+            jnp.sum(x * -0.0, axis=0),  # 8
+            jnp.sum(x * 0.0, axis=0),  # 9: -0.0 and 0.0 differ
+            jnp.sum(x.astype(jnp.int32), axis=0),  # 10
+            jnp.sum(x.astype(jnp.int32), axis=0).astype(jnp.float32),  # 11
+        )
+
+    x = jnp.ones((2, 2))
+    jaxpr = jax.make_jaxpr(f)(x, x).jaxpr
+    producer = {v: i for i, e in enumerate(jaxpr.eqns) for v in e.outvars}
+    numbers = ValueNumbers(jaxpr.eqns, producer)
+    outs = jaxpr.outvars
+    assert numbers.same(outs[0], outs[1])
+    assert numbers.same(outs[5], outs[6])
+    for a, b in [(0, 2), (0, 3), (0, 4), (5, 7), (8, 9), (10, 11)]:
+        assert not numbers.same(outs[a], outs[b]), (a, b)
+    # Literals are numbered by value, never hashed themselves.
+    literals = [v for e in jaxpr.eqns for v in e.invars if type(v) is compat.Literal]
+    assert literals
+    assert numbers.number(literals[0]) == numbers.number(literals[0])
 
 
 # -- random maps: a finite answer is the preimage -------------------------------
