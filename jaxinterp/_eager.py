@@ -213,7 +213,7 @@ class EagerPlan:
     are fused into their consumers (new executables, compiled once).
     """
 
-    __slots__ = ("context", "fused", "policy", "program", "seed", "table")
+    __slots__ = ("context", "fused", "policy", "program", "seed", "straight", "table")
 
     def __init__(
         self, interp: Interpreter, jaxpr: compat.Jaxpr, context: Any, *, fused: bool
@@ -260,6 +260,13 @@ class EagerPlan:
             for v in step.inputs
             if type(v) is _Put
         }
+        # A fused plan whose every equation is a compiled call also runs as
+        # one generated function, with no per-equation bookkeeping.
+        self.straight = (
+            _straight_line(jaxpr, self.program)
+            if fused and all(step is not None for _, step, _, _ in self.program)
+            else None
+        )
 
     @staticmethod
     def _compiles(interp: Interpreter, eqn: compat.JaxprEqn, context: Any) -> bool:
@@ -421,6 +428,59 @@ def plan_for(
     return plan
 
 
+def _straight_line(
+    jaxpr: compat.Jaxpr, program: Sequence[Any]
+) -> Callable[[Sequence[Any], Sequence[Any]], list[Any]]:
+    """`program` (every step a compiled call) as one generated function of
+    `(consts, args)`: the calls in order, each value a local variable, deleted
+    after its last use as the walk's environment would release it."""
+    names: dict[Any, str] = {}
+    scope: dict[str, Any] = {}
+
+    def name(v: Any) -> str:
+        if type(v) is _Put:
+            key = f"p{len(scope)}"
+            scope[key] = v.val
+            return key
+        got = names.get(v)
+        if got is None:
+            got = names[v] = f"v{len(names)}"
+        return got
+
+    consts = [name(v) for v in jaxpr.constvars]
+    args = [name(v) for v in jaxpr.invars]
+    lines = ["def run(consts, args):"]
+    if consts:
+        lines.append(f"    {', '.join(consts)}, = consts")
+    if args:
+        lines.append(f"    {', '.join(args)}, = args")
+    for k, (_, step, writes, dead) in enumerate(program):
+        fn = f"f{k}"
+        scope[fn] = step.fn
+        call = f"{fn}({', '.join(name(v) for v in step.inputs)})"
+        if writes:
+            targets = ", ".join(f"{name(v)}" for _, v in writes)
+            picks = ", ".join(f"r[{i}]" for i, _ in writes)
+            lines.append(f"    r = {call}; {targets}, = {picks},")
+        else:
+            lines.append(f"    {call}")
+        released = [name(v) for v in dead if type(v) is not _Put]
+        if released:
+            lines.append(f"    del {', '.join(released)}")
+    outs = []
+    for v in jaxpr.outvars:
+        if type(v) is _Literal:
+            key = f"p{len(scope)}"
+            scope[key] = v.val
+            outs.append(key)
+        else:
+            outs.append(name(v))
+    lines.append(f"    return [{', '.join(outs)}]")
+    exec("\n".join(lines), scope)  # generated from the plan alone
+    run: Callable[[Sequence[Any], Sequence[Any]], list[Any]] = scope["run"]
+    return run
+
+
 def run_plan(
     interp: Interpreter,
     jaxpr: compat.Jaxpr,
@@ -431,6 +491,11 @@ def run_plan(
     """Walk `jaxpr` eagerly: planned equations call their compiled function
     directly; the others (and any planned call that raises, to report the
     error with its context) go through `process_eqn`."""
+    if plan.straight is not None:
+        try:
+            return plan.straight(consts, args)
+        except Exception:  # redone below, step by step, to report it
+            pass
     env: dict[Any, Any] = dict(plan.seed)  # the literals put on the device
     for v, val in zip(jaxpr.constvars, consts, strict=True):
         env[v] = val

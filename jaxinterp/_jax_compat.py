@@ -1318,7 +1318,7 @@ _STAGING_FLAG_STATES = tuple(
 
 def staging_flags() -> tuple[bool, ...]:
     """The values of JAX's flags that change how functions stage (hijax flags)."""
-    return tuple(bool(state.value) for state in _STAGING_FLAG_STATES)
+    return tuple([bool(state.value) for state in _STAGING_FLAG_STATES])
 
 
 def classic_scan() -> Any:

@@ -119,12 +119,14 @@ def _cache_for(fn: Callable[..., Any]) -> tuple[_caches.Cache | None, Any]:
     unhashable one is not cached at all.
     """
     try:
-        with _cache_lock:
-            lru = _weak_cache.get(fn)
-            if lru is None:
-                lru = _weak_cache.put(
-                    fn, _caches.Cache(_PER_FUNCTION_CACHE_SIZE, register=False)
-                )
+        lru = _weak_cache.get(fn)  # (lock-free: a dict read is atomic)
+        if lru is None:
+            with _cache_lock:
+                lru = _weak_cache.get(fn)
+                if lru is None:
+                    lru = _weak_cache.put(
+                        fn, _caches.Cache(_PER_FUNCTION_CACHE_SIZE, register=False)
+                    )
         return lru, None
     except TypeError:  # not weakly referenceable, or unhashable
         pass

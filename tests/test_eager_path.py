@@ -448,3 +448,32 @@ def test_concurrent_eager_calls_share_one_interpreter():
         t.join(timeout=60)
     for args, result in zip(inputs, results, strict=True):
         assert_tree_equal(result, f(*args))
+
+
+def test_a_fully_compiled_plan_runs_as_one_generated_function():
+    """Every step a compiled call: the plan runs as straight-line code (no
+    per-equation bookkeeping), with the loop's results, bit for bit, for
+    returned inputs, literals, closed-over constants and dropped results."""
+    table = jnp.arange(3.0) * 0.25
+
+    def f(x, n):
+        values, _ = lax.sort_key_val(x * table, x)  # the second result dropped
+        return values + 1.0, x, 2.0, n * 3
+
+    args = (jnp.array([0.3, -1.0, 2.0]), jnp.arange(3))
+    interp = EvalInterpreter()
+    plan = _plan(interp, f, *args)
+    assert plan.fused and plan.straight is not None
+    staged = stage(f, *args)
+    want = f(*args)
+    assert_tree_equal(interp.transform(f)(*args), want)
+    loop = jaxinterp._eager.EagerPlan.__new__(jaxinterp._eager.EagerPlan)
+    for slot in jaxinterp._eager.EagerPlan.__slots__:
+        setattr(loop, slot, getattr(plan, slot))
+    loop.straight = None
+    consts, jaxpr = staged.consts, staged.jaxpr
+    leaves = jax.tree_util.tree_leaves(args)
+    by_loop = jaxinterp._eager.run_plan(interp, jaxpr, loop, consts, leaves)
+    by_code = plan.straight(consts, leaves)
+    assert_tree_equal(by_code, by_loop)
+    assert_tree_equal(by_code, jax.tree_util.tree_leaves(want))

@@ -339,7 +339,6 @@ def _compile(
         args = [next(it) if m else v for v, m in zip(invals, mask, strict=True)]
         return primal_walker.eval_jaxpr(jaxpr, consts, *args)
 
-
     known_specs = [
         spec_of(a) for a, m in zip(staged.in_avals, mask, strict=True) if not m
     ]

@@ -57,7 +57,16 @@ from ._dataflow import (
     SolveState,
 )
 from ._refusals import not_invertible_error as not_invertible_error
-from ._rules import InverseContext, agree_recomputed, assemble, inverse_rules
+from ._rules import (
+    InverseContext,
+    agree_piece,
+    agree_recomputed,
+    agree_solved,
+    assemble,
+    forward_differentiable,
+    inverse_rules,
+    overlapping,
+)
 
 _Literal = compat.Literal
 
@@ -194,7 +203,10 @@ class InverseWalker:
             # a second constraint, which a `y` off the image fails.
             ins = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
             ok = agree_recomputed(
-                lambda *a: self._forward(eqn, list(a)), ins, known
+                lambda *a: self._forward(eqn, list(a)),
+                ins,
+                known,
+                forward_differentiable(eqn),
             )
             st.agreements.append((ok, eqn))
         if not all(v in env for v in eqn.outvars):
@@ -395,6 +407,10 @@ class InverseWalker:
             ]
             st.checks.extend(rf.nan_checks(eqn, outs, new))
         for k, (v, val) in enumerate(zip(eqn.invars, solved, strict=True)):
+            if val is not None and type(v) is not _Literal and v in env:
+                # Solved again (an operand read twice, `concatenate([x, x])`):
+                # the two must agree, else `y` is off the image.
+                st.agreements.append((agree_solved(val, env[v]), eqn))
             if val is not None and type(v) is not _Literal and v not in env:
                 got = branch
                 if reported is not None and reported[k] is not None:
@@ -403,7 +419,8 @@ class InverseWalker:
                         origin = eqn
                 if v in st.pieces and (got is not None or v in st.piece_branch):
                     raise rf.branch_clash(eqn, origin, v)
-                st.pieces.pop(v, None)
+                for p in st.pieces.pop(v, ()):
+                    st.agreements.append((agree_piece(p, val), eqn))
                 env[v] = val
                 st.mark(v, got, origin)
                 st.learned(v)
@@ -424,10 +441,11 @@ class InverseWalker:
             if type(v) is _Literal:
                 continue
             if v in env:
-                # A second constraint on a known value: harmless for exact
-                # solutions, a possible contradiction for a chosen branch.
+                # A second constraint on a known value: checked for exact
+                # solutions (NaN off the image), refused for a chosen branch.
                 if branch is not None or v in taint:
                     raise rf.branch_clash(eqn, origin if branch else st.chooser[v], v)
+                st.agreements.append((agree_piece(piece, env[v]), eqn))
                 continue
             have = pieces.setdefault(v, [])
             have.append(piece)
@@ -435,6 +453,9 @@ class InverseWalker:
                 st.piece_branch[v] = br.union(st.piece_branch.get(v), branch) or branch
                 st.chooser.setdefault(v, origin)
             value = assemble(v.aval.shape, v.aval.dtype, have)
+            if value is not None and overlapping(v.aval.shape, have):
+                # Pieces that cover some elements twice: they must agree.
+                st.agreements.extend((agree_piece(p, value), eqn) for p in have)
             if value is not None:
                 env[v] = value
                 del pieces[v]

@@ -121,7 +121,9 @@ def _real_size(aval: Any) -> int:
     dtype = aval.dtype
     if not jnp.issubdtype(dtype, jnp.inexact):
         return 0
-    return int(np.prod(aval.shape)) * (2 if jnp.issubdtype(dtype, jnp.complexfloating) else 1)
+    return int(np.prod(aval.shape)) * (
+        2 if jnp.issubdtype(dtype, jnp.complexfloating) else 1
+    )
 
 
 def whole_map_ildj(
@@ -170,7 +172,11 @@ def whole_map_ildj(
         args = [_from_real(p, a) for p, a in zip(parts, avals, strict=True)]
         outs = forward(args)
         return jnp.concatenate(
-            [_to_real(o) for o in outs if jnp.issubdtype(jnp.result_type(o), jnp.inexact)]
+            [
+                _to_real(o)
+                for o in outs
+                if jnp.issubdtype(jnp.result_type(o), jnp.inexact)
+            ]
         )
 
     u = jnp.concatenate(flat) if len(flat) > 1 else flat[0]

@@ -385,11 +385,14 @@ def agree_within_rounding(a: Any, b: Any, scale: Any) -> Any:
 REDUNDANT_ROUNDING = 64
 
 
-def agree(a: Any, b: Any, slope: Any = 0.0) -> Any:
+def agree(a: Any, b: Any, slope: Any = 0.0, excused: Any = False) -> Any:
     """Whether two values of what must be the same elements agree, as one
     boolean: within rounding for floating values (of their magnitudes and of
     `slope`, how much the first moves when its inputs move by their own
-    magnitude), exactly otherwise. NaN in either disagrees."""
+    magnitude), exactly otherwise. A NaN in `b` agrees with anything (an
+    element a backward step left undetermined, `0 / 0`), and a NaN in `a`
+    when `excused` (it comes from a NaN solved before, which the answer
+    holds already); a NaN in `a` against a number disagrees."""
     a, b = jnp.asarray(a), jnp.asarray(b)
     if jnp.shape(a) != jnp.shape(b):
         b = jnp.broadcast_to(b, jnp.shape(a))
@@ -399,44 +402,106 @@ def agree(a: Any, b: Any, slope: Any = 0.0) -> Any:
     finfo = jnp.finfo(dtype)
     scale = jnp.abs(a) + jnp.abs(b) + slope
     bound = REDUNDANT_ROUNDING * finfo.eps * scale + 16 * finfo.tiny
-    return jnp.all(jnp.abs(a - b) <= bound)
+    close = jnp.abs(a - b) <= bound
+    return jnp.all(close | jnp.isnan(b) | (jnp.isnan(a) & excused))
+
+
+def forward_differentiable(eqn: Any) -> bool:
+    """Whether JAX's forward mode goes through `eqn` (not through a
+    `custom_vjp` or a hijax construct, nested or not)."""
+    blocked = {compat.custom_vjp_call_p, compat.call_hi_primitive_p}
+    if eqn.primitive in blocked:
+        return False
+    return not any(
+        e.primitive in blocked
+        for sub in compat.sub_jaxprs(eqn)
+        for e in compat.iter_eqns(sub)
+    )
 
 
 def agree_recomputed(
-    forward: Callable[..., list[Any]], ins: Sequence[Any], known: Sequence[Any]
+    forward: Callable[..., list[Any]],
+    ins: Sequence[Any],
+    known: Sequence[Any],
+    differentiable: bool = True,
 ) -> Any:
     """Whether `forward(*ins)` agrees with the values `known` of its results
     (`None` where not known), as one boolean. The tolerance follows each
     result's sensitivity to each floating operand's magnitude (one forward
-    derivative per such operand), so a recomputation through a steep map
-    rounds as it may."""
+    derivative per such operand, unless not `differentiable`: magnitudes
+    only), so a recomputation through a steep map rounds as it may. An
+    operand's magnitude is taken as its own plus its largest element's:
+    solved operands carry rounding relative to the values around them (a
+    factorization's `4e-25` where `0` was meant)."""
     ins = list(ins)
     floating = [
-        k for k, x in enumerate(ins) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+        k
+        for k, x in enumerate(ins)
+        if differentiable and jnp.issubdtype(jnp.result_type(x), jnp.inexact)
     ]
     outs: list[Any] | None = None
     slopes: list[Any] = [0.0] * len(known)
+    nan_in: Any = False
     for k in floating:
 
         def moved(xk: Any, k: int = k) -> list[Any]:
             return list(forward(*ins[:k], xk, *ins[k + 1 :]))
 
-        try:
-            outs, tangents = jax.jvp(moved, (ins[k],), (jnp.abs(ins[k]),))
-        except TypeError:  # no forward mode (a `custom_vjp`): magnitudes only
-            continue
+        size = jnp.abs(ins[k])
+        nan = jnp.isnan(size)
+        nan_in = nan_in | jnp.any(nan)
+        size = jnp.where(nan, 0, size)
+        if jnp.ndim(size):
+            size = size + jnp.max(size)
+        outs, tangents = jax.jvp(moved, (ins[k],), (size.astype(ins[k].dtype),))
         slopes = [
-            s + jnp.abs(t) if jnp.issubdtype(jnp.result_type(t), jnp.inexact) else s
+            s + jnp.nan_to_num(jnp.abs(t), nan=0.0, posinf=0.0)
+            if jnp.issubdtype(jnp.result_type(t), jnp.inexact)
+            else s
             for s, t in zip(slopes, tangents, strict=True)
         ]
     if outs is None:
         outs = list(forward(*ins))
     oks = [
-        agree(o, kn, s)
+        agree(o, kn, s, nan_in)
         for o, kn, s in zip(outs, known, slopes, strict=True)
         if kn is not None
     ]
     return functools.reduce(jnp.logical_and, oks, jnp.bool_(True))
+
+
+def agree_piece(piece: Any, whole: Any) -> Any:
+    """Whether a piece of a value agrees with the whole value known (within
+    rounding of the value's largest element), as one boolean."""
+    part = jnp.asarray(whole)[piece.index()]
+    if isinstance(piece, MaskedPiece):
+        part = jnp.ravel(part)
+    size = jnp.abs(jnp.asarray(whole))
+    if not jnp.issubdtype(size.dtype, jnp.inexact):
+        return agree(piece.value, part)
+    size = jnp.max(jnp.where(jnp.isnan(size), 0, size), initial=0.0)
+    return agree(piece.value, jnp.reshape(part, jnp.shape(piece.value)), size)
+
+
+def agree_solved(a: Any, b: Any) -> Any:
+    """Whether a value solved again, `a`, agrees with its known value `b`
+    (within rounding of its largest element), as one boolean. A NaN in `a`
+    is an element the second path leaves undetermined (`0 / 0`), not a
+    contradiction."""
+    size = jnp.abs(jnp.asarray(b))
+    if not jnp.issubdtype(size.dtype, jnp.inexact):
+        return agree(a, b)
+    size = jnp.max(jnp.where(jnp.isnan(size), 0, size), initial=0.0)
+    return agree(a, b, size, excused=True)
+
+
+def overlapping(shape: Sequence[int], pieces: Sequence[Any]) -> bool:
+    """Whether `pieces` of a value of `shape` cover some element twice
+    (static bookkeeping)."""
+    count = np.zeros(tuple(int(d) for d in shape), np.int32)
+    for p in pieces:
+        count[p.index()] += 1
+    return bool((count > 1).any())
 
 
 def describe_elements(mask: np.ndarray, limit: int = 6) -> str:

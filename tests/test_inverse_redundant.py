@@ -1,0 +1,164 @@
+"""Maps whose outputs hold the unknowns more than once.
+
+Two properties, each checked against a reference computed another way:
+
+* **A second constraint is checked.** When the outputs determine a value
+  twice (an output that repeats an input, a result the program computes
+  again from values solved through another path), a `y` on the image gives
+  the input back, and a `y` off it gives NaN (input and ildj), never the
+  answer of whichever path the engine took first. `strict=True` raises.
+* **The ildj of a map with more results than unknowns** is the area formula
+  of the whole map, `-0.5 logdet(J^T J)` with `J` from `jax.jacfwd`, also
+  when a linear step or a transformed copy follows the non-square step (the
+  backward steps' ildjs do not add up to it there).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import jaxinterp
+
+# Each example traces and compiles a new inverse: fewer than the profile's.
+FEW = settings(max_examples=max(4, settings.default.max_examples // 3))
+
+SCALES = jnp.array([1, 2, 3, 4.0])
+M = jnp.array([[0.85, 0.09, -0.17], [-0.19, 1.18, -0.33], [-0.18, -0.01, 0.98]])
+
+
+def _filled(x):
+    v = jnp.zeros((3, 3)).at[jnp.array([1])].set(x)
+    return jnp.concatenate([jnp.full((3, 2), 2.0), v], axis=1)
+
+
+# name -> (f, the shape of x). Each f maps R^n to more than n results.
+REDUNDANT = {
+    "copy and exp": (lambda x: (x, jnp.exp(x)), (2,)),
+    "exp and copy": (lambda x: (jnp.exp(x), x), (2,)),
+    "two affine maps": (lambda x: (2 * x, x + 1), (2,)),
+    "concatenated copy and exp": (lambda x: jnp.concatenate([x, jnp.exp(x)]), (2,)),
+    "copy and sin": (lambda x: (x, jnp.sin(x)), (3,)),
+    "twice the same": (lambda x: (x, x), (2,)),
+    "scaled copies": (
+        lambda x: jnp.concatenate([x, x]) * jnp.array([1, 2, 3, 4.0]),
+        (2,),
+    ),
+}
+
+NONSQUARE = {
+    **REDUNDANT,
+    "exp of a padding": (
+        lambda x: jnp.exp(jnp.pad(x, (0, 1), constant_values=1.0)),
+        (2,),
+    ),
+    "matrix after a padding": (lambda x: M @ jnp.pad(x, (0, 1)), (2,)),
+    "padding after a matrix": (lambda x: jnp.pad(M[:2, :2] @ x, (0, 1)), (2,)),
+    "scatter, concatenation, product": (
+        lambda x: jnp.einsum("ij,...j->...i", M, _filled(x).T),
+        (1, 3),
+    ),
+}
+
+
+def _area_ildj(f, x):
+    """`-0.5 logdet(J^T J)` from the whole map's Jacobian (`jax.jacfwd`),
+    the determinant taken in float64 by NumPy."""
+
+    def flat(u):
+        out = f(u.reshape(x.shape))
+        return jnp.concatenate([jnp.ravel(o) for o in jax.tree_util.tree_leaves(out)])
+
+    jac = np.asarray(jax.jacfwd(flat)(jnp.ravel(x)), np.float64)
+    return float(-0.5 * np.linalg.slogdet(jac.T @ jac)[1])
+
+
+def _xs(shape):
+    n = int(np.prod(shape))
+    return st.lists(
+        st.floats(-1.25, 1.25, allow_nan=False, width=32), min_size=n, max_size=n
+    ).map(lambda v: jnp.asarray(np.reshape(np.asarray(v, np.float32), shape)))
+
+
+@pytest.mark.parametrize("name", sorted(NONSQUARE))
+@FEW
+@given(data=st.data())
+def test_the_ildj_of_a_nonsquare_map_is_the_whole_maps_area_formula(name, data):
+    f, shape = NONSQUARE[name]
+    x = data.draw(_xs(shape))
+    got, ildj = jaxinterp.inverse_and_ildj(f, example_args=(x,))(f(x))
+    np.testing.assert_allclose(got, x, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ildj, _area_ildj(f, x), rtol=1e-4, atol=1e-4)
+    # Compiled and batched alike.
+    jitted = jax.jit(jaxinterp.inverse_and_ildj(f, example_args=(x,)))(f(x))
+    np.testing.assert_allclose(jitted[1], _area_ildj(f, x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(REDUNDANT))
+@FEW
+@given(data=st.data())
+def test_a_y_off_the_image_of_a_redundant_map_gives_nan(name, data):
+    f, shape = REDUNDANT[name]
+    x = data.draw(_xs(shape))
+    y = f(x)
+    leaves, tree = jax.tree_util.tree_flatten(y)
+    # One element of the last output moved well beyond rounding: no preimage.
+    last = leaves[-1]
+    moved = last.at[(0,) * last.ndim].add(0.25 + 0.5 * jnp.abs(last[(0,) * last.ndim]))
+    off = jax.tree_util.tree_unflatten(tree, [*leaves[:-1], moved])
+    inv = jaxinterp.inverse_and_ildj(f, example_args=(x,))
+    got, ildj = inv(off)
+    assert jnp.all(jnp.isnan(got)), got
+    assert jnp.isnan(ildj)
+    got_on, _ = inv(y)
+    np.testing.assert_allclose(got_on, x, rtol=1e-5, atol=1e-5)
+
+
+def test_a_constant_output_that_disagrees_gives_nan():
+    def f(x):
+        return x * 2.0, jnp.ones(3)
+
+    x = jnp.array([0.5, -1.0, 2.0])
+    inv = jaxinterp.inverse(f, example_args=(x,))
+    np.testing.assert_allclose(inv(f(x)), x)
+    assert jnp.all(jnp.isnan(inv((f(x)[0], jnp.array([1.0, 1.0, 3.0])))))
+
+
+def test_strict_inversion_raises_naming_the_second_constraint():
+    def f(x):
+        return x, jnp.exp(x)
+
+    x = jnp.array([0.5, -1.0])
+    inv = jaxinterp.inverse(f, example_args=(x,), strict=True)
+    np.testing.assert_allclose(inv(f(x)), x)
+    with pytest.raises(
+        jaxinterp.NotInvertibleError, match="constrain some values twice"
+    ):
+        inv((x, jnp.array([5.0, jnp.exp(-1.0)])))
+
+
+def test_a_steep_recomputation_on_the_image_is_not_refused():
+    """`x` solved from `log`, then `sin(x)` recomputed near its root and
+    `exp(5x)` where it is steep: within rounding, not NaN."""
+
+    def f(x):
+        return jnp.exp(x), jnp.sin(x), jnp.exp(5 * x)
+
+    x = jnp.array([3.1415925, 2.0, -0.7, 0.0])
+    got = jaxinterp.inverse(f, example_args=(x,))(f(x))
+    np.testing.assert_allclose(got, x, rtol=1e-6)
+
+
+def test_a_large_nonsquare_ildj_is_refused_and_its_inverse_is_not():
+    def f(x):
+        return jnp.pad(x, (0, 1)) * 2.0
+
+    x = jnp.linspace(-1.0, 1.0, 3000)
+    np.testing.assert_allclose(jaxinterp.inverse(f, example_args=(x,))(f(x)), x)
+    with pytest.raises(jaxinterp.NotInvertibleError, match="area formula") as info:
+        jaxinterp.inverse_and_ildj(f, example_args=(x,))(f(x))
+    assert "3000 unknown real coordinates (float32[3000])" in str(info.value)
+    assert "3001 results" in str(info.value)
