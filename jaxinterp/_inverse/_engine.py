@@ -706,7 +706,7 @@ def _unless_disagreeing(
                     rf.disagreement(st.agreements, k, val),
                 )
             )
-    if not isinstance(ildj, int | float) or ildj != 0:
+    if st.options.want_ildj:
         ildj = jnp.where(ok, ildj, jnp.nan)
     return out, ildj
 
