@@ -447,13 +447,14 @@ def agree_recomputed(
         def moved(xk: Any, k: int = k) -> list[Any]:
             return list(forward(*ins[:k], xk, *ins[k + 1 :]))
 
-        size = jnp.abs(ins[k])
+        at = jnp.asarray(ins[k])  # (a literal is a Python scalar on JAX 0.7)
+        size = jnp.abs(at)
         nan = jnp.isnan(size)
         nan_in = nan_in | jnp.any(nan)
         size = jnp.where(nan, 0, size)
         if jnp.ndim(size):
             size = size + jnp.max(size)
-        outs, tangents = jax.jvp(moved, (ins[k],), (size.astype(ins[k].dtype),))
+        outs, tangents = jax.jvp(moved, (at,), (size.astype(at.dtype),))
         slopes = [
             s + jnp.nan_to_num(jnp.abs(t), nan=0.0, posinf=0.0)
             if jnp.issubdtype(jnp.result_type(t), jnp.inexact)
