@@ -407,16 +407,26 @@ def agree(a: Any, b: Any, slope: Any = 0.0, excused: Any = False) -> Any:
 
 
 def forward_differentiable(eqn: Any) -> bool:
-    """Whether JAX's forward mode goes through `eqn` (not through a
-    `custom_vjp` or a hijax construct, nested or not)."""
-    blocked = {compat.custom_vjp_call_p, compat.call_hi_primitive_p}
-    if eqn.primitive in blocked:
-        return False
-    return not any(
-        e.primitive in blocked
-        for sub in compat.sub_jaxprs(eqn)
-        for e in compat.iter_eqns(sub)
-    )
+    """Whether the check of `eqn`'s recomputation takes forward derivatives:
+    for first-order equations only (a higher-order one would trace its body
+    again per operand, and JAX's forward mode stops at a `custom_vjp`)."""
+    return not compat.sub_jaxprs(eqn) and eqn.primitive not in {
+        compat.custom_vjp_call_p,
+        compat.call_hi_primitive_p,
+    }
+
+
+def _floating(x: Any) -> bool:
+    return bool(jnp.issubdtype(jnp.result_type(x), jnp.inexact))
+
+
+def _largest(x: Any) -> Any:
+    """The largest magnitude among `x`'s elements (NaN ignored), 0 if not
+    floating."""
+    if not _floating(x):
+        return 0.0
+    size = jnp.abs(jnp.asarray(x))
+    return jnp.max(jnp.where(jnp.isnan(size), 0, size), initial=0.0)
 
 
 def agree_recomputed(
@@ -433,12 +443,10 @@ def agree_recomputed(
     operand's magnitude is taken as its own plus its largest element's:
     solved operands carry rounding relative to the values around them (a
     factorization's `4e-25` where `0` was meant)."""
-    ins = list(ins)
-    floating = [
-        k
-        for k, x in enumerate(ins)
-        if differentiable and jnp.issubdtype(jnp.result_type(x), jnp.inexact)
-    ]
+    # A check, not part of the answer's derivative: no tangents through it.
+    ins = [lax.stop_gradient(x) if _floating(x) else x for x in ins]
+    known = [None if k is None else lax.stop_gradient(k) for k in known]
+    floating = [k for k, x in enumerate(ins) if differentiable and _floating(x)]
     outs: list[Any] | None = None
     slopes: list[Any] = [0.0] * len(known)
     nan_in: Any = False
@@ -462,7 +470,10 @@ def agree_recomputed(
             for s, t in zip(slopes, tangents, strict=True)
         ]
     if outs is None:
+        # Without derivatives (a higher-order equation, a `custom_vjp`): the
+        # rounding of the results' largest elements.
         outs = list(forward(*ins))
+        slopes = [_largest(o) for o in outs]
     oks = [
         agree(o, kn, s, nan_in)
         for o, kn, s in zip(outs, known, slopes, strict=True)
