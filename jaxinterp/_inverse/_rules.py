@@ -488,11 +488,8 @@ def agree_piece(piece: Any, whole: Any) -> Any:
     part = jnp.asarray(whole)[piece.index()]
     if isinstance(piece, MaskedPiece):
         part = jnp.ravel(part)
-    size = jnp.abs(jnp.asarray(whole))
-    if not jnp.issubdtype(size.dtype, jnp.inexact):
-        return agree(piece.value, part)
-    size = jnp.max(jnp.where(jnp.isnan(size), 0, size), initial=0.0)
-    return agree(piece.value, jnp.reshape(part, jnp.shape(piece.value)), size)
+    shaped = jnp.reshape(part, jnp.shape(piece.value))
+    return agree(piece.value, shaped, _largest(whole))
 
 
 def agree_solved(a: Any, b: Any) -> Any:
@@ -500,11 +497,7 @@ def agree_solved(a: Any, b: Any) -> Any:
     (within rounding of its largest element), as one boolean. A NaN in `a`
     is an element the second path leaves undetermined (`0 / 0`), not a
     contradiction."""
-    size = jnp.abs(jnp.asarray(b))
-    if not jnp.issubdtype(size.dtype, jnp.inexact):
-        return agree(a, b)
-    size = jnp.max(jnp.where(jnp.isnan(size), 0, size), initial=0.0)
-    return agree(a, b, size, excused=True)
+    return agree(a, b, _largest(b), excused=True)
 
 
 def overlapping(shape: Sequence[int], pieces: Sequence[Any]) -> bool:
