@@ -47,6 +47,10 @@ REDUNDANT = {
         lambda x: jnp.concatenate([x, x]) * jnp.array([1, 2, 3, 4.0]),
         (2,),
     ),
+    "one call reading x twice": (
+        lambda x: jax.jit(lambda a, b: (2 * a, jnp.exp(b)))(x, x),
+        (2,),
+    ),
 }
 
 NONSQUARE = {
@@ -115,6 +119,46 @@ def test_a_y_off_the_image_of_a_redundant_map_gives_nan(name, data):
     assert jnp.isnan(ildj)
     got_on, _ = inv(y)
     np.testing.assert_allclose(got_on, x, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("exp_first", [False, True])
+def test_a_second_path_off_its_domain_is_not_excused(exp_first):
+    """`x` read twice by one call: the `exp` path's `log` of a negative
+    result is NaN. That NaN is not an element left undetermined (the
+    engine excuses those, `0 / 0`): recomputing the call from the other
+    path's `x` shows the contradiction, so every element is NaN."""
+
+    def call(a, b):
+        return (jnp.exp(a), 2 * b) if exp_first else (2 * a, jnp.exp(b))
+
+    def f(x):
+        return jax.jit(call)(x, x)
+
+    x = jnp.array([0.3, -0.5])
+    inv = jaxinterp.inverse(f, example_args=(x,))
+    np.testing.assert_allclose(inv(f(x)), x, rtol=1e-6)
+    y = list(f(x))
+    k = 0 if exp_first else 1
+    y[k] = y[k].at[0].set(-3.0)
+    assert jnp.all(jnp.isnan(inv(tuple(y)))), inv(tuple(y))
+    assert jnp.all(jnp.isnan(jax.jit(inv)(tuple(y))))
+
+
+def test_an_element_one_path_leaves_undetermined_is_not_a_contradiction():
+    """The second path divides `0 / 0` where the known factor is zero: that
+    element is determined by the first path alone, and the answer stands."""
+    z = jnp.array([0.0, 2.0, 0.0])
+
+    def f(x):
+        return jax.jit(lambda a, b: (a + 1.0, b * z))(x, x)
+
+    x = jnp.array([0.25, -1.5, 3.0])
+    inv = jaxinterp.inverse(f, example_args=(x,))
+    np.testing.assert_allclose(inv(f(x)), x, rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(inv)(f(x)), x, rtol=1e-6)
+    # Off the image where the factor is not zero: NaN.
+    a, b = f(x)
+    assert jnp.all(jnp.isnan(inv((a, b.at[1].add(1.0)))))
 
 
 def test_a_constant_output_that_disagrees_gives_nan():

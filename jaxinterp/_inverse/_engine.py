@@ -406,11 +406,14 @@ class InverseWalker:
                 if val is not None and type(v) is not _Literal and v not in env
             ]
             st.checks.extend(rf.nan_checks(eqn, outs, new))
+        known_before = {v for v in eqn.invars if type(v) is not _Literal and v in env}
+        again = False
         for k, (v, val) in enumerate(zip(eqn.invars, solved, strict=True)):
             if val is not None and type(v) is not _Literal and v in env:
                 # Solved again (an operand read twice, `concatenate([x, x])`):
                 # the two must agree, else `y` is off the image.
                 st.agreements.append((agree_solved(val, env[v]), eqn))
+                again = again or v not in known_before
             if val is not None and type(v) is not _Literal and v not in env:
                 got = branch
                 if reported is not None and reported[k] is not None:
@@ -424,6 +427,29 @@ class InverseWalker:
                 env[v] = val
                 st.mark(v, got, origin)
                 st.learned(v)
+        if again:
+            self._check_again(st, eqn, outs)
+
+    def _check_again(
+        self, st: SolveState, eqn: compat.JaxprEqn, outs: Sequence[Any]
+    ) -> None:
+        """After an operand was solved a second time: `eqn` recomputed from the
+        values kept must give its known results. `agree_solved` excuses a NaN
+        on the second path (an element it leaves undetermined, `0 / 0`); this
+        tells that apart from a second path off its domain (`log` of a
+        negative result), which would otherwise let a `y` off the image
+        through."""
+        ins = [v.val if type(v) is _Literal else st.env.get(v) for v in eqn.invars]
+        if any(x is None for x in ins):
+            return
+        ok = agree_recomputed(
+            lambda *a: self._forward(eqn, list(a)),
+            ins,
+            list(outs),
+            forward_differentiable(eqn),
+            solved=True,
+        )
+        st.agreements.append((ok, eqn))
 
     @staticmethod
     def _add_pieces(

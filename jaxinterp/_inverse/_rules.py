@@ -434,6 +434,7 @@ def agree_recomputed(
     ins: Sequence[Any],
     known: Sequence[Any],
     differentiable: bool = True,
+    solved: bool = False,
 ) -> Any:
     """Whether `forward(*ins)` agrees with the values `known` of its results
     (`None` where not known), as one boolean. The tolerance follows each
@@ -442,7 +443,9 @@ def agree_recomputed(
     only), so a recomputation through a steep map rounds as it may. An
     operand's magnitude is taken as its own plus its largest element's:
     solved operands carry rounding relative to the values around them (a
-    factorization's `4e-25` where `0` was meant)."""
+    factorization's `4e-25` where `0` was meant). With `solved`, the known
+    results were solved too and carry the same: their largest elements'
+    rounding is allowed as well."""
     # A check, not part of the answer's derivative: no tangents through it.
     ins = [lax.stop_gradient(x) if _floating(x) else x for x in ins]
     known = [None if k is None else lax.stop_gradient(k) for k in known]
@@ -474,6 +477,11 @@ def agree_recomputed(
         # rounding of the results' largest elements.
         outs = list(forward(*ins))
         slopes = [_largest(o) for o in outs]
+    if solved:
+        slopes = [
+            s if kn is None else s + _largest(kn)
+            for s, kn in zip(slopes, known, strict=True)
+        ]
     oks = [
         agree(o, kn, s, nan_in)
         for o, kn, s in zip(outs, known, slopes, strict=True)
