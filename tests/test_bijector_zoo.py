@@ -78,6 +78,7 @@ def _normal_cdf_regimes(x):
 PIECEWISE = "piecewise"
 SOLVE = "elementwise solve"
 FORMULA = "formula"
+FRACTIONAL = "linear-fractional formula"
 CLAMP = "clamp"
 
 ZOO = [
@@ -250,7 +251,7 @@ ZOO = [
         jax.nn.sigmoid,
         0.02,
         0.98,
-        SOLVE,
+        FRACTIONAL,  # `x / (1 - x)`: a Möbius map, inverted exactly
     ),
     Bijector("jax_logit", special.logit, jax.nn.sigmoid, 0.02, 0.98, None),
     Bijector(
@@ -683,16 +684,46 @@ def test_scatter_at_traced_indices_gives_nan_where_they_repeat():
     assert np.isnan(got[[0, 2]]).all() and got[1] == 2.0, got
 
 
-def test_a_formula_that_turns_outside_its_domain_is_refused():
-    # The shifted Gompertz CDF is a bijection of x > 0 onto (0, 1), but its
-    # formula also takes every value in (0, 1) again for some x < 0; nothing
-    # in the program says x > 0, so there is no inverse to give.
-    def shifted_gompertz_cdf(x):
-        return -jnp.expm1(-x) * jnp.exp(-0.7 * jnp.exp(-x))
+def _shifted_gompertz_cdf(x):
+    return -jnp.expm1(-x) * jnp.exp(-0.7 * jnp.exp(-x))
 
+
+def _shifted_gompertz_hand(y, lo=-1.0, hi=40.0):
+    """Bisection in float64 on the increasing branch `x > -1` (where the
+    values in (0, 1) are)."""
+    y = np.asarray(y, np.float64)
+    lo, hi = np.full_like(y, lo), np.full_like(y, hi)
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        f = -np.expm1(-mid) * np.exp(-0.7 * np.exp(-mid))
+        lo, hi = np.where(f < y, mid, lo), np.where(f < y, hi, mid)
+    return (lo + hi) / 2
+
+
+def test_a_formula_that_turns_outside_its_domain_is_inverted_where_single():
+    # The shifted Gompertz CDF is a bijection of x > 0 onto (0, 1); its
+    # formula turns for some x < 0, where it is negative: every y in (0, 1)
+    # has one preimage, a negative y in its range two (NaN), and the map is
+    # inverted there rather than refused (`_inverse/_turning.py`).
+    f = _shifted_gompertz_cdf
     x = jnp.linspace(0.1, 4.0, 5)
-    with pytest.raises(NotInvertibleError, match="not monotone"):
-        inverse(shifted_gompertz_cdf)(shifted_gompertz_cdf(x))
+    got, ildj = inverse_and_ildj(f)(f(x))
+    _close(got, _shifted_gompertz_hand(f(x)), rtol=1e-5)
+    _close(ildj, _slogdet_ildj(f, x), rtol=1e-4)
+    _close(jax.jit(inverse(f))(f(x)), x, rtol=1e-5)
+    two = np.asarray(f(jnp.array([-0.5, -2.0])))  # negative: two preimages each
+    assert np.isnan(np.asarray(inverse(f)(jnp.asarray(two)))).all()
+    assert np.isnan(
+        np.asarray(inverse(f)(jnp.array([-0.5, 1.5])))
+    ).all()  # below, above
+
+
+def test_a_formula_that_takes_every_value_twice_is_refused():
+    def f(x):
+        return jnp.exp(-x * x) + 0.5 * jnp.tanh(x) ** 2
+
+    with pytest.raises(NotInvertibleError, match="every value it takes"):
+        inverse(f)(jnp.array([0.5, 0.7]))
 
 
 def test_strict_raises_where_a_block_gives_nan():

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 import jax
@@ -36,7 +36,7 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
-from . import _linear_parts as lp, _nonsquare, _solve
+from . import _linear_parts as lp, _nonsquare, _solve, _turning
 
 _Literal = compat.Literal
 
@@ -238,6 +238,11 @@ class Block:
     # Whether each unknown is read once (a linear block of several unknowns
     # only: see `_nonsquare.determined`).
     chain: bool = False
+    # A chain that is a block only because its unknown is known in pieces
+    # (`find_block`'s `partly`): solved only if its matrix is a constant of
+    # full column rank (else its results may not determine the elements
+    # left, which another path may give).
+    from_pieces: bool = False
 
     def __post_init__(self) -> None:
         if not self.ys:
@@ -343,13 +348,16 @@ def find_block(
     producer: dict[Any, int],
     known: Callable[[Any], bool],
     kind: str = ELEMENTWISE,
+    partly: Container[Any] = (),
 ) -> Block | None:
     """The block ending at equation `top` (whose one result is known), or
     `None` if its unknown ancestors are not a function of one floating value
     of the kind asked for: `ELEMENTWISE` (every step elementwise, of the
     result's shape, or else per-element through extra axes, see
-    `_perelement.py`) or `LINEAR` (every step linear in the unknown)."""
-    block = _find_block(top, eqns, producer, known, kind)
+    `_perelement.py`) or `LINEAR` (every step linear in the unknown).
+    `partly`: unknowns known in pieces already (a linear chain from one of
+    them is a block: its single-equation rules cannot use the pieces)."""
+    block = _find_block(top, eqns, producer, known, kind, partly)
     if block is None and kind == ELEMENTWISE:
         from . import _perelement  # (which imports this module)
 
@@ -363,6 +371,7 @@ def _find_block(
     producer: dict[Any, int],
     known: Callable[[Any], bool],
     kind: str,
+    partly: Container[Any] = (),
 ) -> Block | None:
     eqn = eqns[top]
     if len(eqn.outvars) != 1:
@@ -414,10 +423,13 @@ def _find_block(
     # A chain (each unknown read once) is the single-equation rules' to
     # solve; their refusals stand (`where` with a constant mask, `x * 0`).
     chain = is_chain(block_eqns, known)
+    from_pieces = False
     if chain and not (
         kind == LINEAR and (len(xs) > 1 or lp.through_complex(block_eqns))
     ):
-        return None
+        from_pieces = kind == LINEAR and any(v in partly for v in xs)
+        if not from_pieces:
+            return None
     known_vars: list[Any] = []
     seen: set[Any] = set()
     for inner in block_eqns:
@@ -438,6 +450,7 @@ def _find_block(
     # Several unknowns meeting in one linear step (`z + diag(d)`): a block
     # even when each is read once, if its results determine them all.
     block.chain = chain
+    block.from_pieces = from_pieces
     return block
 
 
@@ -633,7 +646,7 @@ def solve_piecewise(
         for key, picked in selected.items():
             consistent = consistent & (picked == choice[key])
         # ... and a preimage: the block maps it back to `y` (within rounding).
-        consistent = consistent & _maps_back(block, x_c, y_c, y, known)
+        consistent = consistent & maps_back(block, x_c, y_c, y, known)
         candidates.append((x_c, consistent & ~jnp.isnan(x_c)))
     dtype = jnp.result_type(y)
     x = jnp.full(jnp.shape(y), jnp.nan, dtype)
@@ -649,7 +662,7 @@ def solve_piecewise(
     return jnp.where(found & ~ambiguous, x, jnp.nan)
 
 
-def _maps_back(block: Block, x: Any, y_x: Any, y: Any, known: Sequence[Any]) -> Any:
+def maps_back(block: Block, x: Any, y_x: Any, y: Any, known: Sequence[Any]) -> Any:
     """Where `g(x) = y_x` is `y` within rounding (of `y`, and of `x` through
     `g'(x)`)."""
     eps = jnp.finfo(jnp.result_type(y)).eps
@@ -792,12 +805,27 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
             # check then runs with the solve, NaN where the map turns.
             return _solve.solver(block.g)(y, *known)
         if not ok.all():
-            raise NotInvertibleError(
-                "its unknown operand is an elementwise function of one value that "
-                "is not monotone (it turns between sample points of "
-                f"{_solve.grid(dtype)[[0, -1]].tolist()}), so it takes some "
-                "values more than once and has no inverse"
-            )
+            # It turns: inverted where `y` has one preimage (`_turning.py`),
+            # if it has one anywhere.
+            found = None
+            if uniform:
+                found = _turning.stretches(lambda x: block.g(x, *known), dtype)
+            if found is None or not found.any_single():
+                every = (
+                    " (every value it takes, as far as the sample points and "
+                    "the refinement of its turns show)"
+                    if found is not None
+                    else ""
+                )
+                raise NotInvertibleError(
+                    "its unknown operand is an elementwise function of one value "
+                    "that is not monotone (it turns between sample points of "
+                    f"{_solve.grid(dtype)[[0, -1]].tolist()}), so it takes "
+                    f"some values more than once{every} and has no inverse"
+                )
+            x = _solve.solver(block.g, check_grid=False)(y, *known)
+            ok_y = found.single(y) & found.holds(y, x)
+            return jnp.where(ok_y, x, jnp.asarray(jnp.nan, jnp.result_type(x)))
         return _solve.solver(block.g, check_grid=False)(y, *known)
     # Inside a `shard_map` body the solver's trial values vary as the
     # unknown does in the Jaxpr, so the block's equations replay as typed.

@@ -41,6 +41,7 @@ from .._registry import RuleRegistry
 from . import (
     _blocks as bl,
     _branches as br,
+    _fractional as fr,
     _linear_parts as lp,
     _masked as mk,
     _nonsquare as nsq,
@@ -554,14 +555,17 @@ class InverseWalker:
             partial = not all(v in env for v in eqns[top].outvars)
             block = None if partial else bl.find_block(top, eqns, producer, known_now)
             block = block or bl.find_block(
-                top, eqns, producer, known_now, kind=bl.LINEAR
+                top, eqns, producer, known_now, kind=bl.LINEAR, partly=st.pieces
             )
             if block is None:
                 continue
             if block.kind == bl.LINEAR:
                 if partial:
                     block.ys = []  # its known elements are `parts`
-                block = self._join_linear(st, block)
+                if not block.from_pieces:
+                    # (A chain from pieces stands alone: joined, its
+                    # constant-rank condition would no longer hold.)
+                    block = self._join_linear(st, block)
                 for v in block.xs:
                     if v in st.pieces:
                         block.partial[v] = bl.partly_known(
@@ -605,8 +609,15 @@ class InverseWalker:
                 return bl.too_large(block)
             if not solvers:
                 return bl.SOLVERS_OFF
-            if block.chain and not nsq.determined(block, known):
-                return st.reasons[block.top]  # its equations' refusals stand
+            if block.chain and not nsq.determined(
+                block, known, traced=not block.from_pieces
+            ):
+                # Its equations' refusals stand.
+                return st.reasons.get(
+                    block.top,
+                    "its unknown operand, known in parts, is a linear function "
+                    "of the elements left that its results do not determine",
+                )
             ys = [env[v] for v in block.ys]
             x, ildj, method = bl.solve_linear(block, ys, known)
             return block, x, ildj if want_ildj else 0.0, method
@@ -614,6 +625,9 @@ class InverseWalker:
             x = bl.solve_linear_elementwise(block, y, known)
             method = bl.LINEAR_SOLVE
         else:
+            x = fr.solve(block, y, known)
+            method = fr.LINEAR_FRACTIONAL
+        if x is None:
             x = bl.solve_piecewise(block, y, known, self._invert_case)
             method = bl.PIECEWISE
         if x is None:

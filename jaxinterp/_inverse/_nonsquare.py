@@ -88,14 +88,15 @@ def cut_shared(
     return cut_region, cut_leaves
 
 
-def determined(block: Any, known: Sequence[Any]) -> bool:
+def determined(block: Any, known: Sequence[Any], traced: bool = True) -> bool:
     """Whether a linear block's results determine its unknowns: its matrix
     has full column rank. Checked now when the matrix is a constant; a traced
-    one is checked by the solve (NaN)."""
+    one is checked by the solve (NaN), or counts as not determined if not
+    `traced`."""
     from ._blocks import linear_matrix
 
     if any(compat.is_tracer(k) for k in known) or compat.in_manual_body():
-        return True
+        return traced
     # The matrix does not depend on the values known in parts: zeros
     # there keep it a constant.
     zeros = {
@@ -105,7 +106,7 @@ def determined(block: Any, known: Sequence[Any]) -> bool:
     with jax.ensure_compile_time_eval():
         jac, _ = linear_matrix(dataclasses.replace(block, partial=zeros), known)
     if compat.is_tracer(jac):
-        return True
+        return traced
     jac = np.asarray(jac)
     return bool(np.linalg.matrix_rank(jac) == jac.shape[1])
 

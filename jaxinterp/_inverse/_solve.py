@@ -24,7 +24,8 @@ each element is a scalar equation of one unknown. Per element:
 
 A map that turns (not monotone on a grid of points from `2**-12` to `2**14`
 in magnitude, `monotone_on_grid`) is not injective: its elements are NaN, or,
-when its known operands are constants, the block is refused before solving.
+when its known operands are constants and scalars, it is inverted only where
+`y` has one preimage (`_turning.py`; refused if no value has one).
 When the known operands are scalars, the map is the same for every element
 and each call of `g` samples as many grid points as there are elements (the
 calls run in a loop: the program holds one copy of `g`).
@@ -343,7 +344,8 @@ def _accepted(
 
     With `split`, in two passes (`_split`): the tests on `g(x)` and `g'(x)`,
     then those on the neighbours of `x` (`_single`), which evaluate `g(x)`
-    and `g'(x)` again."""
+    and `g'(x)` again, lazily: only if some element is not `_steep` (its
+    neighbours cannot tell it from a plateau or an extremum otherwise)."""
     at, slope = _value_and_slope(g, x)
     close = _close(y, x, at, slope)
     eps, tiny = _eps_tiny(y)
@@ -352,12 +354,35 @@ def _accepted(
     step = 4 * eps * jnp.maximum(jnp.abs(x), tiny) * jnp.abs(slope)
     settled = settled | (jnp.abs(residual) <= floor) | (jnp.abs(residual) <= step)
     x = jnp.where(settled & close, x, jnp.nan)
-    if split:
-        # The neighbours in a pass of their own: `g(x)` and `g'(x)` evaluated
-        # again there cost less at 10^6 elements than handing them over.
-        x = _split(x)
+    if not split:
+        return jnp.where(_single(g, x, at, slope == 0), x, jnp.nan)
+    # The neighbours in a pass of their own: `g(x)` and `g'(x)` evaluated
+    # again there cost less at 10^6 elements than handing them over; and only
+    # if some element needs them (six evaluations of `g`, a third of the
+    # first tier's time at 10^6 elements).
+    x = _split(x)
+
+    def neighbours(x: Any, _: Any) -> Any:
         at, slope = _value_and_slope(g, x)
-    return jnp.where(_single(g, x, at, slope == 0), x, jnp.nan)
+        single = _steep(x, at, slope) | _single(g, x, at, slope == 0)
+        return jnp.where(single, x, jnp.nan)
+
+    at, slope = _value_and_slope(g, x)
+    need = jnp.any(~_steep(x, at, slope) & ~jnp.isnan(x))
+    return _once(need, x, y, neighbours)
+
+
+def _steep(x: Any, at: Any, slope: Any) -> Any:
+    """Per element, whether `g` moves so fast at `x` that `_single`'s
+    neighbours pass: at the farthest one, `sqrt(eps) |x|` away, the
+    first-order change is 64 times `_single`'s rounding noise. Not on a
+    plateau then (`g'(x) != 0`); an extremum there would be a turn within
+    `sqrt(eps) |x|` sharp enough to outweigh that slope, and both preimages
+    within that distance: the grid trusted by the monotonicity check
+    (`monotone_on_grid`) does not see turns of that size either."""
+    eps, tiny = _eps_tiny(x)
+    far = jnp.sqrt(eps) * jnp.maximum(jnp.abs(x), 1.0)
+    return jnp.abs(slope) * far > 64 * (4 * eps * jnp.abs(at) + tiny)
 
 
 def _split(*values: Any) -> Any:

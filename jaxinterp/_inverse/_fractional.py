@@ -1,0 +1,242 @@
+"""Elementwise blocks that are linear-fractional in their unknown.
+
+`y = (a x + b) / (c x + d)` per element, written with the unknown in more
+than one place: `(x - 1) / (x + 1)`, `x / (1 + x)`, `1 - 2 / (x + 1)`,
+`x * (1 / (x + 2))`. Such a map (a Möbius transformation) is injective
+wherever `a d - b c != 0`, with the inverse `x = (b - d y) / (c y - a)`: an
+exact formula, so the numerical solver (which returns one preimage, a
+choice) is not needed, and a later constraint on the same value is checked
+instead of refused.
+
+The block's equations are walked with every value held as a pair of
+polynomials of degree at most one in `x` (numerator, denominator), with the
+known operands' values as coefficients; a step that would raise a degree
+above one, or that is not arithmetic (`exp`, `abs`, a comparison), means the
+block is not linear-fractional and the other methods are tried. The
+polynomials are never simplified, so the coefficients found describe the
+same function as the program wherever the program's own divisions are
+defined; the solution is checked by mapping it back (NaN where it does not
+reproduce `y`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+
+from .. import _jax_compat as compat
+from . import _blocks as bl
+
+_Literal = compat.Literal
+
+# Method, as `explain_inverse` names it.
+LINEAR_FRACTIONAL = "linear-fractional formula"
+
+# Steps that pass their one operand through unchanged as a value of `x`.
+_PASS = frozenset({"convert_element_type", "copy", "copy_p", "reduce_precision"})
+
+# (numerator degree, denominator degree) of a value in the block.
+Degrees = tuple[int, int]
+
+
+def degrees(eqns: Sequence[Any], x: Any) -> Degrees | None:
+    """The degrees of the block's last result as a fraction of polynomials
+    in `x`, or `None` if some step is not rational of degree at most one in
+    each part."""
+    return _degrees_of(eqns, {x: (1, 0)}, None)
+
+
+def _degrees_of(
+    eqns: Sequence[Any], env: dict[Any, Degrees], out: Any
+) -> Degrees | None:
+    """Walk `eqns` with the degrees of the unknown values in `env` (values
+    not there are known); the degrees of `out` (of the last result if
+    `None`), or `None` if some step is not accepted."""
+    last: Degrees | None = None
+    for eqn in eqns:
+        unknown = [type(v) is not _Literal and v in env for v in eqn.invars]
+        if not any(unknown):
+            continue  # known values only: a known result
+        ins = [
+            env[v] if u else (0, 0) for v, u in zip(eqn.invars, unknown, strict=True)
+        ]
+        got = _step_degrees(eqn, ins, unknown)
+        if got is None or max(got) > 1:
+            return None
+        env.update(dict.fromkeys(eqn.outvars, got))
+        last = got
+    if out is None:
+        return last
+    return env.get(out, (0, 0)) if type(out) is not _Literal else (0, 0)
+
+
+def _step_degrees(
+    eqn: Any, ins: Sequence[Degrees], unknown: Sequence[bool]
+) -> Degrees | None:
+    name = eqn.primitive.name
+    if eqn.primitive is compat.jit_p:
+        body = compat.jit_params(eqn.params).jaxpr.jaxpr
+        if len(body.outvars) != 1:
+            return None
+        inner = {v: d for v, d, u in zip(body.invars, ins, unknown, strict=True) if u}
+        return _degrees_of(body.eqns, inner, body.outvars[0])
+    if name in _PASS or name == "neg":
+        if name == "convert_element_type" and not _floating_eqn(eqn):
+            return None
+        return ins[0]
+    if name == "broadcast_in_dim":
+        return ins[0] if ins[0] == (0, 0) else None
+    if name in ("add", "sub", "add_any"):
+        (n1, d1), (n2, d2) = ins
+        if d1 and d2:
+            return None  # two denominators: degree two in general
+        d = max(d1, d2)
+        return (max(n1 + d2, n2 + d1), d)
+    if name == "mul":
+        (n1, d1), (n2, d2) = ins
+        return (n1 + n2, d1 + d2)
+    if name == "div":
+        (n1, d1), (n2, d2) = ins
+        return (n1 + d2, d1 + n2)
+    return None
+
+
+def _floating_eqn(eqn: Any) -> bool:
+    return all(
+        jnp.issubdtype(v.aval.dtype, jnp.floating) for v in (*eqn.invars, *eqn.outvars)
+    )
+
+
+Fraction = tuple[Any, Any, Any, Any]  # (a, b, c, d): (a x + b) / (c x + d)
+
+
+def coefficients(
+    eqns: Sequence[Any], x: Any, known_vars: Sequence[Any], known: Sequence[Any]
+) -> Fraction:
+    """`(a, b, c, d)` with the block's last result `(a x + b) / (c x + d)`,
+    each computed from the known values (call after `degrees` accepted the
+    block)."""
+    env: dict[Any, Any] = dict(zip(known_vars, known, strict=True))
+    zero, one = jnp.zeros((), x.aval.dtype), jnp.ones((), x.aval.dtype)
+    frac: dict[Any, Fraction] = {x: (one, zero, zero, one)}
+    return _walk(eqns, env, frac)
+
+
+def _walk(eqns: Sequence[Any], env: dict[Any, Any], frac: dict[Any, Fraction]) -> Any:
+    last: Any = None
+    for eqn in eqns:
+        unknown = [type(v) is not _Literal and v in frac for v in eqn.invars]
+        if not any(unknown):
+            # A step of known values only (a known scale computed in the block).
+            ins = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
+            outs = compat.bind_eqn(eqn.primitive, ins, eqn.params)
+            env.update(zip(eqn.outvars, outs, strict=True))
+            last = _constant(outs[0])
+            continue
+        ins = [
+            frac[v] if u else _constant(v.val if type(v) is _Literal else env[v])
+            for v, u in zip(eqn.invars, unknown, strict=True)
+        ]
+        if eqn.primitive is compat.jit_p:
+            body = compat.jit_params(eqn.params).jaxpr
+            inner_env = dict(zip(body.jaxpr.constvars, body.consts, strict=True))
+            inner_frac: dict[Any, Fraction] = {}
+            for v, u, val in zip(body.jaxpr.invars, unknown, ins, strict=True):
+                if u:
+                    inner_frac[v] = val
+                else:
+                    inner_env[v] = _value_of(val)
+            _walk(body.jaxpr.eqns, inner_env, inner_frac)
+            out = body.jaxpr.outvars[0]
+            if type(out) is _Literal:
+                last = _constant(out.val)
+            else:
+                last = inner_frac.get(out) or _constant(inner_env[out])
+        else:
+            last = _fraction_step(eqn.primitive.name, ins)
+        for v in eqn.outvars:
+            frac[v] = last
+    return last
+
+
+def _constant(value: Any) -> Fraction:
+    zero = jnp.zeros_like(value)
+    return (zero, value, zero, jnp.ones_like(value))
+
+
+def _value_of(f: Fraction) -> Any:
+    return f[1] / f[3]
+
+
+def _fraction_step(name: str, ins: Sequence[Fraction]) -> Fraction:
+    """One arithmetic step on fractions `(a x + b) / (c x + d)`. The degree
+    check (`degrees`) has made sure no product below has a nonzero `x^2`
+    term by construction (one factor of each product is a constant
+    polynomial)."""
+    if name in _PASS:
+        return ins[0]
+    if name == "neg":
+        a, b, c, d = ins[0]
+        return (-a, -b, c, d)
+    if name == "broadcast_in_dim":
+        return ins[0]
+    if name in ("add", "sub", "add_any"):
+        (a1, b1, c1, d1), (a2, b2, c2, d2) = ins
+        sign = -1 if name == "sub" else 1
+        # p1/q1 + p2/q2 with one of q1, q2 a constant (the degree check).
+        num = _poly_add(
+            _poly_mul((a1, b1), (c2, d2)),
+            _poly_scale(_poly_mul((a2, b2), (c1, d1)), sign),
+        )
+        den = _poly_mul((c1, d1), (c2, d2))
+        return (*num, *den)
+    if name == "mul":
+        (a1, b1, c1, d1), (a2, b2, c2, d2) = ins
+        return (*_poly_mul((a1, b1), (a2, b2)), *_poly_mul((c1, d1), (c2, d2)))
+    if name == "div":
+        (a1, b1, c1, d1), (a2, b2, c2, d2) = ins
+        return (*_poly_mul((a1, b1), (c2, d2)), *_poly_mul((c1, d1), (a2, b2)))
+    raise AssertionError(name)  # excluded by `degrees`
+
+
+def _poly_mul(p: tuple[Any, Any], q: tuple[Any, Any]) -> tuple[Any, Any]:
+    """`p * q` for polynomials of degree at most one whose product has no
+    `x^2` term (the degree check guarantees one of them is constant)."""
+    (p1, p0), (q1, q0) = p, q
+    return (p1 * q0 + p0 * q1, p0 * q0)
+
+
+def _poly_add(p: tuple[Any, Any], q: tuple[Any, Any]) -> tuple[Any, Any]:
+    return (p[0] + q[0], p[1] + q[1])
+
+
+def _poly_scale(p: tuple[Any, Any], s: int) -> tuple[Any, Any]:
+    return (s * p[0], s * p[1])
+
+
+def invert(frac: Fraction, y: Any) -> Any:
+    """`x` with `(a x + b) / (c x + d) == y`: `(b - d y) / (c y - a)`, NaN
+    where the map is constant (`a d == b c`) or `y` is the value it never
+    takes (`c y == a`)."""
+    a, b, c, d = frac
+    dtype = jnp.result_type(y)
+    num = b - d * y
+    den = c * y - a
+    bad = (a * d - b * c == 0) | (den == 0)
+    x = num / jnp.where(bad, 1, den)
+    return jnp.where(bad, jnp.asarray(jnp.nan, dtype), x).astype(dtype)
+
+
+def solve(block: Any, y: Any, known: Sequence[Any]) -> Any | None:
+    """`x` for an elementwise block linear-fractional in its unknown (NaN
+    where there is no single preimage, or where the program's own evaluation
+    at the solution does not give `y` back within rounding), or `None` if the
+    block is not linear-fractional."""
+    if degrees(block.eqns, block.x) is None:
+        return None
+    frac = coefficients(block.eqns, block.x, block.known, known)
+    x = invert(frac, y)
+    ok = bl.maps_back(block, x, block.g(x, *known), y, known)
+    return jnp.where(ok, x, jnp.asarray(jnp.nan, jnp.result_type(x)))

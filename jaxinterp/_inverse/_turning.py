@@ -1,0 +1,242 @@
+"""Elementwise maps that turn: inverted where `y` has a single preimage.
+
+A map that is not monotone takes some values more than once, but often not
+all of them: TFP's shifted Gompertz CDF is negative and turns for `x < 0`
+(outside the distribution's support) and increasing for `x > 0`, so every
+`y` in `(0, 1)` has one preimage; `x exp(x)` turns at `x = -1`, and every
+`y >= 0` has one. The numerical solver finds a root; it is the only one when
+`y` lies in the range of values of exactly one monotone stretch of the map.
+
+The stretches are found on the solver's grid (`_solve.grid`), when the map
+is the same for every element and its known operands are constants (so now,
+at trace time): the grid's values split where the map turns and where it is
+not finite (poles, holes in its domain); the extreme value at each turn is
+refined by sampling between the grid points around it (it lies between
+them, usually beyond the grid's values). Each stretch covers the values
+between its ends; a stretch that reaches the end of the grid and still
+moves there is taken to go on to infinity. An element whose `y` is in the
+range of no stretch, or of two, is NaN, and so is one whose root the solver
+found outside the stretch that holds `y`. A map with no value taken once on
+the grid is refused, as before.
+
+This relies on the grid as the monotonicity check does: a turn between two
+grid points that the values at the grid do not show is not seen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _solve
+
+# Points sampled between the grid points around a turn, twice (the second
+# time around the best of the first).
+_REFINE = 513
+
+
+@dataclasses.dataclass(frozen=True)
+class Stretches:
+    """Monotone stretches of a map: per stretch, the interval of `x` it
+    spans and the closed interval of values it takes (NumPy arrays)."""
+
+    x_lo: np.ndarray
+    x_hi: np.ndarray
+    v_lo: np.ndarray
+    v_hi: np.ndarray
+
+    def single(self, y: Any) -> Any:
+        """Per element of `y`: whether exactly one stretch takes the value."""
+        inside = self._holding(y)
+        return jnp.sum(inside, axis=-1) == 1
+
+    def holds(self, y: Any, x: Any) -> Any:
+        """Per element: whether `x` lies in a stretch that takes `y`."""
+        inside = self._holding(y)
+        x_ = jnp.asarray(x)[..., None]
+        dtype = jnp.result_type(x)
+        within = (x_ >= jnp.asarray(self.x_lo, dtype)) & (
+            x_ <= jnp.asarray(self.x_hi, dtype)
+        )
+        return jnp.any(inside & within, axis=-1)
+
+    def _holding(self, y: Any) -> Any:
+        y_ = jnp.asarray(y)[..., None]
+        dtype = jnp.result_type(y)
+        return (y_ >= jnp.asarray(self.v_lo, dtype)) & (
+            y_ <= jnp.asarray(self.v_hi, dtype)
+        )
+
+    def any_single(self) -> bool:
+        """Whether some value is taken by exactly one stretch."""
+        ends = np.unique(np.concatenate([self.v_lo, self.v_hi]))
+        ends = ends[np.isfinite(ends)]
+        probes = [*ends]
+        probes += [(a + b) / 2 for a, b in zip(ends[:-1], ends[1:], strict=True)]
+        if ends.size:
+            probes += [ends[0] - 1 - abs(ends[0]), ends[-1] + 1 + abs(ends[-1])]
+        for p in probes:
+            count = np.sum((p >= self.v_lo) & (p <= self.v_hi))
+            if count == 1:
+                return True
+        return False
+
+
+def stretches(g: Callable[[Any], Any], dtype: Any) -> Stretches | None:
+    """The monotone stretches of `g` (elementwise, the same map for every
+    element; evaluated now, with concrete values), or `None` if it turns
+    more often than the grid resolves (two turns between neighbouring grid
+    points, or several where one was refined)."""
+    try:
+        return _stretches(g, dtype)
+    except _Wiggles:
+        return None
+
+
+def _stretches(g: Callable[[Any], Any], dtype: Any) -> Stretches:
+    with jax.ensure_compile_time_eval():
+        points = _solve.grid(dtype)
+        values = np.asarray(g(jnp.asarray(points, dtype)), np.float64)
+    eps = float(jnp.finfo(dtype).eps)
+    finite = np.isfinite(values)
+    x_lo: list[float] = []
+    x_hi: list[float] = []
+    v_lo: list[float] = []
+    v_hi: list[float] = []
+    n = len(points)
+    i = 0
+    while i < n:
+        if not finite[i]:
+            i += 1
+            continue
+        j = i
+        while j + 1 < n and finite[j + 1]:
+            j += 1
+        # A stretch of finite values, points[i..j]; split where it turns.
+        for a, b, turn_lo, turn_hi in _monotone_pieces(g, dtype, points, values, i, j):
+            left = -np.inf if a == 0 else points[a - 1] if not finite[a - 1] else None
+            right = (
+                np.inf if b == n - 1 else points[b + 1] if not finite[b + 1] else None
+            )
+            lo_x = turn_lo[0] if turn_lo is not None else left
+            hi_x = turn_hi[0] if turn_hi is not None else right
+            seen = list(values[a : b + 1])
+            seen += [t[1] for t in (turn_lo, turn_hi) if t is not None]
+            lo_v, hi_v = min(seen), max(seen)
+            # Still moving at an end of the grid: on to infinity that way.
+            if b == n - 1 and b > a:
+                lo_v, hi_v = _beyond(values[b - 1], values[b], lo_v, hi_v, eps)
+            if a == 0 and b > a:
+                lo_v, hi_v = _beyond(values[a + 1], values[a], lo_v, hi_v, eps)
+            x_lo.append(-np.inf if lo_x is None else float(lo_x))
+            x_hi.append(np.inf if hi_x is None else float(hi_x))
+            v_lo.append(lo_v - _margin(lo_v, dtype))
+            v_hi.append(hi_v + _margin(hi_v, dtype))
+        i = j + 1
+    found = Stretches(
+        np.asarray(x_lo), np.asarray(x_hi), np.asarray(v_lo), np.asarray(v_hi)
+    )
+    if np.any(found.x_lo > found.x_hi):
+        raise _Wiggles  # turns closer than the grid's points
+    return found
+
+
+class _Wiggles(Exception):
+    """The map turns more often than the grid and its refinement resolve."""
+
+
+def _margin(bound: float, dtype: Any) -> float:
+    """Rounding allowed at a value bound of a stretch."""
+    finfo = jnp.finfo(dtype)
+    return 64 * float(finfo.eps) * abs(bound) + 16 * float(finfo.tiny)
+
+
+def _beyond(inner: float, end: float, lo: float, hi: float, eps: float) -> tuple:
+    """The value range of a stretch at the end of the grid: unbounded in the
+    direction the map still moves there (beyond rounding)."""
+    noise = 16 * eps * max(abs(inner), abs(end), 1.0)
+    if end > inner + noise:
+        return lo, np.inf
+    if end < inner - noise:
+        return -np.inf, hi
+    return lo, hi
+
+
+def _monotone_pieces(
+    g: Callable[[Any], Any],
+    dtype: Any,
+    points: np.ndarray,
+    values: np.ndarray,
+    first: int,
+    last: int,
+) -> list[tuple[int, int, Any, Any]]:
+    """`points[first..last]` (all finite) split where the values turn:
+    `(a, b, turn_lo, turn_hi)` per piece, the turns `(x, extreme value)`
+    refined between the grid points (`None` at a stretch's end)."""
+    eps = float(jnp.finfo(dtype).eps)
+    pieces: list[tuple[int, int, Any, Any]] = []
+    start, direction, turn_lo = first, 0, None
+    k = first
+    while k < last:
+        step = values[k + 1] - values[k]
+        noise = 16 * eps * max(abs(values[k]), abs(values[k + 1]), 1.0)
+        sign = 0 if abs(step) <= noise else (1 if step > 0 else -1)
+        if sign and direction and sign != direction:
+            # It turned between the last move and this one: the extreme sample
+            # since the piece's start, then the extreme between its neighbours.
+            span = values[start : k + 1]
+            t = start + int(np.argmax(span) if direction > 0 else np.argmin(span))
+            turn = _refine(
+                g, dtype, points, max(t - 1, first), min(t + 1, last), direction
+            )
+            pieces.append((start, t, turn_lo, turn))
+            start, turn_lo = t, turn
+        if sign:
+            direction = sign
+        k += 1
+    pieces.append((start, last, turn_lo, None))
+    return pieces
+
+
+def _refine(
+    g: Callable[[Any], Any], dtype: Any, points: np.ndarray, a: int, b: int, peak: int
+) -> tuple[float, float]:
+    """`(x, value)` of the map's extreme between `points[a]` and `points[b]`
+    (a maximum if `peak > 0`), by sampling twice, the second time between
+    the best sample's neighbours; the value is pushed out by how much the
+    best sample differs from its neighbours (the extreme may lie between
+    samples)."""
+    lo, hi = float(points[a]), float(points[b])
+    eps = float(jnp.finfo(dtype).eps)
+    best_x, best_v = lo, 0.0
+    for _ in range(2):
+        xs = np.linspace(lo, hi, _REFINE).astype(dtype)
+        with jax.ensure_compile_time_eval():
+            vs = np.asarray(g(jnp.asarray(xs, dtype)), np.float64)
+        vs_ = np.where(np.isfinite(vs), vs, -np.inf if peak > 0 else np.inf)
+        if _turns(vs_, eps) > 1:
+            raise _Wiggles
+        k = int(np.argmax(vs_) if peak > 0 else np.argmin(vs_))
+        best_x, best_v = float(xs[k]), float(vs_[k])
+        lo = float(xs[max(k - 1, 0)])
+        hi = float(xs[min(k + 1, len(xs) - 1)])
+        near = vs_[max(k - 1, 0) : k + 2]
+        spread = float(np.max(np.abs(near - best_v)))
+    return best_x, best_v + spread if peak > 0 else best_v - spread
+
+
+def _turns(values: np.ndarray, eps: float) -> int:
+    """How many times a sequence of values changes direction (beyond
+    rounding)."""
+    steps = np.diff(values)
+    noise = (
+        16 * eps * np.maximum(np.maximum(np.abs(values[:-1]), np.abs(values[1:])), 1.0)
+    )
+    signs = np.where(np.abs(steps) <= noise, 0, np.sign(steps))
+    signs = signs[np.isfinite(steps) & (signs != 0)]
+    return int(np.sum(signs[1:] != signs[:-1]))

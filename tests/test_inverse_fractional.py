@@ -1,0 +1,168 @@
+"""Elementwise blocks linear-fractional in their unknown, and linear chains
+from a value known in pieces.
+
+* `y = (a x + b) / (c x + d)` written with `x` in several places is inverted
+  by the formula `x = (b - d y) / (c y - a)` (`_inverse/_fractional.py`),
+  not by the numerical solver: exact, available with `solvers=False`, and
+  not a choice of preimage, so a later constraint on the same value is
+  checked instead of refused. Compared with hand-written inverses and with
+  `jax.jacfwd` for the ildj.
+* A linear step from an unknown whose other elements are known already
+  (`sum(c * x)` with `x[1:]` an output) is solved for the elements left.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import jaxinterp
+
+FEW = settings(max_examples=max(4, settings.default.max_examples // 3))
+
+# name -> (f, its inverse by hand, where x may be drawn: an interval)
+FRACTIONAL = {
+    "(x - 1) / (x + 1)": (
+        lambda x: (x - 1) / (x + 1),
+        lambda y: (1 + y) / (1 - y),
+        (-0.75, 3.0),
+    ),
+    "x / (1 + x)": (lambda x: x / (1 + x), lambda y: y / (1 - y), (0.0, 4.0)),
+    "x * (1 / (x + 2))": (
+        lambda x: x * (1 / (x + 2)),
+        lambda y: 2 * y / (1 - y),
+        (-1.5, 4.0),
+    ),
+    "scaled, jitted": (
+        lambda x: jax.jit(lambda u: (3 * u + 1) / (u - 2))(x) * 2.0,
+        lambda y: (2 * y / 2 + 1) / (y / 2 - 3),
+        (-3.0, 1.5),
+    ),
+    "a known array of scales": (
+        lambda x: (jnp.array([1.0, 2.0, 3.0]) * x + 1) / (x + 4),
+        lambda y: (1 - 4 * y) / (y - jnp.array([1.0, 2.0, 3.0])),
+        (-2.0, 3.0),
+    ),
+}
+
+
+def _slogdet(f, x):
+    jac = np.asarray(jax.jacfwd(f)(x), np.float64)
+    if jac.shape[0] == jac.shape[1]:
+        return float(-np.linalg.slogdet(jac)[1])
+    return float(-0.5 * np.linalg.slogdet(jac.T @ jac)[1])
+
+
+def _points(lo, hi, n=3):
+    return st.lists(
+        st.floats(lo, hi, allow_nan=False, width=32), min_size=n, max_size=n
+    ).map(lambda v: jnp.asarray(v, jnp.float32))
+
+
+@pytest.mark.parametrize("name", sorted(FRACTIONAL))
+@FEW
+@given(data=st.data())
+def test_a_linear_fractional_block_is_inverted_by_its_formula(name, data):
+    f, hand, (lo, hi) = FRACTIONAL[name]
+    x = data.draw(_points(lo, hi))
+    y = f(x)
+    got, ildj = jaxinterp.inverse_and_ildj(f)(y)
+    np.testing.assert_allclose(got, hand(y), rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(got, x, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(ildj, _slogdet(f, x), rtol=1e-4, atol=1e-4)
+    # An exact method: also with the solvers off, and compiled and batched.
+    exact = jaxinterp.inverse(f, solvers=False)
+    np.testing.assert_allclose(exact(y), got, rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(exact)(y), got, rtol=1e-6)
+    batched = jax.vmap(jaxinterp.inverse(f))(jnp.stack([y, y]))
+    np.testing.assert_allclose(batched[1], got, rtol=1e-6)
+    # Derivative: the inverse's Jacobian is diagonal, 1 / f'(x).
+    grad = jax.grad(lambda y: jnp.sum(jaxinterp.inverse(f)(y)))(y)
+    slope = jnp.diagonal(jax.jacfwd(f)(x))
+    np.testing.assert_allclose(grad, 1 / slope, rtol=1e-3)
+
+
+def test_explain_names_the_linear_fractional_formula():
+    def f(x):
+        return (x - 1) / (x + 1)
+
+    text = str(jaxinterp.explain_inverse(f, jnp.ones(3)))
+    assert "(linear-fractional formula)" in text, text
+
+
+def test_a_value_the_map_never_takes_gives_nan():
+    """`(x - 1) / (x + 1)` never equals 1 (its asymptote), and a map whose
+    numerator and denominator are proportional is constant: no preimage, or
+    many; NaN either way, and not a number from a solver."""
+
+    def f(x):
+        return (x - 1) / (x + 1)
+
+    got = jaxinterp.inverse(f)(jnp.array([1.0, 0.5]))
+    assert jnp.isnan(got[0])
+    np.testing.assert_allclose(got[1], 3.0, rtol=1e-6)
+
+    def constant(x):
+        return (2 * x + 2) / (x + 1)
+
+    assert jnp.all(jnp.isnan(jaxinterp.inverse(constant)(jnp.array([2.0, 2.0]))))
+
+
+def test_a_map_that_is_not_linear_fractional_still_goes_to_the_solver():
+    def f(x):
+        return x / (1 + x * x) + x  # degree two: not a Möbius map
+
+    x = jnp.array([0.3, -1.2, 2.0])
+    text = str(jaxinterp.explain_inverse(f, x))
+    assert "linear-fractional" not in text
+    assert "(elementwise solve)" in text
+    np.testing.assert_allclose(jaxinterp.inverse(f)(f(x)), x, rtol=1e-5)
+
+
+def _stereographic(x):
+    """The inverse stereographic projection, `|x|^2` computed once."""
+    s = jnp.sum(x**2)
+    return jnp.concatenate([2 * x / (s + 1), ((s - 1) / (s + 1))[None]])
+
+
+@FEW
+@given(x=_points(-1.25, 1.25))
+def test_the_stereographic_form_with_one_squared_norm_is_inverted(x):
+    """The last coordinate gives `s` (a Möbius map of it), the others `x`;
+    the `|x|^2` the program computes is then a second constraint, checked."""
+    inv = jaxinterp.inverse_and_ildj(_stereographic, example_args=(x,))
+    got, ildj = inv(_stereographic(x))
+    np.testing.assert_allclose(got, x, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ildj, _slogdet(_stereographic, x), rtol=1e-3, atol=1e-4)
+    # A point off the sphere has no preimage.
+    off = _stereographic(x) * 1.1
+    got_off, ildj_off = inv(off)
+    assert jnp.all(jnp.isnan(got_off)) and jnp.isnan(ildj_off)
+
+
+C = jnp.array([0.5, -0.3, 0.2])
+
+
+def _tail_and_ratio(x):
+    s = jnp.sum(C * x)
+    return jnp.concatenate([x[1:], ((2 * s + 1) / (s + 3))[None]])
+
+
+def _tail_and_affine(x):
+    s = jnp.sum(C * x)
+    return jnp.concatenate([x[1:], (2 * s + 1)[None]])
+
+
+@pytest.mark.parametrize("f", [_tail_and_ratio, _tail_and_affine])
+@FEW
+@given(x=_points(-1.25, 1.25))
+def test_a_reduction_of_a_partly_known_value_is_solved_for_the_rest(f, x):
+    """`x[1:]` is an output; `sum(C * x)` then determines `x[0]`."""
+    got, ildj = jaxinterp.inverse_and_ildj(f)(f(x))
+    np.testing.assert_allclose(got, x, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(ildj, _slogdet(f, x), rtol=1e-3, atol=1e-4)
+    jitted = jax.jit(jaxinterp.inverse_and_ildj(f))(f(x))
+    np.testing.assert_allclose(jitted[0], x, rtol=1e-4, atol=1e-4)
