@@ -206,3 +206,103 @@ def test_a_large_nonsquare_ildj_is_refused_and_its_inverse_is_not():
         jaxinterp.inverse_and_ildj(f, example_args=(x,))(f(x))
     assert "3000 unknown real coordinates (float32[3000])" in str(info.value)
     assert "3001 results" in str(info.value)
+
+
+# Off-image results that used to come back as a finite, plausible x.
+_X3 = jnp.array([0.3, -0.5, 1.2])
+OFF_IMAGE = {
+    # A value solved backwards off a rule's domain (log of a negative), then
+    # recomputed from x solved along another path: the NaN was excused.
+    "exp(2x), x": (lambda x: (jnp.exp(2 * x), x), lambda y: (y[0].at[0].set(-1.0), y[1])),
+    "x, exp(exp(x))": (
+        lambda x: (x, jnp.exp(jnp.exp(x))),
+        lambda y: (y[0], y[1].at[0].set(-1.0)),
+    ),
+    "concat exp(2x), x": (
+        lambda x: jnp.concatenate([jnp.exp(2 * x), x]),
+        lambda y: y.at[0].set(-1.0),
+    ),
+    # An infinite known value agreed with any finite recomputation.
+    "x, 2x with inf": (lambda x: (x, 2 * x), lambda y: (y[0], y[1].at[0].set(jnp.inf))),
+    "tanh(2x), x at -1": (
+        lambda x: (jnp.tanh(2 * x), x),
+        lambda y: (y[0].at[0].set(-1.0), y[1]),
+    ),
+    # Constant parts of the result were never compared with y.
+    "pad constant": (
+        lambda x: jnp.pad(x, (1, 2), constant_values=3.0),
+        lambda y: y.at[0].set(0.5),
+    ),
+    "pad interior": (
+        lambda x: jax.lax.pad(x, 0.0, [(0, 0, 1)]),
+        lambda y: y.at[1].set(0.5),
+    ),
+    "exp of a padding": (
+        lambda x: jnp.exp(jnp.pad(x, (1, 1))),
+        lambda y: y.at[0].set(0.5),
+    ),
+    "dynamic_update_slice into zeros": (
+        lambda x: jax.lax.dynamic_update_slice(jnp.zeros(5), x, (1,)),
+        lambda y: y.at[0].set(0.5),
+    ),
+    "concat with a closed-over constant": (
+        lambda x: jnp.concatenate([x, jnp.array([1.0, 2.0])]),
+        lambda y: y.at[-1].add(0.5),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OFF_IMAGE))
+def test_an_off_image_y_gives_nan_not_a_plausible_x(name):
+    f, move = OFF_IMAGE[name]
+    inv = jaxinterp.inverse_and_ildj(f, example_args=(_X3,))
+    got, _ = inv(f(_X3))
+    np.testing.assert_allclose(got, _X3, rtol=1e-5, atol=1e-5)
+    got, ildj = inv(move(f(_X3)))
+    assert jnp.all(jnp.isnan(got)), got
+    assert jnp.isnan(ildj)
+
+
+ELEMENTWISE_RANGES = [
+    (jnp.sqrt, -1.0),
+    (jax.lax.rsqrt, -1.0),
+    (lambda x: x**4, -1.0),
+    (lambda x: x**-4, -1.0),
+    (jnp.arcsin, 2.0),
+    (jnp.arccos, -0.5),
+    (jnp.arctan, 2.0),
+    (lambda x: jnp.arctan2(x, 1.0), 2.0),
+    (lambda x: jnp.arctan2(1.0, x), -1.0),
+]
+
+
+@pytest.mark.parametrize("k", range(len(ELEMENTWISE_RANGES)))
+def test_a_result_outside_an_elementwise_maps_image_gives_nan(k):
+    f, value = ELEMENTWISE_RANGES[k]
+    x = jnp.array([0.3, 0.5, 0.8])
+    inv = jaxinterp.inverse(f, example_args=(x,))
+    np.testing.assert_allclose(inv(f(x)), x, rtol=1e-5, atol=1e-5)
+    got = inv(f(x).at[0].set(value))
+    assert jnp.isnan(got[0]), got
+
+
+def test_arccosh_of_a_negative_result_gives_nan():
+    x = jnp.array([1.3, 2.0])
+    got = jaxinterp.inverse(jnp.arccosh)(jnp.arccosh(x).at[0].set(-1.0))
+    assert jnp.isnan(got[0]) and jnp.allclose(got[1], 2.0)
+
+
+def test_a_scan_step_off_the_image_is_not_undone_by_an_earlier_copy():
+    """The ys copy each carry: the last step's failed check made its carry
+    NaN, and the step before solved that carry again from its copy in `ys`
+    (a NaN on the known side is excused), so x came back finite."""
+
+    def f(x):
+        return jax.lax.scan(lambda c, _: (c * 2.0 + 1.0, c), x, None, length=3)
+
+    c, ys = f(_X3)
+    inv = jaxinterp.inverse_and_ildj(f, example_args=(_X3,))
+    np.testing.assert_allclose(inv((c, ys))[0], _X3, rtol=1e-6)
+    for off in ((c + 0.1, ys), (c, ys.at[1, 0].add(0.1))):
+        got, ildj = inv(off)
+        assert jnp.all(jnp.isnan(got)) and jnp.isnan(ildj), got

@@ -450,6 +450,13 @@ def _known_carry(
         known = new
 
 
+def _nan_unless(ok: Any, value: Any) -> Any:
+    """`value`, NaN (floating values only) unless `ok`."""
+    if not jnp.issubdtype(jnp.result_type(value), jnp.inexact):
+        return value
+    return jnp.where(ok, value, jnp.asarray(jnp.nan, jnp.result_type(value)))
+
+
 @inverse_rules.register(compat.scan_p)
 def _scan_inverse(
     ctx: InverseContext, outvals: Sequence[Any], *invals: Any, **params: Any
@@ -528,11 +535,15 @@ def _scan_inverse(
             for x, k in zip(sol.invals[n_consts + n_carry :], x_known, strict=True)
             if not k
         ]
-        return carry, (x_t, jnp.asarray(sol.ildj).astype(dtype))
+        return carry, (
+            x_t,
+            jnp.asarray(sol.ildj).astype(dtype),
+            jnp.asarray(sol.agreed, bool),
+        )
 
     unknown_final = [f for f, k in zip(final, c_known, strict=True) if not k]
     try:
-        carry0, (x_unknown, ildjs) = lax.scan(
+        carry0, (x_unknown, ildjs, agreed) = lax.scan(
             inverse_step,
             unknown_final,
             (ys, known_xs, kc_seq),
@@ -542,6 +553,13 @@ def _scan_inverse(
         _loop_branches("`scan`", step_branches[n_consts : n_consts + n_carry])
     except NotInvertibleError as err:
         raise _with_context("the body of a `scan`", err) from None
+    # A step whose second constraints failed made its solved carry NaN; an
+    # earlier step may solve that carry again from a copy in `ys` (where a
+    # NaN on the known side is excused), so the failure is applied here.
+    ok = jnp.all(agreed)
+    carry0 = [_nan_unless(ok, c) for c in carry0]
+    x_unknown = [_nan_unless(ok, x) for x in x_unknown]
+    ildjs = _nan_unless(ok, ildjs)
     # carry0 holds every carry outside the known part, including unknown-part
     # carries whose initial value was known all along.
     c_it, x_it = iter(carry0), iter(x_unknown)

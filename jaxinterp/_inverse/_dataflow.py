@@ -91,6 +91,9 @@ class SolveState:
         # twice, an output that repeats an input): whether each holds, and
         # where it comes from. A `y` off the image fails one: NaN.
         self.agreements: list[tuple[Any, Any]] = []
+        # The equation whose inverse rule solved each value, and the
+        # operands and results then (see `InverseWalker._recheck_producer`).
+        self.solved_by: dict[Any, tuple[int, list[Any], list[Any]]] = {}
         # A stack, last equation on top: inversion mostly runs backwards, so
         # each equation of a chain is usually looked at once.
         self.stack = list(range(n))

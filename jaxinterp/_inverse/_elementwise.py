@@ -53,6 +53,21 @@ def _log1p_square(y: Any) -> Any:
     return jnp.where(big, large, lax.log1p(lax.square(a_small)))
 
 
+def _within(lo: float, hi: float, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn`, NaN where its first argument, the result of a map whose image is
+    `[lo, hi]`, lies outside that image (no preimage: `sqrt` never returns
+    `-1`, `asin` never `2`). Complex values are passed through."""
+
+    def within(y: Any, *rest: Any) -> Any:
+        out = fn(y, *rest)
+        if not _is_float(y) or jnp.issubdtype(jnp.result_type(y), jnp.complexfloating):
+            return out
+        outside = (y < lo) | (y > hi)
+        return jnp.where(outside, jnp.asarray(jnp.nan, jnp.result_type(out)), out)
+
+    return within
+
+
 def _log_cosh(y: Any) -> Any:
     """`log(cosh(y))`, stable for large `|y|`."""
     a = lax.abs(y)
@@ -80,7 +95,9 @@ register_elementwise_inverse(
 )
 # `acosh` is >= 0, so its inverse `cosh` needs no branch: log sinh(y).
 register_elementwise_inverse(
-    lax.acosh_p, lax.cosh, lambda y, x: y + lax.log(-lax.expm1(-2 * y)) - _LN2
+    lax.acosh_p,
+    _within(0.0, math.inf, lax.cosh),
+    _within(0.0, math.inf, lambda y, x: y + lax.log(-lax.expm1(-2 * y)) - _LN2),
 )
 # Principal branches: sin on [-pi/2, pi/2], cos on [0, pi], tan on (-pi/2, pi/2).
 register_elementwise_inverse(
@@ -90,22 +107,38 @@ register_elementwise_inverse(
     lax.cos_p, lax.acos, lambda y, x: -0.5 * (lax.log1p(-y) + lax.log1p(y))
 )
 register_elementwise_inverse(lax.tan_p, lax.atan, lambda y, x: -_log1p_square(y))
-register_elementwise_inverse(lax.asin_p, lax.sin, lambda y, x: _log_abs(lax.cos(y)))
-register_elementwise_inverse(lax.acos_p, lax.cos, lambda y, x: _log_abs(lax.sin(y)))
+# Their images are the principal ranges: a result outside has no preimage.
 register_elementwise_inverse(
-    lax.atan_p, lax.tan, lambda y, x: -2 * _log_abs(lax.cos(y))
+    lax.asin_p,
+    _within(-math.pi / 2, math.pi / 2, lax.sin),
+    _within(-math.pi / 2, math.pi / 2, lambda y, x: _log_abs(lax.cos(y))),
+)
+register_elementwise_inverse(
+    lax.acos_p,
+    _within(0.0, math.pi, lax.cos),
+    _within(0.0, math.pi, lambda y, x: _log_abs(lax.sin(y))),
+)
+register_elementwise_inverse(
+    lax.atan_p,
+    _within(-math.pi / 2, math.pi / 2, lax.tan),
+    _within(-math.pi / 2, math.pi / 2, lambda y, x: -2 * _log_abs(lax.cos(y))),
 )
 register_elementwise_inverse(
     lax.logistic_p,
     lambda y: lax.log(y) - lax.log1p(-y),
     lambda y, x: -lax.log(y) - lax.log1p(-y),
 )
-# sqrt and rsqrt return non-negative values, so their inverses need no branch.
-register_elementwise_inverse(lax.sqrt_p, lax.square, lambda y, x: _LN2 + _log_abs(y))
+# sqrt and rsqrt return non-negative values, so their inverses need no branch
+# (and a negative result has no preimage: NaN, not the square of it).
+register_elementwise_inverse(
+    lax.sqrt_p,
+    _within(0.0, math.inf, lax.square),
+    _within(0.0, math.inf, lambda y, x: _LN2 + _log_abs(y)),
+)
 register_elementwise_inverse(
     lax.rsqrt_p,
-    lambda y: lax.reciprocal(lax.square(y)),
-    lambda y, x: _LN2 - 3 * _log_abs(y),
+    _within(0.0, math.inf, lambda y: lax.reciprocal(lax.square(y))),
+    _within(0.0, math.inf, lambda y, x: _LN2 - 3 * _log_abs(y)),
 )
 register_elementwise_inverse(
     lax.cbrt_p, lambda y: y * y * y, lambda y, x: math.log(3.0) + 2 * _log_abs(y)
@@ -157,7 +190,8 @@ def _integer_pow_inverse(
         solved = lax.cbrt(out)
     else:
         root = lax.pow(lax.abs(out), jnp.asarray(1 / n, out.dtype))
-        solved = lax.sign(out) * root if n % 2 else root
+        # An even power is never negative: such a result has no preimage.
+        solved = lax.sign(out) * root if n % 2 else _within(0.0, math.inf, lambda _: root)(out)
     if not ctx.want_ildj:
         return [solved], 0.0
     return [solved], total(-math.log(abs(n)) + (1 / n - 1) * _log_abs(out))
@@ -340,14 +374,27 @@ _register_binary(lax.pow_p, _pow_lhs, _pow_rhs)
 
 def _atan2_lhs(y: Any, b: Any) -> tuple[Any, Any]:
     """`y = atan2(a, b)` for `a` with `b != 0` known: `a = b * tan(y)`, valid on
-    every branch since `tan(atan2(a, b)) = a / b`."""
-    return b * lax.tan(y), _log_abs(b) - 2 * _log_abs(lax.cos(y))
+    every branch since `tan(atan2(a, b)) = a / b`; but only a `y` on the half
+    plane of `b`'s sign has a preimage (`atan2(a, 1)` lies in
+    `(-pi/2, pi/2)`): elsewhere NaN."""
+    solved = _on_atan2_branch(b * lax.tan(y), b, y, lhs=True)
+    return solved, _log_abs(b) - 2 * _log_abs(lax.cos(y))
 
 
 def _atan2_rhs(y: Any, a: Any) -> tuple[Any, Any]:
     """`y = atan2(a, b)` for `b` with `a != 0` known: `b = a * cos(y) / sin(y)`."""
     s = lax.sin(y)
-    return a * lax.cos(y) / s, _log_abs(a) - 2 * _log_abs(s)
+    solved = _on_atan2_branch(a * lax.cos(y) / s, a, y, lhs=False)
+    return solved, _log_abs(a) - 2 * _log_abs(s)
+
+
+def _on_atan2_branch(solved: Any, known: Any, y: Any, *, lhs: bool) -> Any:
+    """`solved`, NaN where `atan2` recomputed from it does not give `y` back
+    within rounding (`y` on the other branch: no preimage)."""
+    again = lax.atan2(solved, known) if lhs else lax.atan2(known, solved)
+    eps = jnp.finfo(jnp.result_type(y)).eps
+    ok = jnp.abs(again - y) <= 64 * eps * (jnp.abs(y) + math.pi)
+    return jnp.where(ok | jnp.isnan(y), solved, jnp.nan)
 
 
 _register_binary(lax.atan2_p, _atan2_lhs, _atan2_rhs)

@@ -59,6 +59,7 @@ from ._dataflow import (
 )
 from ._refusals import not_invertible_error as not_invertible_error
 from ._rules import (
+    _floating,
     InverseContext,
     agree_piece,
     agree_recomputed,
@@ -97,6 +98,10 @@ class Solution:
         pieces: the values known only in parts at the end, with their
             pieces (for an enclosing equation's partial solve).
         chose: whether some value depends on a principal-branch choice.
+        agreed: whether every second constraint held (a boolean scalar;
+            `False` makes the solved inputs NaN, but an enclosing loop that
+            passes them on as a carry must know it: a later step could
+            solve the carry again from a copy, see `_control_flow.py`).
     """
 
     invals: list[Any]
@@ -110,6 +115,7 @@ class Solution:
     methods: dict[int, str] = dataclasses.field(default_factory=dict)
     pieces: dict[Any, list[Any]] = dataclasses.field(default_factory=dict)
     chose: bool = False
+    agreed: Any = True
 
 
 class InverseWalker:
@@ -210,6 +216,11 @@ class InverseWalker:
                 forward_differentiable(eqn),
             )
             st.agreements.append((ok, eqn))
+            if st.solved_by:
+                outs = self._forward(eqn, ins)
+                for v, val in zip(eqn.outvars, outs, strict=True):
+                    if v in st.solved_by:
+                        self._recheck_producer(st, v, val)
         if not all(v in env for v in eqn.outvars):
             ins = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
             outs = self._forward(eqn, ins)
@@ -217,7 +228,11 @@ class InverseWalker:
             for v, val in zip(eqn.outvars, outs, strict=True):
                 if v not in env:
                     env[v] = val
-                    st.pieces.pop(v, None)
+                    # Pieces of it solved backwards (the operand a
+                    # `dynamic_update_slice` leaves alone): a second
+                    # constraint, which a `y` off the image fails.
+                    for p in st.pieces.pop(v, ()):
+                        st.agreements.append((agree_piece(p, val), eqn))
                     if tainted:
                         rounded = all(taint[u] is br.ROUNDED for u in tainted)
                         st.mark(
@@ -409,12 +424,15 @@ class InverseWalker:
             st.checks.extend(rf.nan_checks(eqn, outs, new))
         known_before = {v for v in eqn.invars if type(v) is not _Literal and v in env}
         again = False
+        newly: list[Any] = []
         for k, (v, val) in enumerate(zip(eqn.invars, solved, strict=True)):
             if val is not None and type(v) is not _Literal and v in env:
                 # Solved again (an operand read twice, `concatenate([x, x])`):
                 # the two must agree, else `y` is off the image.
                 st.agreements.append((agree_solved(val, env[v]), eqn))
                 again = again or v not in known_before
+                if v in st.solved_by:
+                    self._recheck_producer(st, v, val)
             if val is not None and type(v) is not _Literal and v not in env:
                 got = branch
                 if reported is not None and reported[k] is not None:
@@ -426,10 +444,53 @@ class InverseWalker:
                 for p in st.pieces.pop(v, ()):
                     st.agreements.append((agree_piece(p, val), eqn))
                 env[v] = val
+                newly.append(v)
                 st.mark(v, got, origin)
                 st.learned(v)
+        if newly:
+            operands = [u.val if type(u) is _Literal else env.get(u) for u in eqn.invars]
+            for v in newly:
+                st.solved_by[v] = (i, operands, list(outs))
         if again:
             self._check_again(st, eqn, outs)
+
+    def _recheck_producer(
+        self, st: SolveState, v: Any, recomputed: Any, depth: int = 0
+    ) -> None:
+        """`v`, solved backwards by an inverse rule, was computed again
+        forwards as `recomputed`. `agree` excuses a NaN in the solved value
+        (an element the rule left undetermined, `0 / 0`), but the rule also
+        returns NaN off its domain (`log` of a negative result): where `v`
+        is NaN, the equation that solved it is recomputed from `recomputed`
+        and must give its known results, else `y` is off the image
+        (`(exp(2 x), x)` with a negative first result). Its results solved
+        backwards in turn are checked the same way."""
+        by = st.solved_by.get(v)
+        solved = st.env.get(v)
+        if by is None or solved is None or depth > len(st.eqns):
+            return
+        # The equation, its operands and results then (since released).
+        i, operands, known = by
+        if not _floating(solved) or jnp.shape(recomputed) != jnp.shape(solved):
+            return
+        nan = jnp.isnan(solved)
+        filled = jnp.where(nan, jnp.asarray(recomputed, jnp.result_type(solved)), solved)
+        eqn = st.eqns[i]
+        ins = [filled if u is v else x for u, x in zip(eqn.invars, operands, strict=True)]
+        if any(x is None for x in ins):
+            return
+        ok = agree_recomputed(
+            lambda *a: self._forward(eqn, list(a)),
+            ins,
+            known,
+            forward_differentiable(eqn),
+            solved=True,
+        )
+        st.agreements.append((ok | ~jnp.any(nan), eqn))
+        outs = self._forward(eqn, ins)
+        for w, val in zip(eqn.outvars, outs, strict=True):
+            if w in st.solved_by:
+                self._recheck_producer(st, w, val, depth + 1)
 
     def _check_again(
         self, st: SolveState, eqn: compat.JaxprEqn, outs: Sequence[Any]
@@ -451,6 +512,12 @@ class InverseWalker:
             solved=True,
         )
         st.agreements.append((ok, eqn))
+        # Its results solved backwards (NaN off a rule's domain) likewise.
+        if any(w in st.solved_by for w in eqn.outvars):
+            again = self._forward(eqn, ins)
+            for w, val in zip(eqn.outvars, again, strict=True):
+                if w in st.solved_by:
+                    self._recheck_producer(st, w, val)
 
     @staticmethod
     def _add_pieces(
@@ -711,6 +778,7 @@ class InverseWalker:
             st.methods,
             dict(st.pieces),
             bool(st.taint or st.piece_branch),
+            _all_agreed(st),
         )
         if strict:
             missing = [
@@ -721,6 +789,15 @@ class InverseWalker:
             if missing:
                 raise not_invertible_error(jaxpr, solution, missing)
         return solution
+
+
+def _all_agreed(st: SolveState) -> Any:
+    """Whether every second constraint of the run held, as one boolean."""
+    if not st.agreements:
+        return True
+    return functools.reduce(
+        jnp.logical_and, [a for a, _ in st.agreements], jnp.bool_(True)
+    )
 
 
 def _unless_disagreeing(

@@ -30,6 +30,21 @@ from ._rules import (
 )
 
 
+def _unless_known_part_differs(solved: Any, y: Any, known: Any, where_known: Any) -> Any:
+    """`solved` (values read out of `y`), all NaN if `y` differs from the
+    `known` values where `where_known` holds, within rounding of `y`'s
+    largest element: the map copies those values (a padding's constant, the
+    operand a `dynamic_update_slice` leaves alone, a known operand of a
+    concatenation), so such a `y` is off its image. Integers pass unchecked
+    (they cannot hold NaN)."""
+    if not jnp.issubdtype(jnp.result_type(y), jnp.inexact):
+        return solved
+    known = jnp.asarray(known, jnp.result_type(y))
+    scale = jnp.max(jnp.abs(jnp.where(jnp.isfinite(y), y, 0)), initial=0)
+    off = jnp.any(where_known & ~agree_within_rounding(y, known, scale))
+    return jnp.where(off, jnp.asarray(jnp.nan, jnp.result_type(solved)), solved)
+
+
 def _static_ints(values: Sequence[Any]) -> tuple[int, ...] | None:
     """The values as Python ints, or `None` if any is traced."""
     try:
@@ -165,14 +180,25 @@ def _concatenate_inverse(
         rest = sum(s for s in sizes if s is not None)
         sizes[missing[0]] = jnp.shape(y)[dimension] - rest
     solved, start = [], 0
+    checks = []
     for op, size in zip(operands, sizes, strict=True):
         assert size is not None
         end = start + size
-        solved.append(
-            lax.slice_in_dim(y, start, end, axis=dimension) if op is None else op
-        )
+        part = lax.slice_in_dim(y, start, end, axis=dimension)
+        solved.append(part if op is None else op)
+        if op is not None:
+            checks.append((part, op))
         start = end
-    return solved, 0.0
+    # The result holds the known operands: a `y` that differs there is off
+    # the image, and the unknown operands are NaN.
+    ildj: Any = 0.0
+    for part, op in checks:
+        solved = [
+            s if o is not None else _unless_known_part_differs(s, part, op, True)
+            for s, o in zip(solved, operands, strict=True)
+        ]
+        ildj = _unless_known_part_differs(ildj, part, op, True)
+    return solved, ildj
 
 
 _stack_p = getattr(lax, "stack_p", None)  # JAX >= 0.8
@@ -328,6 +354,13 @@ def _dynamic_update_slice_inverse(
         if up_shape is None:
             return None
         value = lax.dynamic_slice(y, starts, up_shape)
+        if operand is not None:
+            # The result holds the known operand outside the update: a `y`
+            # that differs there is off the image.
+            inside = lax.dynamic_update_slice(
+                jnp.zeros(shape, bool), jnp.ones(up_shape, bool), starts
+            )
+            value = _unless_known_part_differs(value, y, operand, ~inside)
         pieces.append(Piece(1, (0,) * len(up_shape), tuple(up_shape), value))
     if operand is None:
         idx = _static_ints(starts)
@@ -402,9 +435,29 @@ def _pad_inverse(
         limit.append(lo + (j1 - 1) * step + 1)
         stride.append(step)
     value = lax.slice(y, start, limit, stride)
+    # The result holds the padding value around the operand: a `y` that
+    # differs there (or, for an unknown padding value, is not constant there)
+    # is off the image.
+    shape = tuple(aval.shape) if aval is not None else None
+    if shape is None:
+        shape = tuple(
+            (out_shape[d] - int(lo) - int(hi) + int(i)) // (int(i) + 1)
+            for d, (lo, hi, i) in enumerate(padding_config)
+        )
+    with jax.ensure_compile_time_eval():
+        outside = ~np.asarray(
+            lax.pad(np.ones(shape, bool), False, padding_config), dtype=bool
+        )
+    ildj: Any = 0.0
+    if outside.any():
+        if padding_value is None:
+            # Wait for it (`jnp.pad` converts its constant first).
+            return None
+        value = _unless_known_part_differs(value, y, padding_value, outside)
+        ildj = _unless_known_part_differs(ildj, y, padding_value, outside)
     if cropped:
         return PieceResult([Piece(0, tuple(keep_lo), tuple(keep_hi), value)])
-    return [value, padding_value], 0.0
+    return [value, padding_value], ildj
 
 
 # ---------------------------------------------------------------------------
