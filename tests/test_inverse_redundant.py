@@ -213,7 +213,10 @@ _X3 = jnp.array([0.3, -0.5, 1.2])
 OFF_IMAGE = {
     # A value solved backwards off a rule's domain (log of a negative), then
     # recomputed from x solved along another path: the NaN was excused.
-    "exp(2x), x": (lambda x: (jnp.exp(2 * x), x), lambda y: (y[0].at[0].set(-1.0), y[1])),
+    "exp(2x), x": (
+        lambda x: (jnp.exp(2 * x), x),
+        lambda y: (y[0].at[0].set(-1.0), y[1]),
+    ),
     "x, exp(exp(x))": (
         lambda x: (x, jnp.exp(jnp.exp(x))),
         lambda y: (y[0], y[1].at[0].set(-1.0)),

@@ -514,7 +514,7 @@ def _scan_inverse(
 
     def inverse_step(
         carry_next: list[Any], step: tuple[list[Any], list[Any], list[Any]]
-    ) -> tuple[list[Any], tuple[list[Any], Any]]:
+    ) -> tuple[list[Any], tuple[list[Any], Any, Any]]:
         y_t, kx_t, kc_t = step
         invals_t = body_invals(kc_t, None, kx_t)
         nxt = iter(carry_next)

@@ -233,6 +233,8 @@ class SolveState:
         self.pending[v] = left
         if not left and v not in self.protected:
             self.env.pop(v, None)
+            # (Nothing can compute it again now: its producer's values go.)
+            self.solved_by.pop(v, None)
 
     def dropped(self, v: compat.Var) -> bool:
         """Whether `v` is a result nobody reads (never known)."""

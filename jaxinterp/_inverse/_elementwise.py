@@ -191,7 +191,11 @@ def _integer_pow_inverse(
     else:
         root = lax.pow(lax.abs(out), jnp.asarray(1 / n, out.dtype))
         # An even power is never negative: such a result has no preimage.
-        solved = lax.sign(out) * root if n % 2 else _within(0.0, math.inf, lambda _: root)(out)
+        solved = (
+            lax.sign(out) * root
+            if n % 2
+            else _within(0.0, math.inf, lambda _: root)(out)
+        )
     if not ctx.want_ildj:
         return [solved], 0.0
     return [solved], total(-math.log(abs(n)) + (1 / n - 1) * _log_abs(out))

@@ -59,8 +59,8 @@ from ._dataflow import (
 )
 from ._refusals import not_invertible_error as not_invertible_error
 from ._rules import (
-    _floating,
     InverseContext,
+    _floating,
     agree_piece,
     agree_recomputed,
     agree_solved,
@@ -216,7 +216,7 @@ class InverseWalker:
                 forward_differentiable(eqn),
             )
             st.agreements.append((ok, eqn))
-            if st.solved_by:
+            if any(v in st.solved_by for v in eqn.outvars):
                 outs = self._forward(eqn, ins)
                 for v, val in zip(eqn.outvars, outs, strict=True):
                     if v in st.solved_by:
@@ -448,7 +448,9 @@ class InverseWalker:
                 st.mark(v, got, origin)
                 st.learned(v)
         if newly:
-            operands = [u.val if type(u) is _Literal else env.get(u) for u in eqn.invars]
+            operands = [
+                u.val if type(u) is _Literal else env.get(u) for u in eqn.invars
+            ]
             for v in newly:
                 st.solved_by[v] = (i, operands, list(outs))
         if again:
@@ -474,9 +476,13 @@ class InverseWalker:
         if not _floating(solved) or jnp.shape(recomputed) != jnp.shape(solved):
             return
         nan = jnp.isnan(solved)
-        filled = jnp.where(nan, jnp.asarray(recomputed, jnp.result_type(solved)), solved)
+        filled = jnp.where(
+            nan, jnp.asarray(recomputed, jnp.result_type(solved)), solved
+        )
         eqn = st.eqns[i]
-        ins = [filled if u is v else x for u, x in zip(eqn.invars, operands, strict=True)]
+        ins = [
+            filled if u is v else x for u, x in zip(eqn.invars, operands, strict=True)
+        ]
         if any(x is None for x in ins):
             return
         ok = agree_recomputed(

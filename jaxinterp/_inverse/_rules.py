@@ -403,9 +403,7 @@ def agree(a: Any, b: Any, slope: Any = 0.0, excused: Any = False) -> Any:
     scale = jnp.abs(a) + jnp.abs(b) + slope
     bound = REDUNDANT_ROUNDING * finfo.eps * scale + 16 * finfo.tiny
     # An infinite value agrees only with itself (the bound is inf there).
-    close = (jnp.abs(a - b) <= bound) & (
-        (a == b) | (jnp.isfinite(a) & jnp.isfinite(b))
-    )
+    close = (jnp.abs(a - b) <= bound) & ((a == b) | (jnp.isfinite(a) & jnp.isfinite(b)))
     return jnp.all(close | jnp.isnan(b) | (jnp.isnan(a) & excused))
 
 

@@ -30,7 +30,9 @@ from ._rules import (
 )
 
 
-def _unless_known_part_differs(solved: Any, y: Any, known: Any, where_known: Any) -> Any:
+def _unless_known_part_differs(
+    solved: Any, y: Any, known: Any, where_known: Any
+) -> Any:
     """`solved` (values read out of `y`), all NaN if `y` differs from the
     `known` values where `where_known` holds, within rounding of `y`'s
     largest element: the map copies those values (a padding's constant, the
