@@ -192,3 +192,32 @@ def test_strict_sees_nan_from_inside_checkpoint_and_jit():
     strict = jaxinterp.inverse(f, argnums=1, example_args=(x,), strict=True)
     with pytest.raises(NotInvertibleError, match="do not determine 4 element"):
         strict(y, 0.94)
+
+
+def test_arctan_at_its_rounded_limit_has_no_single_preimage():
+    """float32 `atan` rounds to `pi/2` for every `x` beyond about 1.7e7,
+    where `tan` of the rounded value is negative: NaN, not `-2.3e7`."""
+    x = jnp.array([3e7, -5e7, 100.0, -0.5])
+    got = jaxinterp.inverse(jnp.arctan)(jnp.arctan(x))
+    assert np.isnan(np.asarray(got[:2])).all(), got
+    np.testing.assert_allclose(got[2:], x[2:], rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "f, y",
+    [
+        (lambda x: x**2, [-1.0, 4.0]),
+        (jnp.sqrt, [-1.0, 2.0]),
+        (lambda x: jnp.arcsin(x) * 2.0, [4.0, 0.5]),
+    ],
+)
+def test_an_element_without_preimage_makes_the_ildj_nan(f, y):
+    """The log-det of a map at a point with no preimage is undefined: the
+    element is NaN, and so is the ildj (not the sum of the other terms)."""
+    x, ildj = jaxinterp.inverse_and_ildj(f)(jnp.asarray(y))
+    assert np.isnan(np.asarray(x[0])) and not np.isnan(np.asarray(x[1]))
+    assert np.isnan(np.asarray(ildj))
+    x_ok, ildj_ok = jaxinterp.inverse_and_ildj(f)(jnp.asarray(y[1:]))
+    np.testing.assert_allclose(x_ok, x[1:], rtol=1e-6)
+    want = -np.log(np.abs(np.asarray(jax.vmap(jax.grad(f))(x_ok))))
+    np.testing.assert_allclose(ildj_ok, want.sum(), rtol=1e-5)

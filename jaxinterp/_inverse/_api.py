@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import threading
 from collections.abc import Callable, Sequence
@@ -326,6 +327,14 @@ def _compile(
             )
             if area is not None:  # (NaN where the steps' ildj is)
                 ildj = jnp.where(jnp.isnan(ildj), jnp.nan, area)
+        # An element with no preimage (NaN) leaves the log-det undefined.
+        lost = [
+            jnp.any(jnp.isnan(x))
+            for x in xs
+            if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+        ]
+        if lost:
+            ildj = jnp.where(functools.reduce(jnp.logical_or, lost), jnp.nan, ildj)
         if mode == "ildj":
             return [ildj, *counts]
         return [*xs, ildj, *counts]

@@ -53,16 +53,22 @@ def _log1p_square(y: Any) -> Any:
     return jnp.where(big, large, lax.log1p(lax.square(a_small)))
 
 
-def _within(lo: float, hi: float, fn: Callable[..., Any]) -> Callable[..., Any]:
+def _within(
+    lo: float, hi: float, fn: Callable[..., Any], *, open_ends: bool = False
+) -> Callable[..., Any]:
     """`fn`, NaN where its first argument, the result of a map whose image is
     `[lo, hi]`, lies outside that image (no preimage: `sqrt` never returns
-    `-1`, `asin` never `2`). Complex values are passed through."""
+    `-1`, `asin` never `2`), or with `open_ends` at the bounds as well (in
+    the dtype's rounding). Complex values are passed through."""
 
     def within(y: Any, *rest: Any) -> Any:
         out = fn(y, *rest)
         if not _is_float(y) or jnp.issubdtype(jnp.result_type(y), jnp.complexfloating):
             return out
-        outside = (y < lo) | (y > hi)
+        if open_ends:
+            outside = (y <= lo) | (y >= hi)
+        else:
+            outside = (y < lo) | (y > hi)
         return jnp.where(outside, jnp.asarray(jnp.nan, jnp.result_type(out)), out)
 
     return within
@@ -118,10 +124,17 @@ register_elementwise_inverse(
     _within(0.0, math.pi, lax.cos),
     _within(0.0, math.pi, lambda y, x: _log_abs(lax.sin(y))),
 )
+# `atan` reaches +-pi/2 (rounded) only where it is flat in the dtype: every
+# `x` beyond about 1.7e7 (float32) gives it, so there is no single preimage.
 register_elementwise_inverse(
     lax.atan_p,
-    _within(-math.pi / 2, math.pi / 2, lax.tan),
-    _within(-math.pi / 2, math.pi / 2, lambda y, x: -2 * _log_abs(lax.cos(y))),
+    _within(-math.pi / 2, math.pi / 2, lax.tan, open_ends=True),
+    _within(
+        -math.pi / 2,
+        math.pi / 2,
+        lambda y, x: -2 * _log_abs(lax.cos(y)),
+        open_ends=True,
+    ),
 )
 register_elementwise_inverse(
     lax.logistic_p,
