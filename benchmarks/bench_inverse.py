@@ -245,7 +245,7 @@ def build_cost(fn, args, repeats: int) -> tuple[float, float]:
     specs = tuple(jax.tree.map(_api._spec, a) for a in args)
 
     def build():
-        _api._compiled_cache.pop(staged, None)
+        _api._compiled_cache.pop(staged)
         return _api._compile(staged, mask, specs, y_leaves, "x")
 
     times = compare({"ours": build, "ref": retrace}, repeats=repeats, warmup=1)

@@ -514,7 +514,7 @@ def _scan_inverse(
 
     def inverse_step(
         carry_next: list[Any], step: tuple[list[Any], list[Any], list[Any]]
-    ) -> tuple[list[Any], tuple[list[Any], Any, Any]]:
+    ) -> tuple[list[Any], tuple[Any, ...]]:
         y_t, kx_t, kc_t = step
         invals_t = body_invals(kc_t, None, kx_t)
         nxt = iter(carry_next)
@@ -535,15 +535,14 @@ def _scan_inverse(
             for x, k in zip(sol.invals[n_consts + n_carry :], x_known, strict=True)
             if not k
         ]
-        return carry, (
-            x_t,
-            jnp.asarray(sol.ildj).astype(dtype),
-            jnp.asarray(sol.agreed, bool),
-        )
+        ildj_t = jnp.asarray(sol.ildj).astype(dtype)
+        if sol.agreed is True:  # (nothing was determined twice)
+            return carry, (x_t, ildj_t)
+        return carry, (x_t, ildj_t, jnp.asarray(sol.agreed, bool))
 
     unknown_final = [f for f, k in zip(final, c_known, strict=True) if not k]
     try:
-        carry0, (x_unknown, ildjs, agreed) = lax.scan(
+        carry0, (x_unknown, ildjs, *agreed) = lax.scan(
             inverse_step,
             unknown_final,
             (ys, known_xs, kc_seq),
@@ -556,10 +555,11 @@ def _scan_inverse(
     # A step whose second constraints failed made its solved carry NaN; an
     # earlier step may solve that carry again from a copy in `ys` (where a
     # NaN on the known side is excused), so the failure is applied here.
-    ok = jnp.all(agreed)
-    carry0 = [_nan_unless(ok, c) for c in carry0]
-    x_unknown = [_nan_unless(ok, x) for x in x_unknown]
-    ildjs = _nan_unless(ok, ildjs)
+    if agreed:
+        ok = jnp.all(agreed[0])
+        carry0 = [_nan_unless(ok, c) for c in carry0]
+        x_unknown = [_nan_unless(ok, x) for x in x_unknown]
+        ildjs = _nan_unless(ok, ildjs)
     # carry0 holds every carry outside the known part, including unknown-part
     # carries whose initial value was known all along.
     c_it, x_it = iter(carry0), iter(x_unknown)

@@ -422,15 +422,19 @@ class InverseWalker:
                 if val is not None and type(v) is not _Literal and v not in env
             ]
             st.checks.extend(rf.nan_checks(eqn, outs, new))
-        known_before = {v for v in eqn.invars if type(v) is not _Literal and v in env}
         again = False
-        newly: list[Any] = []
+        newly: list[Any] = []  # (operands learned here, in order)
         for k, (v, val) in enumerate(zip(eqn.invars, solved, strict=True)):
-            if val is not None and type(v) is not _Literal and v in env:
+            if (
+                val is not None
+                and type(v) is not _Literal
+                and v in env
+                and val is not env[v]  # (a known operand handed back as is)
+            ):
                 # Solved again (an operand read twice, `concatenate([x, x])`):
                 # the two must agree, else `y` is off the image.
                 st.agreements.append((agree_solved(val, env[v]), eqn))
-                again = again or v not in known_before
+                again = again or v in newly  # (read twice by this step)
                 if v in st.solved_by:
                     self._recheck_producer(st, v, val)
             if val is not None and type(v) is not _Literal and v not in env:
