@@ -221,3 +221,119 @@ def test_an_element_without_preimage_makes_the_ildj_nan(f, y):
     np.testing.assert_allclose(x_ok, x[1:], rtol=1e-6)
     want = -np.log(np.abs(np.asarray(jax.vmap(jax.grad(f))(x_ok))))
     np.testing.assert_allclose(ildj_ok, want.sum(), rtol=1e-5)
+
+
+def test_softplus_of_a_small_value_is_not_rounded_to_minus_infinity():
+    """`logaddexp(x, c) = y` is `x = y + log(1 - exp(c - y))`: `exp` rounds
+    to 1 for `y - c` below float32's eps, where `log1p(-exp(.))` gave
+    `x = -inf` (softplus(x) = 1e-8) or an `x` 19% off (1e-7);
+    `log(-expm1(.))` there."""
+    y = jnp.array([1e-6, 1e-7, 1e-8, 1e-20, 0.5, 30.0])
+    x, ildj = jaxinterp.inverse_and_ildj(jax.nn.softplus)(y)
+    y64 = np.asarray(y, np.float64)
+    np.testing.assert_allclose(x, np.log(np.expm1(y64)), rtol=1e-5)
+    np.testing.assert_allclose(jax.nn.softplus(x), y, rtol=1e-5)
+    np.testing.assert_allclose(ildj, -np.log(-np.expm1(-y64)).sum(), rtol=1e-5)
+    dx = jax.grad(lambda y: jaxinterp.inverse(jax.nn.softplus)(y).sum())(y)
+    np.testing.assert_allclose(dx, 1.0 / -np.expm1(-y64), rtol=1e-5)
+    below = jaxinterp.inverse(lambda x: jnp.logaddexp(x, 2.0))(jnp.array([1.0]))
+    assert np.isnan(np.asarray(below)).all()
+
+
+def _scan_carry_before(reverse):
+    def f(x):
+        c, ys = jax.lax.scan(lambda c, xi: (c * 2 + xi, c), 1.0, x, reverse=reverse)
+        return ys, c
+
+    return f
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_scan_carry_solved_back_must_equal_its_known_initial_value(reverse):
+    """`ys` holding the carry before each step repeats the known initial
+    carry: a `y` with another value there is off the image (the carry solved
+    back from it was dropped for the known one, unchecked)."""
+    f = _scan_carry_before(reverse)
+    inv = jaxinterp.inverse(f, example_args=(jnp.zeros(3),))
+    x = jnp.array([1.0, 2.0, -1.0])
+    np.testing.assert_allclose(inv(f(x)), x, atol=1e-6)
+    ys, c = f(x)
+    first = 0 if not reverse else -1
+    bad = (ys.at[first].add(1.0), c)
+    assert np.isnan(np.asarray(inv(bad))).all()
+    with pytest.raises(NotInvertibleError):
+        jaxinterp.inverse(f, example_args=(jnp.zeros(3),), strict=True)(bad)
+
+
+def test_loop_carries_known_throughout_are_checked_against_y():
+    """A carry updated from known values only (a counter, a constant's
+    doubling) is a result too: `y` must hold its final value."""
+
+    def f(x):
+        return jax.lax.fori_loop(0, 3, lambda i, c: (c[0] * 2, c[1] + 1.0), (x, 1.0))
+
+    inv = jaxinterp.inverse(f, example_args=(jnp.float32(0.0),))
+    np.testing.assert_allclose(inv(f(jnp.float32(1.5))), 1.5)
+    assert np.isnan(np.asarray(inv((jnp.float32(8.0), jnp.float32(5.0)))))
+
+    def g(x):
+        (i, c), ys = jax.lax.scan(
+            lambda c, xi: ((c[0] + 1, c[1] + xi), c[1]), (0, 0.0), x
+        )
+        return i, ys, c
+
+    inv = jaxinterp.inverse(g, example_args=(jnp.zeros(3),))
+    x = jnp.array([1.0, 2.0, 3.0])
+    np.testing.assert_allclose(inv(g(x)), x)
+    i, ys, c = g(x)
+    assert np.isnan(np.asarray(inv((i + 1, ys, c)))).all()
+    with pytest.raises(NotInvertibleError):
+        jaxinterp.inverse(g, example_args=(jnp.zeros(3),), strict=True)((i + 1, ys, c))
+
+
+def test_triangular_solve_with_a_zero_on_the_diagonal_has_no_finite_image():
+    """`solve_triangular(L, x)` divides by `L`'s diagonal: with a zero there
+    every forward value is inf or NaN, so a finite `y` is off the image (the
+    rule multiplied back, `L @ y`, a plausible finite `x`)."""
+
+    def f(x, m):
+        return jax.scipy.linalg.solve_triangular(m, x, lower=True)
+
+    inv = jaxinterp.inverse_and_ildj(f, argnums=0)
+    singular = jnp.array([[1.0, 0.0], [3.0, 0.0]])
+    x, ildj = inv(jnp.array([1.0, 3.0]), singular)
+    assert np.isnan(np.asarray(x)).all() and np.isnan(np.asarray(ildj))
+    x, _ = jax.jit(inv)(jnp.array([1.0, 3.0]), singular)
+    assert np.isnan(np.asarray(x)).all()
+    fine = jnp.array([[1.0, 0.0], [3.0, 2.0]])
+    x0 = jnp.array([0.5, -1.0])
+    x, ildj = inv(f(x0, fine), fine)
+    np.testing.assert_allclose(x, x0, rtol=1e-6)
+    np.testing.assert_allclose(ildj, np.log(2.0), rtol=1e-6)
+
+
+def test_real_to_complex_conversion_checks_the_imaginary_part():
+    """A real value converted to complex has imaginary part 0: the inverse
+    kept the real part of any `y` (a non-Hermitian `fft` of a real signal,
+    `exp(i x)` off the unit circle gave finite `x`)."""
+    x0 = jnp.array([0.3, -1.0, 2.0, 0.5])
+    fft = jaxinterp.inverse(jnp.fft.fft, example_args=(x0,))
+    np.testing.assert_allclose(fft(jnp.fft.fft(x0)), x0, atol=1e-6)
+    assert np.isnan(np.asarray(fft(jnp.fft.fft(x0).at[1].add(0.5)))).any()
+
+    def g(x):
+        return jnp.exp(1j * x.astype(jnp.complex64))
+
+    y = jnp.array([jnp.exp(1j * 1.0), 2 * jnp.exp(1j * 2.0)], jnp.complex64)
+    x = jaxinterp.inverse(g, example_args=(jnp.zeros(2),))(y)
+    np.testing.assert_allclose(x[0], 1.0, rtol=1e-6)
+    assert np.isnan(np.asarray(x[1]))
+
+    def h(x):
+        return x * (1 + 1j)
+
+    y = jnp.array([1 + 1j, 1 - 1j], jnp.complex64)
+    x = jaxinterp.inverse(h, example_args=(jnp.zeros(2),))(y)
+    assert x[0] == 1.0 and np.isnan(np.asarray(x[1]))
+    with pytest.raises(NotInvertibleError):
+        jaxinterp.inverse(h, example_args=(jnp.zeros(2),), strict=True)(y)

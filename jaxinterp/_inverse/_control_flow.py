@@ -8,6 +8,8 @@ construct around the inverse: the inverse of a `jit` is a `jit`, of a `cond` a
 
 from __future__ import annotations
 
+import functools
+import math
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -20,7 +22,7 @@ from .. import _caches, _jax_compat as compat
 from .._errors import NotInvertibleError
 from . import _branches as br
 from ._engine import InverseWalker
-from ._rules import InverseContext, inverse_rules
+from ._rules import InverseContext, _largest, agree, agree_solved, inverse_rules
 
 _walker = InverseWalker()
 _Literal = compat.Literal
@@ -124,6 +126,9 @@ if compat.remat_p is not None:
     )
 
 
+_LOG2 = math.log(2.0)
+
+
 def _logaddexp_inverse(
     ctx: InverseContext, outvals: Sequence[Any], a: Any, b: Any
 ) -> Any:
@@ -134,9 +139,19 @@ def _logaddexp_inverse(
     known = b if a is None else a
     if jnp.shape(known) != jnp.shape(y) and jnp.ndim(known) != 0:
         return None
-    t = -lax.exp(lax.sub(known, y).astype(jnp.result_type(y)))
-    solved = y + jnp.log1p(t)
-    ildj = -jnp.sum(jnp.log1p(t) * jnp.ones_like(y))
+    d = lax.sub(known, y).astype(jnp.result_type(y))
+    # log(1 - exp(d)) without cancellation: `log(-expm1(d))` near 0 (`exp(d)`
+    # rounds to 1 there: softplus(x) = 1e-8 gave x = -inf), `log1p(-exp(d))`
+    # below -log 2; each branch sees a safe `d` where it is not taken (no
+    # infinite derivative times zero).
+    near = d > -_LOG2
+    log1mexp = jnp.where(
+        near,
+        jnp.log(-jnp.expm1(jnp.where(near, d, -1.0))),
+        jnp.log1p(-jnp.exp(jnp.where(near, -1.0, d))),
+    )
+    solved = y + log1mexp
+    ildj = -jnp.sum(log1mexp * jnp.ones_like(y))
     return ([solved, b] if a is None else [a, solved]), ildj
 
 
@@ -503,11 +518,18 @@ def _scan_inverse(
             new = [o for o, k in zip(sol.outvals[:n_carry], c_known, strict=True) if k]
             return new, kc
 
-        _, kc_seq = lax.scan(
+        kc_last, kc_seq = lax.scan(
             known_step, init_known, known_xs, length=p.length, reverse=p.reverse
         )
     else:
-        kc_seq = []
+        kc_last, kc_seq = [], []
+    # The known carries' final values are results too: `y` must hold them.
+    known_final = [f for f, k in zip(final, c_known, strict=True) if k]
+    final_ok: Any = None
+    for got, want in zip(kc_last, known_final, strict=True):
+        if want is not None:
+            agrees = agree_solved(got, want)
+            final_ok = agrees if final_ok is None else final_ok & agrees
 
     # 2. The inverse: run the other way, solving each step.
     step_branches: list[br.Interval | None] = []
@@ -555,8 +577,27 @@ def _scan_inverse(
     # A step whose second constraints failed made its solved carry NaN; an
     # earlier step may solve that carry again from a copy in `ys` (where a
     # NaN on the known side is excused), so the failure is applied here.
-    if agreed:
-        ok = jnp.all(agreed[0])
+    checks = [jnp.all(agreed[0])] if agreed else []
+    if final_ok is not None:
+        checks.append(final_ok)
+    # A carry outside the known part whose initial value is known (a
+    # constant, a known input): the value solved back must be it, else `y`
+    # is off the image (`ys` holding the carry before each step repeats it).
+    # Solved back through every step, it carries their rounding: of the
+    # largest value the scan's outputs hold.
+    scale = functools.reduce(
+        jnp.maximum,
+        [_largest(v) for v in (*final, *ys) if v is not None],
+        jnp.float32(0),
+    )
+    c_it = iter(carry0)
+    for v, k in zip(init, c_known, strict=True):
+        if not k:
+            solved = next(c_it)
+            if v is not None:
+                checks.append(agree(solved, v, scale))
+    if checks:
+        ok = functools.reduce(jnp.logical_and, checks)
         carry0 = [_nan_unless(ok, c) for c in carry0]
         x_unknown = [_nan_unless(ok, x) for x in x_unknown]
         ildjs = _nan_unless(ok, ildjs)
@@ -637,6 +678,12 @@ def _while_inverse(
     # 2. Undo the body `steps` times, solving every carry from the next one.
     kc_it = iter(kc_final)
     last = [next(kc_it) if k else o for o, k in zip(outvals, c_known, strict=True)]
+    # The known carries' final values are results too: `y` must hold them.
+    final_ok: Any = None
+    for got, want, k in zip(last, outvals, c_known, strict=True):
+        if k and want is not None:
+            agrees = agree_solved(got, want)
+            final_ok = agrees if final_ok is None else final_ok & agrees
 
     undo_branches: list[br.Interval | None] = []
 
@@ -658,4 +705,7 @@ def _while_inverse(
         _loop_branches("`while` loop", undo_branches)
     except NotInvertibleError as err:
         raise _with_context("the body of a `while` loop", err) from None
+    if final_ok is not None:
+        first = [_nan_unless(final_ok, c) for c in first]
+        ildj = _nan_unless(final_ok, ildj)
     return [*cond_consts, *body_consts, *first], ildj

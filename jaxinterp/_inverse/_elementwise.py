@@ -20,6 +20,7 @@ from jax import lax
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
 from ._rules import (
+    REDUNDANT_ROUNDING,
     InverseContext,
     describe_elements,
     inverse_rules,
@@ -251,7 +252,15 @@ def _convert_element_type_inverse(
             "`convert_element_type` from complex to real drops the imaginary part."
         )
     if new_complex and not src_complex:
-        out = lax.real(out)
+        # A real value converted has imaginary part 0: an element whose `y`
+        # has another (beyond the rounding of the largest element, which a
+        # `y` solved back through complex steps carries) is off the image.
+        re, im = lax.real(out), lax.imag(out)
+        size = jnp.abs(out)
+        largest = jnp.max(jnp.where(jnp.isnan(size), 0, size), initial=0.0)
+        finfo = jnp.finfo(re.dtype)
+        bound = REDUNDANT_ROUNDING * finfo.eps * (size + largest) + 16 * finfo.tiny
+        out = jnp.where(jnp.abs(im) <= bound, re, jnp.nan)
     return [lax.convert_element_type(out, src)], 0.0
 
 

@@ -164,6 +164,14 @@ def _triangular_solve_inverse(
         k = jnp.shape(y)[-1] if left_side else jnp.shape(y)[-2]
         diag = jnp.diagonal(a, axis1=-2, axis2=-1)
         ildj = k * total(lax.log(lax.abs(diag)))
+    if not unit_diagonal:
+        # A zero on the diagonal divides by zero: the solve gives no finite
+        # `y` at all (every one is off the image), not `op(a) @ y`.
+        singular = jnp.any(jnp.diagonal(a, axis1=-2, axis2=-1) == 0, axis=-1)
+        nan = jnp.asarray(jnp.nan, solved.dtype)
+        solved = jnp.where(singular[..., None, None], nan, solved)
+        if ctx.want_ildj:
+            ildj = jnp.where(jnp.any(singular), jnp.nan, ildj)
     return [a, solved], ildj
 
 

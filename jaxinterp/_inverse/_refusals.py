@@ -26,7 +26,18 @@ if TYPE_CHECKING:
 # at run time (see `_rules.undetermined`), and the constructs that may hold
 # them. A `custom_inverse` (a `jit` with a marked name) is the user's own.
 UNDETERMINED_NAN = frozenset(
-    {"select_n", "gather", "mul", "div", "pow", "scan", "while"} | br.BRANCH_AWARE
+    {
+        "select_n",
+        "gather",
+        "mul",
+        "div",
+        "pow",
+        "scan",
+        "while",
+        "convert_element_type",
+        "triangular_solve",
+    }
+    | br.BRANCH_AWARE
 )
 
 
