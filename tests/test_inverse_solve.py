@@ -274,3 +274,22 @@ def test_a_neighbour_outside_the_domain_is_no_extremum(xs):
     # The closed form: sqrt(x) is the positive root of s**2 + s - y.
     s = (np.sqrt(1 + 4 * np.asarray(y, np.float64)) - 1) / 2
     np.testing.assert_allclose(got, s * s, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "f, y",
+    [
+        (lambda x: x - 1e-6 * x * x, [2.0e5, 2.4e5]),  # turns at 5e5
+        (lambda x: x * jnp.exp(-x / 1e5), [1.0e4, 3.0e4]),  # turns at 1e5
+    ],
+)
+def test_a_map_that_turns_beyond_two_to_the_fourteen_is_not_solved_as_monotone(f, y):
+    """The grid reaches the dtype's largest powers of two: a map that turns
+    far out takes these values twice, so no preimage is picked (NaN, or a
+    refusal when it takes every value twice)."""
+    try:
+        got = jaxinterp.inverse(f)(jnp.asarray(y))
+    except jaxinterp.NotInvertibleError as err:
+        assert "not monotone" in str(err)
+    else:
+        assert np.isnan(np.asarray(got)).all(), got

@@ -22,10 +22,11 @@ each element is a scalar equation of one unknown. Per element:
    below `g(x)` beyond rounding, for `d` from `16 eps |x|` to
    `sqrt(eps) |x|`).
 
-A map that turns (not monotone on a grid of points from `2**-12` to `2**14`
-in magnitude, `monotone_on_grid`) is not injective: its elements are NaN, or,
-when its known operands are constants and scalars, it is inverted only where
-`y` has one preimage (`_turning.py`; refused if no value has one).
+A map that turns (not monotone on a grid of points from `2**-12` to the
+dtype's largest powers of two in magnitude, `monotone_on_grid`) is not
+injective: its elements are NaN, or, when its known operands are constants
+and scalars, it is inverted only where `y` has one preimage (`_turning.py`;
+refused if no value has one).
 When the known operands are scalars, the map is the same for every element
 and each call of `g` samples as many grid points as there are elements (the
 calls run in a loop: the program holds one copy of `g`).
@@ -112,9 +113,16 @@ def solver(g: Elementwise, *, check_grid: bool = True) -> Callable[..., Any]:
 
 def grid(dtype: Any) -> np.ndarray:
     """Points where `monotone_on_grid` samples a map: zero, powers of two
-    from 2**-12 to 2**14 and points approaching +-1, both signs, sorted."""
-    nmant = int(jnp.finfo(dtype).nmant)
+    from 2**-12 to 2**14, then every fourth power of two (every sixteenth in
+    float64) up to the dtype's largest, and points approaching +-1, both
+    signs, sorted. (The far points catch a map that turns beyond 2**14,
+    `x - 1e-6 x**2`; a value that overflows there splits the map's
+    stretches as a pole does.)"""
+    finfo = jnp.finfo(dtype)
+    nmant = int(finfo.nmant)
+    top = int(finfo.maxexp) - 1
     magnitudes = [2.0**k for k in range(-12, 15)]
+    magnitudes += [2.0**k for k in range(18, top + 1, 4 if top < 200 else 16)]
     magnitudes += [1.0 - 2.0**-k for k in range(2, min(nmant, 24))]
     points = {0.0, *magnitudes, *(-m for m in magnitudes)}
     return np.asarray(sorted(points), dtype)
