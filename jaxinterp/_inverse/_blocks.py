@@ -786,18 +786,43 @@ def _least_squares(jac: Any, rhs: Any) -> tuple[Any, Any, Any]:
     return u, ildj, ok
 
 
+def _same_for_every_element(k: Any, shape: tuple[int, ...]) -> bool:
+    """Whether a known operand of an elementwise block is the same for every
+    element: a scalar, or a table the block indexes or reduces (a shape that
+    does not broadcast against the elements', as a spline's knots)."""
+    k_shape = tuple(jnp.shape(k))
+    if not k_shape:
+        return True
+    try:
+        np.broadcast_shapes(k_shape, tuple(shape))
+    except ValueError:
+        return True
+    return False
+
+
 def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
     """`x` by the elementwise solver (NaN where no root is found). A map that
     turns (`_solve.monotone_on_grid`) is not injective: refused now when its
     known operands are constants, else NaN where it turns."""
     if not any(compat.is_tracer(k) for k in known) and not compat.in_manual_body():
         shape, dtype = jnp.shape(y), jnp.result_type(y)
-        uniform = all(not jnp.shape(k) for k in known)
+        uniform = all(_same_for_every_element(k, shape) for k in known)
         try:
+            # A piecewise map may jump between grid points where a case
+            # switches: sampled either side of each switch too.
+            extra = (
+                _turning.switch_points(block, known, tuple(shape), dtype)
+                if uniform
+                else []
+            )
             with jax.ensure_compile_time_eval():
                 ok = np.asarray(
                     _solve.monotone_on_grid(
-                        lambda x: block.g(x, *known), shape, dtype, uniform=uniform
+                        lambda x: block.g(x, *known),
+                        shape,
+                        dtype,
+                        uniform=uniform,
+                        extra=extra,
                     )
                 )
         except jax.errors.TracerArrayConversionError:
@@ -809,7 +834,9 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
             # if it has one anywhere.
             found = None
             if uniform:
-                found = _turning.stretches(lambda x: block.g(x, *known), dtype)
+                found = _turning.stretches(
+                    lambda x: block.g(x, *known), dtype, tuple(shape), extra
+                )
             if found is None or not found.any_single():
                 every = (
                     " (every value it takes, as far as the sample points and "

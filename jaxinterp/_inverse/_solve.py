@@ -135,6 +135,7 @@ def monotone_on_grid(
     *,
     uniform: bool = False,
     like: Any = None,
+    extra: Sequence[float] = (),
 ) -> Any:
     """Per element, whether `g` (elementwise) never turns on `grid`: its
     finite values either never decrease or never increase, on every stretch
@@ -145,11 +146,13 @@ def monotone_on_grid(
 
     `uniform`: `g` is the same map for every element (its known operands are
     scalars), so one call of `g` on `shape` samples many grid points at once
-    (one per element) instead of one call per point."""
+    (one per element) instead of one call per point; `extra` points are
+    sampled too (either side of a piecewise map's switches)."""
     eps = jnp.finfo(dtype).eps
     size = math.prod(shape)
     if uniform and size:
-        return jnp.broadcast_to(_monotone_uniform(g, shape, dtype, like), shape)
+        checked = _monotone_uniform(g, shape, dtype, like, extra)
+        return jnp.broadcast_to(checked, shape)
     points = jnp.asarray(grid(dtype))
 
     # A `while_loop`, not `fori_loop`: under `jax_scan3` a fixed-length loop
@@ -183,12 +186,18 @@ def monotone_on_grid(
 
 
 def _monotone_uniform(
-    g: Callable[[Any], Any], shape: Any, dtype: Any, like: Any = None
+    g: Callable[[Any], Any],
+    shape: Any,
+    dtype: Any,
+    like: Any = None,
+    extra: Sequence[float] = (),
 ) -> Any:
     """`monotone_on_grid` of a map that is the same for every element: the
     grid laid out over the elements, a call of `g` per `size` points (in a
     loop: one copy of `g` in the program however small `shape` is)."""
     points = grid(dtype)
+    if len(extra):
+        points = np.unique(np.concatenate([points, np.asarray(extra, dtype)]))
     size = math.prod(shape)
     count = points.shape[0]
     chunks = -(-count // size)

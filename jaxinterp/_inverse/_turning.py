@@ -26,7 +26,8 @@ grid points that the values at the grid do not show is not seen.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -87,23 +88,56 @@ class Stretches:
         return False
 
 
-def stretches(g: Callable[[Any], Any], dtype: Any) -> Stretches | None:
+def stretches(
+    g: Callable[[Any], Any],
+    dtype: Any,
+    shape: tuple[int, ...] = (),
+    extra: Sequence[float] = (),
+) -> Stretches | None:
     """The monotone stretches of `g` (elementwise, the same map for every
     element; evaluated now, with concrete values), or `None` if it turns
     more often than the grid resolves (two turns between neighbouring grid
-    points, or several where one was refined)."""
+    points, or several where one was refined). `g` is called on values of
+    `shape` (its equations may be written for that shape); `extra`: more
+    points to sample (either side of a piecewise map's switches)."""
     try:
-        return _stretches(g, dtype)
+        return _stretches(g, dtype, shape, extra)
     except _Wiggles:
         return None
 
 
-def _stretches(g: Callable[[Any], Any], dtype: Any) -> Stretches:
+def values_on(
+    g: Callable[[Any], Any], points: np.ndarray, shape: tuple[int, ...], dtype: Any
+) -> np.ndarray:
+    """`g` at `points` (now, as float64), laid over calls on values of
+    `shape` (the last call padded with the last point)."""
+    size = max(math.prod(shape), 1)
+    n = len(points)
+    chunks = -(-n // size)
+    padded = np.concatenate([points, np.full(chunks * size - n, points[-1])])
+    out = []
     with jax.ensure_compile_time_eval():
-        points = _solve.grid(dtype)
-        values = np.asarray(g(jnp.asarray(points, dtype)), np.float64)
+        for c in range(chunks):
+            xs = jnp.asarray(padded[c * size : (c + 1) * size].reshape(shape), dtype)
+            out.append(np.ravel(np.asarray(g(xs), np.float64)))
+    return np.concatenate(out)[:n]
+
+
+def _stretches(
+    g: Callable[[Any], Any], dtype: Any, shape: tuple[int, ...], extra: Sequence[float]
+) -> Stretches:
+    points = _solve.grid(dtype)
+    if len(extra):
+        points = np.unique(np.concatenate([points, np.asarray(extra, dtype)]))
+    values = values_on(g, points, shape, dtype)
     eps = float(jnp.finfo(dtype).eps)
     finite = np.isfinite(values)
+    # `extra` holds pairs of neighbouring values either side of a switch:
+    # nothing lies between them, so a jump there is no turn to refine but a
+    # break between stretches (as a pole is).
+    pairs = np.asarray(extra, dtype).reshape(-1, 2)
+    index = {float(p): k for k, p in enumerate(points)}
+    cut = {index[float(lo)] for lo, _ in pairs if float(lo) in index}
     x_lo: list[float] = []
     x_hi: list[float] = []
     v_lo: list[float] = []
@@ -115,13 +149,28 @@ def _stretches(g: Callable[[Any], Any], dtype: Any) -> Stretches:
             i += 1
             continue
         j = i
-        while j + 1 < n and finite[j + 1]:
+        while j + 1 < n and finite[j + 1] and j not in cut:
             j += 1
         # A stretch of finite values, points[i..j]; split where it turns.
-        for a, b, turn_lo, turn_hi in _monotone_pieces(g, dtype, points, values, i, j):
-            left = -np.inf if a == 0 else points[a - 1] if not finite[a - 1] else None
+        pieces = _monotone_pieces(g, dtype, shape, points, values, i, j)
+        for a, b, turn_lo, turn_hi in pieces:
+            left = (
+                -np.inf
+                if a == 0
+                else points[a]
+                if a - 1 in cut
+                else points[a - 1]
+                if not finite[a - 1]
+                else None
+            )
             right = (
-                np.inf if b == n - 1 else points[b + 1] if not finite[b + 1] else None
+                np.inf
+                if b == n - 1
+                else points[b]
+                if b in cut
+                else points[b + 1]
+                if not finite[b + 1]
+                else None
             )
             lo_x = turn_lo[0] if turn_lo is not None else left
             hi_x = turn_hi[0] if turn_hi is not None else right
@@ -170,6 +219,7 @@ def _beyond(inner: float, end: float, lo: float, hi: float, eps: float) -> tuple
 def _monotone_pieces(
     g: Callable[[Any], Any],
     dtype: Any,
+    shape: tuple[int, ...],
     points: np.ndarray,
     values: np.ndarray,
     first: int,
@@ -192,7 +242,7 @@ def _monotone_pieces(
             span = values[start : k + 1]
             t = start + int(np.argmax(span) if direction > 0 else np.argmin(span))
             turn = _refine(
-                g, dtype, points, max(t - 1, first), min(t + 1, last), direction
+                g, dtype, shape, points, max(t - 1, first), min(t + 1, last), direction
             )
             pieces.append((start, t, turn_lo, turn))
             start, turn_lo = t, turn
@@ -204,7 +254,13 @@ def _monotone_pieces(
 
 
 def _refine(
-    g: Callable[[Any], Any], dtype: Any, points: np.ndarray, a: int, b: int, peak: int
+    g: Callable[[Any], Any],
+    dtype: Any,
+    shape: tuple[int, ...],
+    points: np.ndarray,
+    a: int,
+    b: int,
+    peak: int,
 ) -> tuple[float, float]:
     """`(x, value)` of the map's extreme between `points[a]` and `points[b]`
     (a maximum if `peak > 0`), by sampling twice, the second time between
@@ -216,8 +272,7 @@ def _refine(
     best_x, best_v = lo, 0.0
     for _ in range(2):
         xs = np.linspace(lo, hi, _REFINE).astype(dtype)
-        with jax.ensure_compile_time_eval():
-            vs = np.asarray(g(jnp.asarray(xs, dtype)), np.float64)
+        vs = values_on(g, xs, shape, dtype)
         vs_ = np.where(np.isfinite(vs), vs, -np.inf if peak > 0 else np.inf)
         if _turns(vs_, eps) > 1:
             raise _Wiggles
@@ -240,3 +295,67 @@ def _turns(values: np.ndarray, eps: float) -> int:
     signs = np.where(np.abs(steps) <= noise, 0, np.sign(steps))
     signs = signs[np.isfinite(steps) & (signs != 0)]
     return int(np.sum(signs[1:] != signs[:-1]))
+
+
+def switch_points(
+    block: Any, known: Sequence[Any], shape: tuple[int, ...], dtype: Any
+) -> list[float]:
+    """Pairs of neighbouring values of `dtype` either side of each place where
+    a block (the same map for every element) changes a discrete choice
+    between two grid points: a comparison of the unknown, a bin index (every
+    boolean or integer value in the block that has the unknown's elements as
+    its leading axes). A piecewise map may jump there, between the grid's
+    samples. Found by bisection on those values."""
+    points = _solve.grid(dtype)
+    size = max(math.prod(shape), 1)
+    inputs = set(block.xs) | set(block.known)
+
+    def choices(xs: np.ndarray) -> np.ndarray:
+        n = len(xs)
+        chunks = -(-n // size)
+        padded = np.concatenate([xs, np.full(chunks * size - n, xs[-1])])
+        cols = []
+        with jax.ensure_compile_time_eval():
+            for c in range(chunks):
+                chunk = padded[c * size : (c + 1) * size].reshape(shape)
+                env = block.run(jnp.asarray(chunk, dtype), known)
+                parts = [
+                    np.reshape(np.asarray(val), (size, -1))
+                    for v, val in env.items()
+                    if v not in inputs
+                    and not jnp.issubdtype(jnp.result_type(val), jnp.inexact)
+                    and tuple(jnp.shape(val)[: len(shape)]) == tuple(shape)
+                ]
+                if not parts:
+                    return np.zeros((n, 0), np.int64)
+                cols.append(np.concatenate([p.astype(np.int64) for p in parts], 1))
+        return np.concatenate(cols, axis=0)[:n]
+
+    at = choices(points)
+    if not at.shape[1]:
+        return []
+    found: list[float] = []
+    for i in np.flatnonzero(np.any(at[1:] != at[:-1], axis=1)):
+        start, end = points[i].astype(dtype), points[i + 1].astype(dtype)
+        # Several switches may lie between two grid points (a bin edge, then
+        # the end of a spline's range): each found, left to right.
+        for _ in range(_MAX_SWITCHES):
+            left = choices(np.asarray([start]))[0]
+            if np.array_equal(left, at[i + 1]):
+                break
+            lo, hi = start, end
+            for _ in range(200):
+                mid = np.asarray((float(lo) + float(hi)) / 2, dtype)
+                if mid in (lo, hi):
+                    break
+                if np.array_equal(choices(np.asarray([mid]))[0], left):
+                    lo = mid
+                else:
+                    hi = mid
+            found += [float(lo), float(hi)]
+            start = hi
+    return found
+
+
+# At most this many switches are looked for between two grid points.
+_MAX_SWITCHES = 16
