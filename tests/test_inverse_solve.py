@@ -323,6 +323,10 @@ def test_a_jump_between_grid_points_is_seen(f, twice, once):
     sampled either side, so a value taken twice gives NaN, not one preimage;
     a value taken once is still solved."""
     try:
+        f(jnp.asarray(twice))
+    except NotImplementedError as err:  # `searchsorted` under the future flags
+        pytest.skip(f"plain JAX fails this program: {err}")
+    try:
         got = jaxinterp.inverse(f)(jnp.asarray(twice))
     except jaxinterp.NotInvertibleError:
         # JAX 0.7 stages `searchsorted` so that the spline is no per-element

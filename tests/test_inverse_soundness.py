@@ -254,8 +254,17 @@ def test_scan_carry_solved_back_must_equal_its_known_initial_value(reverse):
     carry: a `y` with another value there is off the image (the carry solved
     back from it was dropped for the known one, unchecked)."""
     f = _scan_carry_before(reverse)
-    inv = jaxinterp.inverse(f, example_args=(jnp.zeros(3),))
     x = jnp.array([1.0, 2.0, -1.0])
+    # The carry before each step, by hand (JAX 0.12's `Scan3`, under the
+    # future flags, ignores `reverse`: then there is nothing to test).
+    carry, want = 1.0, []
+    for xi in (x[::-1] if reverse else x).tolist():
+        want.append(carry)
+        carry = carry * 2 + xi
+    want = want[::-1] if reverse else want
+    if not np.allclose(f(x)[0], want):
+        pytest.skip("plain JAX's scan ignores `reverse` here (the future flags)")
+    inv = jaxinterp.inverse(f, example_args=(jnp.zeros(3),))
     np.testing.assert_allclose(inv(f(x)), x, atol=1e-6)
     ys, c = f(x)
     first = 0 if not reverse else -1
