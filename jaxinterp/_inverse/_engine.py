@@ -216,11 +216,7 @@ class InverseWalker:
                 forward_differentiable(eqn),
             )
             st.agreements.append((ok, eqn))
-            if any(v in st.solved_by for v in eqn.outvars):
-                outs = self._forward(eqn, ins)
-                for v, val in zip(eqn.outvars, outs, strict=True):
-                    if v in st.solved_by:
-                        self._recheck_producer(st, v, val)
+            self._recheck_results(st, eqn, ins)
         if not all(v in env for v in eqn.outvars):
             ins = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
             outs = self._forward(eqn, ins)
@@ -523,8 +519,15 @@ class InverseWalker:
         )
         st.agreements.append((ok, eqn))
         # Its results solved backwards (NaN off a rule's domain) likewise.
+        self._recheck_results(st, eqn, ins)
+
+    def _recheck_results(
+        self, st: SolveState, eqn: compat.JaxprEqn, ins: Sequence[Any]
+    ) -> None:
+        """`eqn` recomputed from `ins`: each of its results that a rule
+        solved backwards is rechecked through its producer."""
         if any(w in st.solved_by for w in eqn.outvars):
-            again = self._forward(eqn, ins)
+            again = self._forward(eqn, list(ins))
             for w, val in zip(eqn.outvars, again, strict=True):
                 if w in st.solved_by:
                     self._recheck_producer(st, w, val)

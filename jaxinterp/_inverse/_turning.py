@@ -111,16 +111,24 @@ def values_on(
 ) -> np.ndarray:
     """`g` at `points` (now, as float64), laid over calls on values of
     `shape` (the last call padded with the last point)."""
+    out = []
+    with jax.ensure_compile_time_eval():
+        for xs in _chunks(points, shape, dtype):
+            out.append(np.ravel(np.asarray(g(xs), np.float64)))
+    return np.concatenate(out)[: len(points)]
+
+
+def _chunks(points: np.ndarray, shape: tuple[int, ...], dtype: Any) -> list[Any]:
+    """`points` laid over values of `shape`, the last padded with the last
+    point."""
     size = max(math.prod(shape), 1)
     n = len(points)
     chunks = -(-n // size)
     padded = np.concatenate([points, np.full(chunks * size - n, points[-1])])
-    out = []
-    with jax.ensure_compile_time_eval():
-        for c in range(chunks):
-            xs = jnp.asarray(padded[c * size : (c + 1) * size].reshape(shape), dtype)
-            out.append(np.ravel(np.asarray(g(xs), np.float64)))
-    return np.concatenate(out)[:n]
+    return [
+        jnp.asarray(padded[c * size : (c + 1) * size].reshape(shape), dtype)
+        for c in range(chunks)
+    ]
 
 
 def _stretches(
@@ -312,13 +320,10 @@ def switch_points(
 
     def choices(xs: np.ndarray) -> np.ndarray:
         n = len(xs)
-        chunks = -(-n // size)
-        padded = np.concatenate([xs, np.full(chunks * size - n, xs[-1])])
         cols = []
         with jax.ensure_compile_time_eval():
-            for c in range(chunks):
-                chunk = padded[c * size : (c + 1) * size].reshape(shape)
-                env = block.run(jnp.asarray(chunk, dtype), known)
+            for chunk in _chunks(xs, shape, dtype):
+                env = block.run(chunk, known)
                 parts = [
                     np.reshape(np.asarray(val), (size, -1))
                     for v, val in env.items()
