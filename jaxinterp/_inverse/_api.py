@@ -26,7 +26,7 @@ from .._trace import (
     spec_of,
     stage_flat,
 )
-from . import _nonsquare
+from . import _gram, _nonsquare
 from ._engine import InverseWalker
 
 # Signatures remembered by each inverse function for its fast path.
@@ -311,6 +311,7 @@ def _compile(
             nan_checks=strict,
             want_ildj=mode != "x",
             solvers=solvers,
+            complete=True,
         )
         xs = [v for v, m in zip(sol.invals, mask, strict=True) if m]
         messages[:] = [message for _, message in sol.nan_checks]
@@ -318,15 +319,18 @@ def _compile(
         if mode == "x":
             return [*xs, *counts]
         ildj = sol.ildj
-        if mode != "x":  # more results than unknowns: the whole map's area formula
-            area = _nonsquare.whole_map_ildj(
-                lambda unknown: forward(unknown, invals),
-                xs,
-                staged.out_avals,
-                staged.fn_name,
-            )
-            if area is not None:  # (NaN where the steps' ildj is)
-                ildj = jnp.where(jnp.isnan(ildj), jnp.nan, area)
+        # More results than unknowns: in the coordinates the inverse reads.
+        whole = _nonsquare.whole_map_ildj(
+            lambda unknown: forward(unknown, invals),
+            lambda ys_: inverse_x(ys_, args[n_y:]),
+            xs,
+            ys,
+            staged.out_avals,
+            staged.fn_name,
+            completed=_gram.COMPLETED in sol.methods.values(),
+        )
+        if whole is not None:  # (NaN where the steps' ildj is)
+            ildj = jnp.where(jnp.isnan(ildj), jnp.nan, whole)
         # An element with no preimage (NaN) leaves the log-det undefined.
         lost = [
             jnp.any(jnp.isnan(x))
@@ -347,6 +351,14 @@ def _compile(
         it = iter(unknown)
         args = [next(it) if m else v for v, m in zip(invals, mask, strict=True)]
         return primal_walker.eval_jaxpr(jaxpr, consts, *args)
+
+    def inverse_x(ys: list[Any], known: Sequence[Any]) -> list[Any]:
+        """The unknowns from `ys` alone (no ildj), as a function to
+        differentiate; a `custom_vjp` on the way runs its primal body."""
+        cx = _compile(staged, mask, specs, y_leaves, "x", solvers=solvers)
+        return primal_walker.eval_jaxpr(cx.closed.jaxpr, cx.closed.consts, *ys, *known)[
+            : cx.n_x
+        ]
 
     known_specs = [
         spec_of(a) for a, m in zip(staged.in_avals, mask, strict=True) if not m

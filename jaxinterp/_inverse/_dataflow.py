@@ -36,6 +36,10 @@ class SolveOptions:
     want_ildj: bool = True
     solvers: bool = True
     blocks: bool = True
+    # Whether discarded elements may be completed (`_gram.fill_step`): only
+    # in the outermost run, whose caller then takes the ildj in the
+    # coordinates the inverse reads.
+    complete: bool = False
 
 
 class SolveState:

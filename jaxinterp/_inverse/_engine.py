@@ -42,6 +42,7 @@ from . import (
     _blocks as bl,
     _branches as br,
     _fractional as fr,
+    _gram as gm,
     _linear_parts as lp,
     _masked as mk,
     _nonsquare as nsq,
@@ -66,6 +67,7 @@ from ._rules import (
     agree_solved,
     assemble,
     forward_differentiable,
+    inherited_rounding,
     inverse_rules,
     overlapping,
 )
@@ -148,6 +150,7 @@ class InverseWalker:
         solvers: bool = True,
         blocks: bool = True,
         seeds: Sequence[tuple[Any, list[Any]]] = (),
+        complete: bool = False,
     ) -> Solution:
         """Find the unknown inputs of `jaxpr` (and any outputs not given).
 
@@ -170,17 +173,28 @@ class InverseWalker:
             seeds: (variable, pieces) of values known in parts from the
                 start (an enclosing equation's partly known operands and
                 results, see `_masked.py`).
+            complete: whether elements that a step discards may be taken
+                from its result when nothing determines them (`_gram.py`);
+                the ildj then needs the caller's care (the steps' ildjs may
+                count discarded elements).
 
         Returns:
             A `Solution`.
         """
-        options = SolveOptions(nan_checks, want_ildj, solvers, blocks)
+        options = SolveOptions(nan_checks, want_ildj, solvers, blocks, complete)
         st = SolveState(jaxpr, consts, invals, outvals, out_branches, options, seeds)
         while True:
             i = st.next_equation()
             if i is None:
-                # Stuck: an elementwise block of one unknown may still be solved.
-                if not blocks or not st.reasons or not self._solve_block(st):
+                # Stuck: an elementwise block of one unknown may still be
+                # solved; else a principal factor or discarded elements chosen.
+                if not blocks or not st.reasons:
+                    break
+                if not (
+                    self._solve_block(st)
+                    or gm.gram_step(self, st)
+                    or (complete and gm.fill_step(self, st))
+                ):
                     break
                 continue
             eqn = st.eqns[i]
@@ -214,6 +228,7 @@ class InverseWalker:
                 ins,
                 known,
                 forward_differentiable(eqn),
+                inherited=[self._inherited(st, v) for v in eqn.invars],
             )
             st.agreements.append((ok, eqn))
             self._recheck_results(st, eqn, ins)
@@ -455,6 +470,34 @@ class InverseWalker:
                 st.solved_by[v] = (i, operands, list(outs))
         if again:
             self._check_again(st, eqn, outs)
+
+    def _inherited(self, st: SolveState, v: Any) -> Any:
+        """The rounding `v` took from the result it was solved from, if an
+        elementwise step of one result solved it backwards (else `None`)."""
+        by = None if type(v) is _Literal else st.solved_by.get(v)
+        if by is None:
+            return None
+        i, operands, known = by
+        eqn, solved = st.eqns[i], st.env.get(v)
+        if solved is None:
+            return None
+        if (
+            len(known) != 1
+            or known[0] is None
+            or not _floating(solved)
+            or not forward_differentiable(eqn)
+            or not bl.is_elementwise(eqn, jnp.shape(solved))
+            or any(x is None for x in operands)
+        ):
+            return None
+
+        def step(xk: Any) -> Any:
+            ins = [
+                xk if u is v else x for u, x in zip(eqn.invars, operands, strict=True)
+            ]
+            return self._forward(eqn, ins)[0]
+
+        return inherited_rounding(step, solved, known[0])
 
     def _recheck_producer(
         self, st: SolveState, v: Any, recomputed: Any, depth: int = 0

@@ -106,7 +106,9 @@ def explain_inverse(
 
     def run(ys: list[Any], xs: list[Any]) -> list[Any]:
         invals = [None if m else x for x, m in zip(xs, mask, strict=True)]
-        result["solution"] = walker.solve(jaxpr, consts, invals, ys, strict=False)
+        result["solution"] = walker.solve(
+            jaxpr, consts, invals, ys, strict=False, complete=True
+        )
         return []
 
     try:

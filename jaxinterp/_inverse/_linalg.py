@@ -20,9 +20,10 @@ BOTH_UNKNOWN = (
     "`dot_general` of two unknown operands is not inverted: a product such as "
     "`L @ L.T` has many factors (a matrix square root is not unique: `L @ Q` "
     "for any orthogonal `Q`, or a sign flip of a column of a triangular "
-    "factor). For a lower-triangular factor with a positive diagonal, give the "
-    "function a `@jaxinterp.custom_inverse` that returns "
-    "`jnp.linalg.cholesky(y)`"
+    "factor). A factor lower triangular by construction (`L = jnp.tril(z)`, "
+    "2-D) is taken as the Cholesky factor, its principal branch; otherwise "
+    "give the function a `@jaxinterp.custom_inverse` (`jnp.linalg.cholesky(y)` "
+    "when `L` is lower triangular with a positive diagonal)"
 )
 
 

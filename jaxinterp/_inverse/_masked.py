@@ -210,7 +210,12 @@ def step(walker: InverseWalker, st: SolveState, i: int) -> bool:
                     _refresh_reason(st, i)
                 return progress
             if eqn.primitive in _BODIES:
-                return _whole_call(walker, st, i) or _call(walker, st, i)
+                try:  # (its rule may refuse the whole value: then in parts)
+                    if _whole_call(walker, st, i):
+                        return True
+                except NotInvertibleError:
+                    pass
+                return _call(walker, st, i)
             if eqn.primitive.name in chol.READS_LOWER:
                 return _lower_known(walker, st, i)
             copied = _scattered.step(walker, st, i)

@@ -436,6 +436,7 @@ def agree_recomputed(
     known: Sequence[Any],
     differentiable: bool = True,
     solved: bool = False,
+    inherited: Sequence[Any] | None = None,
 ) -> Any:
     """Whether `forward(*ins)` agrees with the values `known` of its results
     (`None` where not known), as one boolean. The tolerance follows each
@@ -444,9 +445,12 @@ def agree_recomputed(
     only), so a recomputation through a steep map rounds as it may. An
     operand's magnitude is taken as its own plus its largest element's:
     solved operands carry rounding relative to the values around them (a
-    factorization's `4e-25` where `0` was meant). With `solved`, the known
-    results were solved too and carry the same: their largest elements'
-    rounding is allowed as well."""
+    factorization's `4e-25` where `0` was meant), and `inherited` (per
+    operand, `None` or a magnitude) adds the rounding an operand solved
+    backwards took from the values it was solved from (`x = y - 1` for
+    `y = x + 1` is off by `eps |y|`, not `eps |x|`). With `solved`, the
+    known results were solved too and carry the same: their largest
+    elements' rounding is allowed as well."""
     # A check, not part of the answer's derivative: no tangents through it.
     ins = [lax.stop_gradient(x) if _floating(x) else x for x in ins]
     known = [None if k is None else lax.stop_gradient(k) for k in known]
@@ -466,6 +470,8 @@ def agree_recomputed(
         size = jnp.where(nan, 0, size)
         if jnp.ndim(size):
             size = size + jnp.max(size)
+        if inherited is not None and inherited[k] is not None:
+            size = size + inherited[k]
         outs, tangents = jax.jvp(moved, (at,), (size.astype(at.dtype),))
         slopes = [
             s + jnp.nan_to_num(jnp.abs(t), nan=0.0, posinf=0.0)
@@ -489,6 +495,25 @@ def agree_recomputed(
         if kn is not None
     ]
     return functools.reduce(jnp.logical_and, oks, jnp.bool_(True))
+
+
+def inherited_rounding(forward: Callable[[Any], Any], solved: Any, result: Any) -> Any:
+    """The rounding a value `solved` backwards from `result = forward(solved)`
+    (an elementwise step, its other operands known) took from `result`: the
+    result's magnitude (its own plus its largest element's) over the step's
+    slope, elementwise; 0 where the slope is 0 or not finite. First order:
+    `x = log(y)` keeps `eps`, `x = y - 1` gets `eps |y|`."""
+    at = lax.stop_gradient(jnp.asarray(solved))
+    _, slope = jax.jvp(forward, (at,), (jnp.ones_like(at),))
+    size = jnp.abs(lax.stop_gradient(jnp.asarray(result))).astype(at.dtype)
+    size = jnp.where(jnp.isnan(size), 0, size)
+    if jnp.ndim(size):
+        size = size + jnp.max(size)
+    slope = jnp.abs(slope)
+    ok = (slope > 0) & jnp.isfinite(slope) & jnp.isfinite(size)
+    # (`integer_pow`, not `div`: a check, told apart from solving steps.)
+    inverse_slope = lax.integer_pow(jnp.where(ok, slope, 1), -1)
+    return jnp.where(ok, size * inverse_slope, 0).astype(at.dtype)
 
 
 def agree_piece(piece: Any, whole: Any) -> Any:

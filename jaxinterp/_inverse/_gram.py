@@ -1,0 +1,249 @@
+"""Two choices the engine makes only when nothing else determines a value.
+
+* **A Gram matrix `A @ A.T` of a factor lower triangular by construction**
+  (`L = jnp.tril(z)`, TFP's `band_part`, then `L @ L.T`): every such
+  product has many factors (a sign flip of a column of `L`), and the
+  principal one, the Cholesky factor with a positive diagonal, is taken, as
+  `sqrt` is for `x**2`. The factor must be lower triangular whatever its
+  unknowns are: its producer, run on NaN unknowns, gives exact zeros above
+  the diagonal. `y` must be symmetric positive definite: the product is then
+  recomputed from the factor and compared with `y` like any second
+  constraint (NaN off the image). The ildj is on the lower triangles of `y`
+  and `L`: `-(n log 2 + sum_i (n - i) log L_ii)`.
+* **Elements a step discards**: a value known only in parts, whose unknown
+  elements a step of the same shape never reads (`jnp.tril(z)` reads only `z`'s
+  lower triangle; a `select_n` with a constant predicate and a constant
+  other case) is completed with what the step uses in their place, the
+  preimage the step leaves unchanged (`z = tril(z)`: zeros above the
+  diagonal), as the symmetric preimage of a symmetrization is
+  (`_cholesky.py`). That the step does not read them, and what it uses
+  instead, is found by running it with NaN there (its other operands must
+  be constants); the completed value is run forwards and compared with the
+  step's result like any second constraint. Only the outermost run of the
+  engine completes values (`complete=True`), and `inverse` then takes the
+  ildj in the coordinates the inverse reads: the steps' ildjs would count
+  the elements discarded (`exp(where(mask, x, 2.0))`).
+
+Both run only when the engine is otherwise stuck (see
+`InverseWalker.solve`), so an exact solution is always preferred.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import _jax_compat as compat
+from . import _blocks as bl, _cholesky as chol, _masked as mk
+from ._dataflow import INVERTED, SolveState
+from ._rules import agree_recomputed
+
+_Literal = compat.Literal
+
+GRAM = "principal Cholesky factor"
+COMPLETED = "discarded elements taken from the result"
+
+# Steps through which a value is the same matrix, possibly transposed.
+_SAME = frozenset({"copy", "copy_p", "transpose", "convert_element_type"})
+
+
+def gram_step(walker: Any, st: SolveState) -> bool:
+    """Solve one blocked `A @ A.T` (2-D, `A` lower triangular by
+    construction) for `A`'s source; whether one was found."""
+    for i in sorted(st.reasons, reverse=True):
+        eqn: Any = st.eqns[i]
+        if eqn.primitive is not lax.dot_general_p:
+            continue
+        (out,) = eqn.outvars
+        lhs, rhs = eqn.invars
+        if out not in st.env or not _unknown(st, lhs) or not _unknown(st, rhs):
+            continue
+        (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+        if lb or rb or len(lhs.aval.shape) != 2 or len(rhs.aval.shape) != 2:
+            continue
+        src_l, perm_l = _source(st, lhs)
+        src_r, perm_r = _source(st, rhs)
+        # Each operand with its contracted axis last, as a permutation of
+        # the source: `A @ A.T` when the two agree.
+        left = _contracted_last(perm_l, lc[0])
+        if src_l is not src_r or left != _contracted_last(perm_r, rc[0]):
+            continue
+        if not _lower_by_construction(walker, st, src_l, left):
+            continue
+        # (Reads the lower triangle only: the recomputed product checks the
+        # upper one.)
+        y = st.env[out]
+        factor = jnp.tril(lax.linalg.cholesky(y, symmetrize_input=False))
+        # The product recomputed must give `y` (symmetric, and no NaN from a
+        # matrix that is not positive definite); the step is then done, so
+        # no rule solves one operand again from the other.
+        ok = agree_recomputed(lambda a: [a @ a.T], [factor], [y])
+        st.agreements.append((ok & ~jnp.any(jnp.isnan(factor)), eqn))
+        # The source from `A`: undo the permutation.
+        value = jnp.transpose(factor, tuple(int(k) for k in np.argsort(left)))
+        st.env[src_l] = value.astype(src_l.aval.dtype)
+        st.pieces.pop(src_l, None)
+        if st.options.want_ildj:
+            st.ildj_terms.append(-chol.cholesky_ildj(factor))
+        st.methods[i] = GRAM
+        st.finish(i, INVERTED)
+        st.learned(src_l)
+        return True
+    return False
+
+
+def fill_step(walker: Any, st: SolveState) -> bool:
+    """Complete one value known in parts whose unknown elements an
+    elementwise step discards; whether one was."""
+    for v in list(st.pieces):
+        mask = mk._mask(st, v)
+        if mask.all() or not jnp.issubdtype(v.aval.dtype, jnp.inexact):
+            continue
+        for c in sorted(st.consumers.get(v, ())):
+            eqn: Any = st.eqns[c]
+            if len(eqn.outvars) != 1 or eqn.outvars[0] not in st.env:
+                continue
+            (out,) = eqn.outvars
+            if not _elementwise_in(eqn, v):
+                continue
+            used = _used_instead(walker, st, eqn, v, mask)
+            if used is None:
+                continue
+            lost = ~mask
+            flat = np.flatnonzero(lost)
+            mk._add_piece(st, v, lost, jnp.asarray(used.ravel()[flat]), c, True)
+            st.methods[c] = COMPLETED
+            return True
+    return False
+
+
+def _elementwise_in(eqn: Any, v: Any) -> bool:
+    """Whether `eqn` maps `v` to its one result element by element: an
+    elementwise step, or a call whose every step on the way from `v` is one
+    (`jnp.tril` builds its mask with `iota`, which does not read `v`)."""
+    shape = mk._shape(v)
+    if len(eqn.outvars) != 1 or mk._shape(eqn.outvars[0]) != shape:
+        return False
+    get_body = mk._BODIES.get(eqn.primitive)
+    if get_body is None:
+        return bl.is_elementwise(eqn, shape)
+    jaxpr = compat.open_jaxpr(get_body(eqn.params))
+    if len(jaxpr.invars) != len(eqn.invars):
+        return False
+    reached = {
+        inner
+        for outer, inner in zip(eqn.invars, jaxpr.invars, strict=True)
+        if outer is v
+    }
+    for e in jaxpr.eqns:
+        if any(type(u) is not _Literal and u in reached for u in e.invars):
+            if not _elementwise_in(e, next(u for u in e.invars if u in reached)):
+                return False
+            reached.update(e.outvars)
+    return all(type(o) is not _Literal and o in reached for o in jaxpr.outvars)
+
+
+def _unknown(st: SolveState, v: Any) -> bool:
+    return type(v) is not _Literal and v not in st.env and v not in st.pieces
+
+
+def _source(st: SolveState, v: Any) -> tuple[Any, tuple[int, ...]]:
+    """The value `v` copies (through copies, transposes and conversions to
+    the same dtype), and the permutation of its axes that gives `v`."""
+    perm = tuple(range(len(v.aval.shape)))
+    while True:
+        p = st.producer.get(v)
+        if p is None:
+            return v, perm
+        eqn: Any = st.eqns[p]
+        name = eqn.primitive.name
+        (u,) = eqn.invars if len(eqn.invars) == 1 else (None,)
+        if name not in _SAME or u is None or type(u) is _Literal or u in st.env:
+            return v, perm
+        if u.aval.dtype != v.aval.dtype:
+            return v, perm
+        if name == "transpose":
+            # v = transpose(u, t): v's axis k is u's axis t[k].
+            t = eqn.params["permutation"]
+            perm = tuple(t[k] for k in perm)
+        v = u
+
+
+def _contracted_last(perm: tuple[int, ...], axis: int) -> tuple[int, ...]:
+    """`perm` with the entry at `axis` moved last."""
+    rest = [p for k, p in enumerate(perm) if k != axis]
+    return (*rest, perm[axis])
+
+
+def _lower_by_construction(
+    walker: Any, st: SolveState, src: Any, perm: tuple[int, ...]
+) -> bool:
+    """Whether `transpose(src, perm)` is lower triangular whatever the
+    unknowns: its producer, run on NaN unknowns, gives exact zeros above
+    the diagonal."""
+    p = st.producer.get(src)
+    if p is None:
+        return False
+    eqn: Any = st.eqns[p]
+    ins = []
+    for u in eqn.invars:
+        if type(u) is _Literal:
+            ins.append(u.val)
+        elif u in st.env:
+            if compat.is_tracer(st.env[u]):
+                return False
+            ins.append(st.env[u])
+        elif jnp.issubdtype(u.aval.dtype, jnp.inexact):
+            ins.append(np.full(u.aval.shape, np.nan, u.aval.dtype))
+        else:
+            return False
+    probe = _run(walker, eqn, ins)
+    if probe is None:
+        return False
+    value = np.transpose(probe[eqn.outvars.index(src)], perm)
+    upper = np.triu(np.ones(value.shape, bool), 1)
+    return bool(np.all(value[upper] == 0))
+
+
+def _used_instead(
+    walker: Any, st: SolveState, eqn: Any, v: Any, mask: np.ndarray
+) -> np.ndarray | None:
+    """If `eqn` never reads `v`'s elements outside `mask`, the constant
+    result it gives there (what it uses in their place), else `None`. Run
+    twice with NaN there and two stand-ins where `v` is known: the result
+    must have no NaN, and be the same outside `mask` both times. Its other
+    operands must be constants."""
+    probes = []
+    for stand_in in (0.5, 0.25):
+        ins = []
+        for u in eqn.invars:
+            if u is v:
+                ins.append(np.where(mask, stand_in, np.nan).astype(v.aval.dtype))
+            elif type(u) is _Literal:
+                ins.append(u.val)
+            elif u in st.env and not compat.is_tracer(st.env[u]):
+                ins.append(st.env[u])
+            else:
+                return None
+        probe = _run(walker, eqn, ins)
+        if probe is None or np.any(np.isnan(probe[0])):
+            return None
+        probes.append(probe[0].astype(v.aval.dtype))
+    lost = ~mask
+    if not np.array_equal(probes[0][lost], probes[1][lost]):
+        return None
+    return probes[0]
+
+
+def _run(walker: Any, eqn: Any, ins: list[Any]) -> list[np.ndarray] | None:
+    """`eqn` run on constants now, or `None` if it cannot be."""
+    try:
+        with jax.ensure_compile_time_eval():
+            outs = walker._forward(eqn, ins)
+        return [np.asarray(o) for o in outs]
+    except Exception:  # (any failure means: cannot tell, so no)
+        return None

@@ -1,0 +1,137 @@
+"""`L @ L.T` of a factor lower triangular by construction, and elements a
+step discards (`jaxinterp/_inverse/_gram.py`).
+
+Each inverse is compared with a hand-written one (`jnp.linalg.cholesky`),
+its ildj with `-log|det J|` of the map on lower-triangular coordinates
+(`jax.jacfwd` + NumPy's `slogdet`), and a `y` off the image (asymmetric, not
+positive definite) must give NaN. A factor not proven triangular is refused.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import jaxinterp
+
+FEW = settings(max_examples=min(6, settings.default.max_examples))
+
+
+def outer_tril(x):  # TFP's CholeskyOuterProduct: `band_part`, then `x x^T`
+    lower = jnp.tril(x)
+    return lower @ lower.T
+
+
+def outer_einsum(x):  # the product written without a transpose
+    lower = jnp.where(jnp.tri(x.shape[-1], dtype=bool), x, 0.0)
+    return jnp.einsum("ik,jk->ij", lower, lower)
+
+
+def outer_jit(x):  # the factor built in a `jit` call, used twice
+    lower = jax.jit(jnp.tril)(x)
+    return jnp.matmul(lower, jnp.transpose(lower))
+
+
+MAPS = {"tril": outer_tril, "einsum": outer_einsum, "jit": outer_jit}
+
+
+def _factors(n):
+    """Lower-triangular matrices with a positive diagonal."""
+    return st.lists(st.floats(-1.5, 1.5, width=32), min_size=n * n, max_size=n * n).map(
+        lambda v: (
+            np.tril(np.reshape(np.asarray(v, np.float32), (n, n)), -1)
+            + np.diag(0.5 + np.abs(np.asarray(v[:n], np.float32)))
+        )
+    )
+
+
+def _lower_coordinates_ildj(f, x):
+    """`-log|det J|` of `f` on the lower triangles of `x` and `f(x)`."""
+    n = x.shape[-1]
+    rows, cols = np.tril_indices(n)
+
+    def g(v):
+        return f(jnp.zeros((n, n), v.dtype).at[rows, cols].set(v))[rows, cols]
+
+    jac = np.asarray(jax.jacfwd(g)(x[rows, cols]), np.float64)
+    return float(-np.linalg.slogdet(jac)[1])
+
+
+@pytest.mark.parametrize("name", sorted(MAPS))
+@FEW
+@given(data=st.data())
+def test_the_principal_factor_is_the_cholesky_factor(name, data):
+    f = MAPS[name]
+    n = data.draw(st.integers(1, 4))
+    x = jnp.asarray(data.draw(_factors(n)))
+    y = f(x)
+    got, ildj = jaxinterp.inverse_and_ildj(f)(y)
+    np.testing.assert_allclose(got, jnp.linalg.cholesky(y), rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(got, x, rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(
+        ildj, _lower_coordinates_ildj(f, x), rtol=1e-3, atol=1e-3
+    )
+    jitted = jax.jit(jaxinterp.inverse(f))(y)
+    np.testing.assert_allclose(jitted, got, rtol=1e-5, atol=1e-5)
+
+
+def test_composes_with_vmap_and_grad():
+    x = jnp.array([[1.2, 0.0, 0.0], [0.3, 0.8, 0.0], [-0.4, 0.1, 1.5]])
+    ys = jnp.stack([outer_tril(x), outer_tril(0.5 * x + jnp.eye(3))])
+    np.testing.assert_allclose(
+        jax.vmap(jaxinterp.inverse(outer_tril))(ys),
+        jax.vmap(jnp.linalg.cholesky)(ys),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+    def weighted(f):
+        return lambda y: jnp.sum(f(y) * jnp.arange(9.0).reshape(3, 3))
+
+    # Along symmetric tangents (the image's): the inverse reads the lower
+    # triangle, `jnp.linalg.cholesky` the symmetric part.
+    y = ys[0]
+    got = jax.grad(weighted(jaxinterp.inverse(outer_tril)))(y)
+    want = jax.grad(weighted(jnp.linalg.cholesky))(y)
+    np.testing.assert_allclose(got + got.T, want + want.T, rtol=1e-4, atol=1e-4)
+
+
+def test_a_y_off_the_image_gives_nan():
+    x = jnp.array([[1.2, 0.0, 0.0], [0.3, 0.8, 0.0], [-0.4, 0.1, 1.5]])
+    y = outer_tril(x)
+    inverse = jaxinterp.inverse_and_ildj(outer_tril)
+    for off in (
+        y.at[0, 2].add(0.1),  # not symmetric
+        y.at[1, 1].set(-1.0),  # not positive definite
+        -y,
+    ):
+        got, ildj = inverse(off)
+        assert np.all(np.isnan(got)) and np.isnan(ildj)
+
+
+def test_a_factor_not_triangular_by_construction_is_refused():
+    with pytest.raises(jaxinterp.NotInvertibleError, match="matrix square root"):
+        jaxinterp.inverse(lambda x: x @ x.T)(jnp.eye(3))
+    # Lower triangular only for some values of its unknowns (the upper
+    # triangle scaled by a known zero would be NaN times zero): refused.
+    with pytest.raises(jaxinterp.NotInvertibleError, match="matrix square root"):
+        jaxinterp.inverse(lambda x: (x * jnp.tri(3)) @ (x * jnp.tri(3)).T)(jnp.eye(3))
+
+
+def test_discarded_elements_come_back_as_the_value_used_in_their_place():
+    # `where(mask, x, c)` reads `x` only where `mask`: the elements it
+    # discards are taken as `c`, the preimage the step leaves unchanged.
+    mask = jnp.array([True, False, True, False])
+
+    def f(x):
+        return jnp.exp(jnp.where(mask, x, 2.0))
+
+    x = jnp.array([0.3, 2.0, -1.0, 2.0])
+    got, ildj = jaxinterp.inverse_and_ildj(f)(f(x))
+    np.testing.assert_allclose(got, x, rtol=1e-6)
+    np.testing.assert_allclose(ildj, -(0.3 - 1.0), rtol=1e-6)
+    # A result that is not the constant where it is used: NaN.
+    assert np.all(np.isnan(jaxinterp.inverse(f)(f(x).at[1].set(1.0))))
