@@ -121,17 +121,41 @@ def test_a_factor_not_triangular_by_construction_is_refused():
         jaxinterp.inverse(lambda x: (x * jnp.tri(3)) @ (x * jnp.tri(3)).T)(jnp.eye(3))
 
 
-def test_discarded_elements_come_back_as_the_value_used_in_their_place():
+MASK = jnp.array([True, False, True, False])
+
+
+def exp_of_masked(x):
+    return jnp.exp(jnp.where(MASK, x, 2.0))
+
+
+@pytest.mark.parametrize(
+    "f", [exp_of_masked, jax.jit(exp_of_masked)], ids=["plain", "jit"]
+)
+def test_discarded_elements_come_back_as_the_value_used_in_their_place(f):
     # `where(mask, x, c)` reads `x` only where `mask`: the elements it
-    # discards are taken as `c`, the preimage the step leaves unchanged.
-    mask = jnp.array([True, False, True, False])
-
-    def f(x):
-        return jnp.exp(jnp.where(mask, x, 2.0))
-
+    # discards are taken as `c`, the preimage the step leaves unchanged (also
+    # when the whole map is one call, whose result there is `exp(c)`).
     x = jnp.array([0.3, 2.0, -1.0, 2.0])
-    got, ildj = jaxinterp.inverse_and_ildj(f)(f(x))
+    y = exp_of_masked(x)
+    got, ildj = jaxinterp.inverse_and_ildj(f)(y)
     np.testing.assert_allclose(got, x, rtol=1e-6)
+    # The ildj in the coordinates the inverse reads: the kept elements only.
     np.testing.assert_allclose(ildj, -(0.3 - 1.0), rtol=1e-6)
+    ys = jnp.stack([y, exp_of_masked(0.5 * x)])
+    np.testing.assert_allclose(
+        jax.vmap(jaxinterp.inverse(f))(ys),
+        jnp.stack([x, x.at[0].mul(0.5).at[2].mul(0.5)]),
+        rtol=1e-6,
+    )
     # A result that is not the constant where it is used: NaN.
-    assert np.all(np.isnan(jaxinterp.inverse(f)(f(x).at[1].set(1.0))))
+    assert np.all(np.isnan(jaxinterp.inverse(f)(y.at[1].set(1.0))))
+
+
+def test_discarded_elements_are_what_the_projection_uses_not_the_calls_result():
+    # As one call, `2 * where(mask, x, 1.0)` gives 2 where it discards `x`:
+    # not what it uses in their place (1, inside), which is what comes back.
+    def f(x):
+        return 2.0 * jnp.where(MASK, x, 1.0)
+
+    x = jnp.array([0.3, 1.0, -1.0, 1.0])
+    np.testing.assert_allclose(jaxinterp.inverse(jax.jit(f))(f(x)), x, rtol=1e-6)

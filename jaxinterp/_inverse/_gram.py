@@ -45,7 +45,7 @@ from ._rules import agree_recomputed
 _Literal = compat.Literal
 
 GRAM = "principal Cholesky factor"
-COMPLETED = "discarded elements taken from the result"
+COMPLETED = mk.COMPLETED
 
 # Steps through which a value is the same matrix, possibly transposed.
 _SAME = frozenset({"copy", "copy_p", "transpose", "convert_element_type"})
@@ -212,11 +212,14 @@ def _lower_by_construction(
 def _used_instead(
     walker: Any, st: SolveState, eqn: Any, v: Any, mask: np.ndarray
 ) -> np.ndarray | None:
-    """If `eqn` never reads `v`'s elements outside `mask`, the constant
-    result it gives there (what it uses in their place), else `None`. Run
-    twice with NaN there and two stand-ins where `v` is known: the result
-    must have no NaN, and be the same outside `mask` both times. Its other
-    operands must be constants."""
+    """If `eqn` passes `v`'s elements in `mask` through unchanged and never
+    reads the others, the constant result it gives there (what it uses in
+    their place), else `None`. Run twice with NaN outside `mask` and two
+    stand-ins in it: the result must have no NaN, equal the stand-ins in
+    `mask`, and be the same outside it both times. Its other operands must
+    be constants. (A step that also transforms the kept elements, such as
+    `exp(where(mask, x, 2.0))` as one call, is not such a projection: its
+    result there is not what it uses instead.)"""
     probes = []
     for stand_in in (0.5, 0.25):
         ins = []
@@ -231,6 +234,8 @@ def _used_instead(
                 return None
         probe = _run(walker, eqn, ins)
         if probe is None or np.any(np.isnan(probe[0])):
+            return None
+        if not np.all(probe[0][mask] == stand_in):
             return None
         probes.append(probe[0].astype(v.aval.dtype))
     lost = ~mask

@@ -90,6 +90,10 @@ def may_split(eqn: compat.JaxprEqn) -> bool:
 
 _COPIES = (lax.gather_p, lax.broadcast_in_dim_p)
 
+# The method of a step whose discarded elements were completed, also of a
+# call in whose body some were (see `_gram.py`).
+COMPLETED = "discarded elements completed"
+
 
 def _masked(st: SolveState, v: Any) -> bool:
     have = st.pieces.get(v)
@@ -513,9 +517,11 @@ def _call(
         want_ildj=st.options.want_ildj,
         solvers=st.options.solvers,
         seeds=seeds,
+        complete=st.options.complete,
     )
     if sol.chose:
         return False
+    completed = COMPLETED in sol.methods.values()
     progress = False
     pairs: Sequence[tuple[Any, Any, Any]] = list(
         zip(eqn.outvars, jaxpr.outvars, sol.outvals, strict=True)
@@ -544,6 +550,10 @@ def _call(
         st.ildj_terms.append(sol.ildj)
         st.masked_inverted.add(i)
         st.methods[i] = MASKED
+    if progress and completed:
+        # (The outermost run must know: its ildj then needs the read
+        # coordinates, see `_gram.py`.)
+        st.methods[i] = COMPLETED
     return progress
 
 
