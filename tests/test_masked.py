@@ -183,20 +183,20 @@ def test_off_mask_values_outside_the_masked_map_domain_stay_out_of_it():
     assert bool(jnp.all(jnp.isfinite(grad)))
 
 
-def test_where_with_a_constant_mask_and_a_constant_is_refused():
+def test_where_with_a_constant_mask_and_a_constant_completes_what_it_discards():
+    # The discarded elements are undetermined: they come back as the
+    # constant used in their place (the preimage the projection leaves
+    # unchanged), and `explain_inverse` says so.
     mask = jnp.array(CHECKER)
 
     def f(x):
         return jnp.where(mask, x, 0.0)
 
-    with pytest.raises(NotInvertibleError) as info:
-        inverse(f)(f(jnp.ones(4)))
-    message = str(info.value)
-    assert re.search(
-        r"discards case 1 where the predicate selects another case "
-        r"\(elements \(1,\), \(3,\) of \(4,\)\)",
-        message,
-    )
+    x = jnp.array([1.5, 0.0, -2.0, 0.0])
+    np.testing.assert_allclose(inverse(f)(f(jnp.array([1.5, 7.0, -2.0, 9.0]))), x)
+    assert "(discarded elements completed)" in jaxinterp.explain_inverse(f, x)
+    # A `y` that is not the constant there has no preimage: NaN.
+    assert np.all(np.isnan(inverse(f)(f(x).at[1].set(1.0))))
 
 
 def test_a_coupling_whose_transformed_part_is_lost_is_refused():
