@@ -96,8 +96,10 @@ def build(g: Callable[[Any], Any], shape: Any, dtype: Any) -> Table | None:
         slope = np.diff(x) / np.diff(mags)
         xt.append(x[:-1])
         st.append(np.where(np.isfinite(slope), slope, 0.0))
-    with np.errstate(over="ignore", invalid="ignore"):
-        return Table(np.concatenate(xt).astype(dtype), np.concatenate(st).astype(dtype))
+    with np.errstate(over="ignore"):
+        x, slope = np.concatenate(xt).astype(dtype), np.concatenate(st).astype(dtype)
+    # (A slope beyond the dtype's range: the cell's `x` alone.)
+    return Table(x, np.where(np.isfinite(slope), slope, 0).astype(dtype))
 
 
 def lookup(table: Table, y: Any) -> Any:
