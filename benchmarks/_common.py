@@ -50,6 +50,12 @@ def parse_args(description: str) -> argparse.Namespace:
     parser.add_argument(
         "--cpu", action="store_true", help="time CPU seconds, not wall-clock ones"
     )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="SECTION",
+        help="run only these sections (where a benchmark has several)",
+    )
     args = parser.parse_args()
     _KEEP_GC = args.gc
     _CLOCK = time.process_time if args.cpu else time.perf_counter

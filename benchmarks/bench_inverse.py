@@ -1,6 +1,7 @@
 """`inverse` benchmarks: compiled speed, tracing cost and eager calls.
 
-Run: `python benchmarks/bench_inverse.py` (add `--quick` for small sizes).
+Run: `python benchmarks/bench_inverse.py` (add `--quick` for small sizes,
+`--only blocks` for one section: compiled, blocks, tracing, eager).
 
 * compiled: `jit(inverse(f))` against a hand-written inverse under `jit`, for
   an elementwise chain, a stack of affine coupling layers and a `scan` of
@@ -320,10 +321,14 @@ def bench_eager(quick: bool) -> None:
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0])
     print_header("bench_inverse")
-    bench_compiled(args.quick)
-    bench_blocks(args.quick)
-    bench_tracing(args.quick)
-    bench_eager(args.quick)
+    sections = {
+        "compiled": bench_compiled,
+        "blocks": bench_blocks,
+        "tracing": bench_tracing,
+        "eager": bench_eager,
+    }
+    for name in args.only or sections:
+        sections[name](args.quick)
 
 
 if __name__ == "__main__":

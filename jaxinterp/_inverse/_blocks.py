@@ -36,7 +36,7 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
-from . import _linear_parts as lp, _nonsquare, _solve, _turning
+from . import _linear_parts as lp, _nonsquare, _solve, _table, _turning
 
 _Literal = compat.Literal
 
@@ -853,7 +853,13 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
             x = _solve.solver(block.g, check_grid=False)(y, *known)
             ok_y = found.single(y) & found.holds(y, x)
             return jnp.where(ok_y, x, jnp.asarray(jnp.nan, jnp.result_type(x)))
-        return _solve.solver(block.g, check_grid=False)(y, *known)
+        # The same map for every element, known now: a table of starts.
+        table = (
+            _table.build(lambda x: block.g(x, *known), shape, dtype)
+            if uniform
+            else None
+        )
+        return _solve.solver(block.g, check_grid=False, table=table)(y, *known)
     # Inside a `shard_map` body the solver's trial values vary as the
     # unknown does in the Jaxpr, so the block's equations replay as typed.
     axes = compat.varying_axes(block.x.aval)

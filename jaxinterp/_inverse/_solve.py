@@ -26,7 +26,7 @@ A map that turns (not monotone on a grid of points from `2**-12` to the
 dtype's largest powers of two in magnitude, `monotone_on_grid`) is not
 injective: its elements are NaN, or, when its known operands are constants
 and scalars, it is inverted only where `y` has one preimage (`_turning.py`;
-refused if no value has one).
+refused if no value has one). The grid and the check are in `_grid.py`.
 When the known operands are scalars, the map is the same for every element
 and each call of `g` samples as many grid points as there are elements (the
 calls run in a loop: the program holds one copy of `g`).
@@ -39,7 +39,13 @@ several times slower per operation). Rounds of Newton steps, then the full
 search, run only if some element is left undecided, and then inside a loop
 of at most one step, so that they cost nothing otherwise (also under
 `vmap`). For softsign on 10^6 elements this is about 9x the closed form,
-against about 175x for the full search on every element
+against about 175x for the full search on every element.
+
+When the map is the same for every element and known while tracing (its
+known operands constants), a table of its inverse (`_table.py`) gives a
+start within about `1e-4`, so the fast path is `_from_table`: one Newton
+step (three in float64) and a cheaper form of the same acceptance test, in
+two passes; about 5x the closed form for softsign on 10^6 elements
 (`benchmarks/bench_inverse.py`, docs/benchmarks.md).
 
 All elements are solved at once (the loops run until every element is done),
@@ -56,10 +62,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
+from . import _table
+from ._grid import grid, monotone_on_grid
+
+__all__ = ["derivative", "grid", "monotone_on_grid", "solver"]
 
 # Where the search starts (besides `y` itself): small numbers first, so that a
 # map defined on (0, 1) or on the positive reals has a point to start from.
@@ -79,15 +88,18 @@ def _newton_round(y: Any) -> int:
 Elementwise = Callable[..., Any]  # g(x, *known) -> y, elementwise in x
 
 
-def solver(g: Elementwise, *, check_grid: bool = True) -> Callable[..., Any]:
+def solver(
+    g: Elementwise, *, check_grid: bool = True, table: _table.Table | None = None
+) -> Callable[..., Any]:
     """`solve(y, *known)`: `x` with `g(x, *known) == y` elementwise (NaN where
     none is found, and with `check_grid` where `g` is not monotone on
     `grid`), differentiable in `y` and `known` by the implicit function
-    theorem."""
+    theorem. `table`: starts for the map (`_table.build`, of these known
+    operands)."""
 
     @jax.custom_jvp
     def solve(y: Any, *known: Any) -> Any:
-        x = _find_roots(lambda x: g(x, *known), y)
+        x = _find_roots(lambda x: g(x, *known), y, table)
         if check_grid:
             shape, dtype = jnp.shape(y), jnp.result_type(y)
             uniform = all(not jnp.shape(k) for k in known)
@@ -111,125 +123,6 @@ def solver(g: Elementwise, *, check_grid: bool = True) -> Callable[..., Any]:
     return solve
 
 
-def grid(dtype: Any) -> np.ndarray:
-    """Points where `monotone_on_grid` samples a map: zero, powers of two
-    from 2**-12 to 2**14, then every fourth power of two (every sixteenth in
-    float64) up to the dtype's largest, and points approaching +-1, both
-    signs, sorted. (The far points catch a map that turns beyond 2**14,
-    `x - 1e-6 x**2`; a value that overflows there splits the map's
-    stretches as a pole does.)"""
-    finfo = jnp.finfo(dtype)
-    nmant = int(finfo.nmant)
-    top = int(finfo.maxexp) - 1
-    magnitudes = [2.0**k for k in range(-12, 15)]
-    magnitudes += [2.0**k for k in range(18, top + 1, 4 if top < 200 else 16)]
-    magnitudes += [1.0 - 2.0**-k for k in range(2, min(nmant, 24))]
-    points = {0.0, *magnitudes, *(-m for m in magnitudes)}
-    return np.asarray(sorted(points), dtype)
-
-
-def monotone_on_grid(
-    g: Callable[[Any], Any],
-    shape: Any,
-    dtype: Any,
-    *,
-    uniform: bool = False,
-    like: Any = None,
-    extra: Sequence[float] = (),
-) -> Any:
-    """Per element, whether `g` (elementwise) never turns on `grid`: its
-    finite values either never decrease or never increase, on every stretch
-    between values that are not finite (poles, holes in the domain). A map
-    that turns is not injective (a continuous one takes a value twice), so a
-    preimage found for it may not be the one meant. Inside a `shard_map`
-    body the loop's carry varies as `like` (`g`'s values) does.
-
-    `uniform`: `g` is the same map for every element (its known operands are
-    scalars), so one call of `g` on `shape` samples many grid points at once
-    (one per element) instead of one call per point; `extra` points are
-    sampled too (either side of a piecewise map's switches)."""
-    eps = jnp.finfo(dtype).eps
-    size = math.prod(shape)
-    if uniform and size:
-        checked = _monotone_uniform(g, shape, dtype, like, extra)
-        return jnp.broadcast_to(checked, shape)
-    points = jnp.asarray(grid(dtype))
-
-    # A `while_loop`, not `fori_loop`: under `jax_scan3` a fixed-length loop
-    # stages a `Scan3`, which JAX 0.12 cannot batch (the solver runs under
-    # the `vmap` of an inverse).
-    def step(state: tuple[Any, ...]) -> tuple[Any, ...]:
-        i, prev, rising, falling = state
-        value = g(jnp.full(shape, points[i], dtype))
-        # A pole or a hole in the domain (a value that is not finite) starts
-        # a new stretch: `x / (1 - x)` rises on both sides of 1.
-        finite = jnp.isfinite(value)
-        compare = finite & jnp.isfinite(prev)
-        # Rounding may wobble a map by a few ulps of its intermediates
-        # between close points (those near +-1): not a turn.
-        noise = 16 * eps * jnp.maximum(jnp.maximum(jnp.abs(value), jnp.abs(prev)), 1)
-        rising = rising & ~(compare & (value < prev - noise))
-        falling = falling & ~(compare & (value > prev + noise))
-        return i + 1, jnp.where(finite, value, jnp.nan), rising, falling
-
-    start = (
-        jnp.int32(0),
-        jnp.full(shape, jnp.nan, dtype),
-        jnp.ones(shape, bool),
-        jnp.ones(shape, bool),
-    )
-    if like is not None:
-        start = compat.vary_like(start, like)
-    count = points.shape[0]
-    _, _, rising, falling = lax.while_loop(lambda s: s[0] < count, step, start)
-    return rising | falling
-
-
-def _monotone_uniform(
-    g: Callable[[Any], Any],
-    shape: Any,
-    dtype: Any,
-    like: Any = None,
-    extra: Sequence[float] = (),
-) -> Any:
-    """`monotone_on_grid` of a map that is the same for every element: the
-    grid laid out over the elements, a call of `g` per `size` points (in a
-    loop: one copy of `g` in the program however small `shape` is)."""
-    points = grid(dtype)
-    if len(extra):
-        points = np.unique(np.concatenate([points, np.asarray(extra, dtype)]))
-    size = math.prod(shape)
-    count = points.shape[0]
-    chunks = -(-count // size)
-    # The last chunk is padded with repeated points, dropped below.
-    xs = jnp.asarray(np.resize(points, chunks * size).reshape((chunks, *shape)), dtype)
-    if chunks == 1:
-        values = jnp.reshape(g(xs[0]), (-1,))
-    else:
-
-        def step(state: tuple[Any, Any]) -> tuple[Any, Any]:
-            i, done = state
-            value = g(lax.dynamic_index_in_dim(xs, i, keepdims=False))
-            return i + 1, lax.dynamic_update_index_in_dim(done, value, i, 0)
-
-        # (`g` maps `dtype` values of `shape` to the same, as in the loop of
-        # `monotone_on_grid`.)
-        start = (jnp.int32(0), jnp.zeros((chunks, *shape), dtype))
-        if like is not None:
-            start = compat.vary_like(start, like)
-        _, done = lax.while_loop(lambda s: s[0] < chunks, step, start)
-        values = jnp.reshape(done, (-1,))
-    values = values[:count]
-    eps = jnp.finfo(dtype).eps
-    # The same tests as `monotone_on_grid`'s loop, on neighbouring points.
-    prev, value = values[:-1], values[1:]
-    compare = jnp.isfinite(value) & jnp.isfinite(prev)
-    noise = 16 * eps * jnp.maximum(jnp.maximum(jnp.abs(value), jnp.abs(prev)), 1)
-    rising = ~jnp.any(compare & (value < prev - noise))
-    falling = ~jnp.any(compare & (value > prev + noise))
-    return rising | falling
-
-
 def derivative(g: Elementwise, x: Any, known: Sequence[Any]) -> Any:
     """`g'(x)`, elementwise (`g` is elementwise in `x`)."""
     return jax.jvp(lambda x_: g(x_, *known), (x,), (jnp.ones_like(x),))[1]
@@ -239,7 +132,9 @@ def _finite(v: Any) -> Any:
     return ~jnp.isnan(v)
 
 
-def _find_roots(g: Callable[[Any], Any], y: Any) -> Any:
+def _find_roots(
+    g: Callable[[Any], Any], y: Any, table: _table.Table | None = None
+) -> Any:
     """`x` with `g(x) == y` per element, NaN where none is accepted.
 
     In tiers, each accepting only what the full search would (`_accept`):
@@ -258,9 +153,70 @@ def _find_roots(g: Callable[[Any], Any], y: Any) -> Any:
     (the start) itself: a value the first tier shared with it would be
     written to memory for every element, and work that XLA can move out of
     the lazy loop would run always.
+
+    With a `table` (`_table.py`), tier 1 is `_from_table` instead, and the
+    later tiers start from the table's start where it has one.
     """
-    x = _fast(g, y)
-    return _lazily(x, y, lambda y: _rounds(g, y, lambda y, s: _search(g, y, s)))
+    search = lambda y, s: _search(g, y, s)  # noqa: E731
+    if table is None:
+        x = _fast(g, y)
+        return _lazily(x, y, lambda y: _rounds(g, y, search))
+    x = _from_table(g, y, table)
+
+    def later(y: Any) -> Any:
+        # From the same start, a round of Newton steps (as `_fast`: for a
+        # cell where the inverse curves, at the edge of the map's image),
+        # the neighbours tested where not `_steep`; then the later tiers.
+        x = _from_table(g, y, table, steps=_newton_round(y))
+        x = _accepted(g, y, x, False, split=False)
+        return _lazily(x, y, lambda y: _rounds(g, y, search, table))
+
+    return _lazily(x, y, later)
+
+
+def _from_table(
+    g: Callable[[Any], Any], y: Any, table: _table.Table, *, steps: int = 0
+) -> Any:
+    """Tier 1 of `_find_roots` with a table of starts: the table's start
+    (a pass of its own: XLA would repeat its gathers for each use), one
+    Newton step (two in float64), and in the same pass the acceptance test
+    at the result, `g(x)` and `g'(x)` evaluated once: close, settled (as
+    `_accepted`), and `_steep` (its neighbours pass `_single`). Else NaN,
+    left to the later tiers (which test the neighbours). With `steps`, that
+    many Newton steps instead, and the point reached, untested."""
+    x = _split(_table.lookup(table, y))
+    one = 1 if jnp.finfo(jnp.result_type(y)).bits <= 32 else 3
+    for _ in range(steps or one):
+        residual, slope = _residual_and_slope(g, y, x)
+        x = jnp.where(residual == 0, x, x - residual / slope)
+    if steps:
+        return x
+    # `g(x)` used once, through the residual: XLA writes a value with an
+    # expensive step (a division) to memory rather than fuse it into a
+    # consumer that reads it twice.
+    residual, slope = _residual_and_slope(g, y, x)
+    return jnp.where(_plainly_accepted(y, x, residual, slope), x, jnp.nan)
+
+
+def _plainly_accepted(y: Any, x: Any, residual: Any, slope: Any) -> Any:
+    """Per element, whether `_accepted` (nothing settled before) accepts `x`
+    and its neighbours need no test (`_steep`), in fewer operations (the
+    first tier's time is mostly its operations), never where `_accepted`
+    would not. With a finite slope and `t = _through(x, slope)` (`_close`'s
+    scale is then `|y| + t`): a residual within `2 eps (|y| + t)` is
+    `_accepted`'s rounding floor; one within `4 eps t` is a Newton step of
+    at most `4 eps |x|` (a margin of `16 eps` relative covers the rounding
+    of the bound); both are within `_close`'s `16 eps (|y| + t)`."""
+    eps, tiny = _eps_tiny(y)
+    through = _through(x, slope)
+    step = float(4 - 16 * eps) * through
+    bound = eps * jnp.maximum(2 * (jnp.abs(y) + through), step)
+    ok = jnp.isfinite(slope) & (jnp.abs(residual) <= bound)
+    # `_steep`, its constants gathered: |g'| max(|x|, 1) sqrt(eps) above
+    # 64 (4 eps |g(x)| + tiny).
+    root = math.sqrt(float(eps))
+    noise = (256 * root) * jnp.abs(residual + y) + float(64 * tiny / root)
+    return ok & (jnp.abs(slope) * jnp.maximum(jnp.abs(x), 1.0) > noise)
 
 
 def _lazily(x: Any, y: Any, solve: Callable[[Any], Any]) -> Any:
@@ -314,17 +270,23 @@ def _value_and_slope(g: Callable[[Any], Any], x: Any) -> tuple[Any, Any]:
     return jax.jvp(g, (x,), (jnp.ones_like(x),))
 
 
-def _best_start(g: Callable[[Any], Any], y: Any) -> Any:
-    """Per element, the start (`y` or one of `_STARTS`) with the smallest
-    residual that is a number (NaN: none), as the full search picks it."""
+def _best_start(
+    g: Callable[[Any], Any], y: Any, table: _table.Table | None = None
+) -> Any:
+    """Per element, the start (`y`, one of `_STARTS`, or the `table`'s) with
+    the smallest residual that is a number (NaN: none), as the full search
+    picks it."""
     x = jnp.full_like(y, jnp.nan)
     # (`best` is never NaN: inf until a start is taken. A NaN residual
     # compares false, so it is never taken.)
     best = jnp.full_like(y, jnp.inf)
-    for s in [y, *(jnp.full_like(y, s) for s in _STARTS)]:
+    starts = [y, *(jnp.full_like(y, s) for s in _STARTS)]
+    if table is not None:
+        starts.append(_table.lookup(table, y))
+    for s in starts:
         fs = jnp.abs(g(s) - y)
         better = fs < best
-        if s is y:
+        if s is y or s is starts[-1]:
             better = better & jnp.isfinite(s)
         x = jnp.where(better, s, x)
         best = jnp.where(better, fs, best)
@@ -435,13 +397,18 @@ def _residual_and_slope(g: Callable[[Any], Any], y: Any, x: Any) -> tuple[Any, A
 
 
 def _rounds(
-    g: Callable[[Any], Any], y: Any, otherwise: Callable[[Any, Any], Any]
+    g: Callable[[Any], Any],
+    y: Any,
+    otherwise: Callable[[Any, Any], Any],
+    table: _table.Table | None = None,
 ) -> Any:
     """Tier 2 of `_find_roots`: rounds of Newton steps from the best start,
     while the residual of some element is not down to rounding (at most
     `_MAX_ROUNDS`); a step that leaves the domain (NaN) goes back halfway.
-    Accepted, or else (lazily) `otherwise(y, start)`."""
-    start = _best_start(g, y)
+    Accepted, or else (lazily) `otherwise(y, start)`. With a `table`, its
+    start is one of the starts (where it fits best: a cell at the edge of
+    the map's image may give a poor one)."""
+    start = _best_start(g, y, table)
 
     def round_(x: Any) -> tuple[Any, Any]:
         previous = x

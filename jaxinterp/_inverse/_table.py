@@ -1,0 +1,123 @@
+"""A start for the elementwise solver from a table of the inverse, looked up
+by the bits of `y`.
+
+When the map is the same for every element and its known operands are
+constants, `build` samples it while tracing (a fine grid of `x`, one call of
+the map per `size` points) and tabulates its inverse at the floats whose
+mantissa has only `_BITS` bits, `+-(1 + m / 2**_BITS) 2**e` for `e` in
+`[-_EXPONENTS, _EXPONENTS)`: the inverse there is read off the samples by
+linear interpolation, and so is its slope over each cell. At run time an
+element's cell is its `|y|`'s sign, exponent and top mantissa bits (shifts of
+its bit pattern, no search), and the start is the table's `x` at the cell's
+low end plus the slope times the distance (`lookup`): two gathers and a
+multiply-add, within about `1e-4` relative of the root for a smooth map, so
+that one Newton step (two in float64) reaches the dtype's precision.
+
+The table is only a start: every result is accepted by the solver's own tests
+(`_solve._accept`), and an element whose start is poor (a cell at the edge of
+the map's image, where the inverse is steep; `y` outside the table's range)
+is left to the solver's later tiers. So nothing here needs to be exact: the
+samples are interpolated in float64, and a map that wobbles by rounding
+between close samples is made monotone by a running maximum.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+# Mantissa bits of `y` that pick its cell (128 cells per power of two) and
+# the powers of two covered either side of 1.
+_BITS = 7
+_EXPONENTS = 32
+# The samples of `x`: `_SAMPLE_BITS` mantissa bits over `2**+-_SAMPLE_RANGE`.
+_SAMPLE_BITS = 7
+_SAMPLE_RANGE = 40
+# Below this many elements a call of the solver is cheap without a table
+# (and sampling would take several calls of the map).
+MIN_SIZE = 1 << 14
+
+
+class Table(NamedTuple):
+    """The inverse at each cell's low end (`x`) and its slope over the cell
+    (`slope`, in `|y|`), the positive cells then the negative ones."""
+
+    x: np.ndarray
+    slope: np.ndarray
+
+
+def _magnitudes(bits: int, top: int) -> np.ndarray:
+    """`(1 + m / 2**bits) 2**e` for `e` in `[-top, top)`, ascending, then
+    `2**top` (the last cell's high end)."""
+    m = 1.0 + np.arange(2**bits) / 2**bits
+    e = np.exp2(np.arange(-top, top, dtype=np.float64))
+    return np.append((e[:, None] * m[None, :]).ravel(), 2.0**top)
+
+
+def build(g: Callable[[Any], Any], shape: Any, dtype: Any) -> Table | None:
+    """The table for the elementwise map `g` (called on arrays of `shape`;
+    its values must be concrete: known operands are constants), or `None`
+    where it would not pay (`shape` holds fewer than `MIN_SIZE` elements, a
+    dtype other than float32 or float64) or the map has fewer than two finite
+    values on the samples."""
+    dtype = np.dtype(dtype)
+    size = math.prod(shape)
+    if size < MIN_SIZE or dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        return None
+    half = _magnitudes(_SAMPLE_BITS, _SAMPLE_RANGE)
+    xs = np.concatenate([-half[::-1], [0.0], half]).astype(dtype)
+    values = []
+    with jax.ensure_compile_time_eval():
+        for lo in range(0, xs.size, size):
+            chunk = np.resize(xs[lo : lo + size], size).reshape(shape)
+            out = np.asarray(g(jnp.asarray(chunk, dtype)), np.float64).ravel()
+            values.append(out[: min(size, xs.size - lo)])
+    gs = np.concatenate(values)
+    finite = np.isfinite(gs)
+    xs64, gs = xs.astype(np.float64)[finite], gs[finite]
+    if gs.size < 2 or gs[0] == gs[-1]:
+        return None
+    if gs[-1] < gs[0]:  # decreasing: interpolate on the reversed samples
+        xs64, gs = xs64[::-1], gs[::-1]
+    gs = np.maximum.accumulate(gs)
+    mags = _magnitudes(_BITS, _EXPONENTS)
+    xt, st = [], []
+    for t in (mags, -mags):
+        x = np.interp(t, gs, xs64)
+        # Only strictly inside the sampled values: at an end, the map may
+        # be saturated by rounding (softsign is 1.0 from 2**24 on).
+        x[(t <= gs[0]) | (t >= gs[-1])] = np.nan
+        slope = np.diff(x) / np.diff(mags)
+        xt.append(x[:-1])
+        st.append(np.where(np.isfinite(slope), slope, 0.0))
+    with np.errstate(over="ignore"):
+        x, slope = np.concatenate(xt).astype(dtype), np.concatenate(st).astype(dtype)
+    # (A slope beyond the dtype's range: the cell's `x` alone.)
+    return Table(x, np.where(np.isfinite(slope), slope, 0).astype(dtype))
+
+
+def lookup(table: Table, y: Any) -> Any:
+    """Per element, the start the table gives for `y` (NaN where `y` is
+    outside its range or its cell has no finite entry)."""
+    dtype = jnp.result_type(y)
+    finfo = jnp.finfo(dtype)
+    nmant, bias = int(finfo.nmant), int(finfo.maxexp) - 1
+    itype = jnp.int32 if finfo.bits == 32 else jnp.int64
+    cells = 2 * _EXPONENTS << _BITS
+    a = jnp.abs(y)
+    bits = lax.bitcast_convert_type(a, itype)
+    shift = nmant - _BITS
+    k = lax.shift_right_logical(bits, itype(shift)) - ((bias - _EXPONENTS) << _BITS)
+    inside = (k >= 0) & (k < cells)
+    k = jnp.clip(k, 0, cells - 1) + jnp.where(jnp.signbit(y), cells, 0)
+    low = lax.bitcast_convert_type(bits & itype(~((1 << shift) - 1)), dtype)
+    x = jnp.asarray(table.x)
+    slope = jnp.asarray(table.slope)
+    start = jnp.take(x, k, mode="clip") + (a - low) * jnp.take(slope, k, mode="clip")
+    return jnp.where(inside, start, jnp.nan)

@@ -1,0 +1,188 @@
+"""The elementwise solver's table of starts (`jaxinterp/_inverse/_table.py`).
+
+A map that is the same for every element, with constant known operands, is
+sampled while tracing and its inverse tabulated by the bits of `y`; the
+solver's first tier then takes one Newton step from the table's start
+(`_solve._from_table`). These tests hold that path to closed forms and to
+the full search, off the image and under `jit`, `vmap` and `grad`, in float32
+and float64, at sizes where the table is built.
+"""
+
+from __future__ import annotations
+
+import functools as ft
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import jaxinterp
+from jaxinterp._inverse import _solve, _table
+from jaxinterp.testing import compare_with_reference
+
+N = _table.MIN_SIZE  # the smallest size with a table
+
+
+def softsign(x):
+    return x / (1 + jnp.abs(x))
+
+
+def falling(x):  # decreasing: the table is read off reversed samples
+    return -x / (1 + jnp.abs(x))
+
+
+def logit(x):  # defined on (0, 1) only
+    return jnp.log(x) - jnp.log1p(-x)
+
+
+def sinh_arcsinh(x):
+    return jnp.sinh(1.3 * jnp.arcsinh(x) + 0.2)
+
+
+def cubic(x):
+    return x**3 + x
+
+
+CLOSED = {
+    "softsign": (softsign, lambda y: y / (1 - jnp.abs(y)), (-300.0, 300.0)),
+    "falling": (falling, lambda y: -y / (1 - jnp.abs(y)), (-50.0, 50.0)),
+    "logit": (logit, jax.nn.sigmoid, (0.002, 0.998)),
+    "sinh_arcsinh": (
+        sinh_arcsinh,
+        lambda y: jnp.sinh((jnp.arcsinh(y) - 0.2) / 1.3),
+        (-30.0, 30.0),
+    ),
+}
+
+
+def _table_for(g, dtype=jnp.float32):
+    table = _table.build(g, (N,), dtype)
+    assert table is not None
+    return table
+
+
+def test_a_table_is_built_only_where_it_pays():
+    assert _table.build(softsign, (N - 1,), jnp.float32) is None
+    assert _table.build(softsign, (N,), jnp.float16) is None
+    assert _table.build(lambda x: jnp.full_like(x, 2.0), (N,), jnp.float32) is None
+    y = softsign(jnp.linspace(-4.0, 4.0, N))
+    jaxpr = str(jax.make_jaxpr(jaxinterp.inverse(softsign))(y))
+    assert "gather" in jaxpr
+    small = str(jax.make_jaxpr(jaxinterp.inverse(softsign))(y[:100]))
+    assert "gather" not in small
+
+
+# Where the inverse is smooth on the table's cells (away from the edges of
+# the image, where it is steep: the later tiers finish there).
+INSIDE = {
+    "softsign": (-4.0, 4.0),
+    "falling": (-4.0, 4.0),
+    "logit": (0.05, 0.95),
+    "sinh_arcsinh": (-8.0, 8.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CLOSED))
+def test_the_start_is_close_and_one_step_decides_inside_the_image(name):
+    g, closed_form, _ = CLOSED[name]
+    x = jnp.linspace(*INSIDE[name], N, dtype=jnp.float32)
+    y = g(x)
+    start = _table.lookup(_table_for(g), y)
+    want = closed_form(y)
+    rel = np.abs(np.asarray(start - want)) / np.maximum(np.abs(np.asarray(want)), 1)
+    assert np.nanmax(rel) < 2e-3
+    assert np.isnan(np.asarray(start)).mean() < 1e-3
+    x1 = jax.jit(lambda y: _solve._from_table(g, y, _table_for(g)))(y)
+    decided = ~np.isnan(np.asarray(x1))
+    assert decided.mean() > 0.99
+    np.testing.assert_allclose(
+        np.asarray(x1)[decided], np.asarray(want)[decided], rtol=2e-5, atol=1e-6
+    )
+
+
+# The tiers with a table against the full search, on arbitrary points (the
+# table is the same for any shape; `N` elements only to sample it).
+SIZE = 16
+_TABLES = {name: _table_for(g) for name, (g, *_) in CLOSED.items()}
+_TIERED = {
+    name: jax.jit(ft.partial(_solve._find_roots, g, table=_TABLES[name]))
+    for name, (g, *_) in CLOSED.items()
+}
+_FULL = {
+    name: jax.jit(ft.partial(_solve._search, g)) for name, (g, *_) in CLOSED.items()
+}
+
+
+@given(st.data())
+def test_tiers_with_a_table_agree_with_the_full_search(data):
+    name = data.draw(st.sampled_from(sorted(CLOSED)), label="map")
+    g, closed_form, (low, high) = CLOSED[name]
+    low, high = float(np.float32(low)), float(np.float32(high))
+    x = jnp.asarray(
+        data.draw(
+            st.lists(st.floats(low, high, width=32), min_size=SIZE, max_size=SIZE),
+            label="x",
+        ),
+        jnp.float32,
+    )
+    y = g(x)
+    got = np.asarray(_TIERED[name](y))
+    full = np.asarray(_FULL[name](y))
+    declined = np.isnan(full)
+    np.testing.assert_array_equal(np.isnan(got)[~declined], declined[~declined])
+    want = np.asarray(closed_form(y))
+    slope = np.abs(np.asarray(jax.vmap(jax.grad(g))(jnp.asarray(want))))
+    eps = float(jnp.finfo(jnp.float32).eps)
+    # A few ulps of `y` through `1 / g'`, plus a few ulps of `x`.
+    tol = 64 * eps * (np.abs(np.asarray(y)) + np.abs(want * slope)) / slope
+    tol = tol + 8 * eps * (1 + np.abs(want))
+    answered = ~np.isnan(got)
+    assert np.all(np.abs(got - want)[answered] <= tol[answered]), (x, got, want)
+
+
+@pytest.mark.parametrize("name", sorted(CLOSED))
+def test_inverse_at_table_size_matches_the_closed_form_jit_vmap_grad(name):
+    g, closed_form, (low, high) = CLOSED[name]
+    # Across the range: the far points need the later tiers.
+    x = jnp.linspace(low, high, N, dtype=jnp.float32)
+    y = g(x)
+    compare_with_reference(
+        jaxinterp.inverse(g),
+        closed_form,
+        (y,),
+        rtol=2e-3,
+        atol=1e-4,
+        vmap_args=(jnp.stack([y, g(x / 2)]),),
+    )
+
+
+def test_outside_the_image_and_non_finite_are_nan_with_a_table():
+    x = jnp.linspace(-6.0, 6.0, N, dtype=jnp.float32)
+    y = softsign(x)
+    odd = {7: 1.0, 100: 1.5, 2000: -2.0, 3000: jnp.inf, 4000: -jnp.inf, 5000: jnp.nan}
+    for i, v in odd.items():
+        y = y.at[i].set(v)
+    got = np.asarray(jax.jit(jaxinterp.inverse(softsign))(y))
+    bad = np.zeros(N, bool)
+    bad[list(odd)] = True
+    assert np.isnan(got[bad]).all()
+    want = np.asarray(y / (1 - jnp.abs(y)))
+    np.testing.assert_allclose(got[~bad], want[~bad], rtol=1e-5, atol=1e-6)
+
+
+def test_float64_with_a_table_reaches_the_dtypes_precision():
+    with jax.enable_x64(True):
+        x = jnp.linspace(-40.0, 40.0, N, dtype=jnp.float64)
+        y = softsign(x)
+        got = jax.jit(jaxinterp.inverse(softsign))(y)
+        assert got.dtype == jnp.float64
+        want = y / (1 - jnp.abs(y))
+        # Within a few ulps of `y` carried through `1 / g'(x) = (1 + |x|)^2`.
+        eps = float(jnp.finfo(jnp.float64).eps)
+        tol = 16 * eps * (1 + jnp.abs(want)) ** 2 * jnp.maximum(jnp.abs(y), eps)
+        assert bool(jnp.all(jnp.abs(got - want) <= tol + 4 * eps * jnp.abs(want)))
+        # The derivative by the implicit function theorem, d/dy = (1 + |x|)^2.
+        grad = jax.grad(lambda y: jnp.sum(jaxinterp.inverse(softsign)(y)))(y)
+        np.testing.assert_allclose(grad, (1 + jnp.abs(want)) ** 2, rtol=1e-9)
