@@ -77,17 +77,24 @@ def _newton_round(y: Any) -> int:
 
 
 Elementwise = Callable[..., Any]  # g(x, *known) -> y, elementwise in x
+Choices = Callable[..., list[Any]]  # choices(x, *known): see `solver`
 
 
-def solver(g: Elementwise, *, check_grid: bool = True) -> Callable[..., Any]:
+def solver(
+    g: Elementwise, *, check_grid: bool = True, choices: Choices | None = None
+) -> Callable[..., Any]:
     """`solve(y, *known)`: `x` with `g(x, *known) == y` elementwise (NaN where
     none is found, and with `check_grid` where `g` is not monotone on
     `grid`), differentiable in `y` and `known` by the implicit function
-    theorem."""
+    theorem. `choices(x, *known)`: `g`'s discrete choices at `x` (a list of
+    arrays `(*x.shape, k)`, `_turning.choices_of`), where `g` may jump: a
+    root is not accepted by the looser test for maps that round (step 4)
+    where they change across its bracket."""
 
     @jax.custom_jvp
     def solve(y: Any, *known: Any) -> Any:
-        x = _find_roots(lambda x: g(x, *known), y)
+        at = None if choices is None else (lambda x: choices(x, *known))
+        x = _find_roots(lambda x: g(x, *known), y, at)
         if check_grid:
             shape, dtype = jnp.shape(y), jnp.result_type(y)
             uniform = all(not jnp.shape(k) for k in known)
@@ -239,7 +246,9 @@ def _finite(v: Any) -> Any:
     return ~jnp.isnan(v)
 
 
-def _find_roots(g: Callable[[Any], Any], y: Any) -> Any:
+def _find_roots(
+    g: Callable[[Any], Any], y: Any, choices: Callable[[Any], Any] | None = None
+) -> Any:
     """`x` with `g(x) == y` per element, NaN where none is accepted.
 
     In tiers, each accepting only what the full search would (`_accept`):
@@ -260,7 +269,9 @@ def _find_roots(g: Callable[[Any], Any], y: Any) -> Any:
     the lazy loop would run always.
     """
     x = _fast(g, y)
-    return _lazily(x, y, lambda y: _rounds(g, y, lambda y, s: _search(g, y, s)))
+    return _lazily(
+        x, y, lambda y: _rounds(g, y, lambda y, s: _search(g, y, s, choices))
+    )
 
 
 def _lazily(x: Any, y: Any, solve: Callable[[Any], Any]) -> Any:
@@ -475,10 +486,16 @@ def _rounds(
     return _lazily(x, y, lambda y: otherwise(y, start))
 
 
-def _search(g: Callable[[Any], Any], y: Any, start: Any = None) -> Any:
+def _search(
+    g: Callable[[Any], Any],
+    y: Any,
+    start: Any = None,
+    choices: Callable[[Any], Any] | None = None,
+) -> Any:
     """The full search (steps 1 to 4 of the module's docstring), for every
     element: what the fast path (`_find_roots`) leaves undecided. `start`:
-    the best start (`_best_start`) if the caller has it."""
+    the best start (`_best_start`) if the caller has it; `choices`: `g`'s
+    discrete choices at a point (see `solver`)."""
     dtype = jnp.result_type(y)
     finfo = jnp.finfo(dtype)
     eps, tiny = finfo.eps, finfo.tiny
@@ -641,8 +658,20 @@ def _search(g: Callable[[Any], Any], y: Any, start: Any = None) -> Any:
     close, single = _accept(g, y, x, at, slope)
     tight = width_small(neg, pos) & ~jnp.isnan(neg) & ~jnp.isnan(pos)
     small = jnp.abs(fx) <= jnp.sqrt(eps) * (1 + jnp.abs(y))
+    if choices is not None:
+        # A discrete choice that changes inside the bracket: a jump of `g`
+        # (however small), not rounding. Only a root within rounding then.
+        small = small & _same_choices(choices(neg), choices(pos))
     ok = bracketed & (close | (tight & small))
     return jnp.where(ok & single, x, jnp.nan)
+
+
+def _same_choices(a: Sequence[Any], b: Sequence[Any]) -> Any:
+    """Per element, whether two evaluations' discrete choices agree."""
+    same: Any = True
+    for u, v in zip(a, b, strict=True):
+        same = same & jnp.all((u == v) | (jnp.isnan(u) & jnp.isnan(v)), axis=-1)
+    return same
 
 
 def _through(x: Any, slope: Any) -> Any:
