@@ -14,7 +14,8 @@ each element is a scalar equation of one unknown. Per element:
    orders of magnitude), until the bracket is a few ulps wide;
 4. check the residual: an element whose `g(x)` is not within rounding of `y`
    (or, once the bracket is a few ulps wide, within `sqrt(eps) * (1 + |y|)`
-   of it, for maps that round intermediates larger than `y`) is NaN (a `y`
+   of it, for maps that round intermediates larger than `y`, where none
+   of the map's discrete choices changes across the bracket) is NaN (a `y`
    outside the image, a jump of a discontinuous `g`), never a
    plausible wrong number; so is one where many `x` give `y`: on a plateau
    (`g'(x) == 0` and `g` flat on a side of `x`: a constant branch, a
