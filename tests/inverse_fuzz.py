@@ -1885,7 +1885,7 @@ _JUMPS: list[_BlockRow] = [
     (
         "{0} - 0.3 * jnp.floor({0} / C)",
         lambda a, c: (
-            bool(np.all((_frac(a, c) > 0.35) & (_frac(a, c) < c - 0.05)))
+            bool(np.all((_frac(a, c) > 0.35) & (_frac(a, c) < c - 0.35)))
             and _amax(a) < 20
         ),
         (2, 3),

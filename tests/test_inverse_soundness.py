@@ -393,3 +393,36 @@ def test_a_float_valued_step_between_grid_points_is_seen(f, twice, once, x_once)
     x = jaxinterp.inverse(f)(jnp.array([twice, once]))
     assert np.isnan(np.asarray(x[0])), x
     np.testing.assert_allclose(x[1], x_once, rtol=1e-6)
+
+
+def _drops_at_zero(s):
+    """`s - 0.3 * floor(s / 2.41)` once, in a loop (so no elementwise block):
+    it drops by 0.3 at 0, so the values in [0, 0.3) are taken twice."""
+
+    def body(c):
+        return c[0] + 1, c[1] - 0.3 * jnp.floor(c[1] / 2.41)
+
+    return jax.lax.while_loop(lambda c: c[0] < 1, body, (0, s))[1]
+
+
+def test_a_piecewise_affine_row_of_a_sequential_block_is_not_taken_as_affine():
+    """A sequential block solved each level by one exact Newton step where
+    the row's second derivative was 0 at both probe points; a row only
+    piecewise affine (a `floor` inside) passed that test, and the step gave
+    one of two preimages, which maps back to `y`. Such rows are now solved
+    by the elementwise solver, which sees the map turn (NaN)."""
+
+    def f(x):
+        rest, s = jax.checkpoint(
+            lambda a: (a[1:], jnp.sum(a * jnp.array([-1.0, 1.0])))
+        )(x)
+        return rest, _drops_at_zero(s)
+
+    x = jnp.array([0.1, 0.0])  # s = -0.1 gives 0.2, and so does s = 0.2
+    inv = jaxinterp.inverse(f, example_args=(x,))
+    got = np.asarray(inv(f(x)))
+    assert np.isnan(got).all(), got
+    # A `y` with one preimage is solved or NaN, never another `x`.
+    x = jnp.array([-1.0, 0.0])
+    got = np.asarray(inv(f(x)))
+    assert np.isnan(got).all() or np.allclose(got, x, atol=1e-5), got
