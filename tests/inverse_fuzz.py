@@ -1797,6 +1797,157 @@ def _int_binary_unknown(g: _Gen) -> Stmt | None:
     )
 
 
+# --- blocks solved as a whole ----------------------------------------------
+# Elementwise maps using the unknown several times: linear-fractional ones
+# (a formula), monotone ones (the numerical solve), maps that turn (inverted
+# where `y` has one preimage: the guard keeps the sample there), piecewise
+# maps with jumps (comparisons, `floor`, one-hot bins), and linear chains
+# from a value known in pieces. Constants are literals, so the maps that
+# turn are checked at trace time (a known argument would make every element
+# where the map turns NaN).
+
+# (expression over {0} and a constant C, guard(values, C), C's range)
+_BlockRow = tuple[str, Callable[[Any, float], bool], tuple[float, float]]
+
+_FRACTIONAL: list[_BlockRow] = [
+    ("({0} - C) / ({0} + 2.5)", lambda a, c: _amin(a + 2.5) > 0.3, (-2, 2)),
+    ("{0} / (C - {0})", lambda a, c: _amin(c - a) > 0.3, (2.2, 4)),
+    ("{0} * (1.0 / ({0} + C))", lambda a, c: _amin(a + c) > 0.3, (2.2, 4)),
+    ("(2.0 * {0} + C) / ({0} * 0.5 - 3.0)", lambda a, c: _amin(a - 6) > 0.6, (-2, 2)),
+    ("({0} + {0} * C) / ({0} + 4.0)", lambda a, c: _amin(a + 4) > 0.3, (0.3, 2)),
+    (
+        "1.0 - C / ({0} + 3.0) + {0} / ({0} + 3.0)",
+        lambda a, c: _amin(a + 3) > 0.3,
+        (0.5, 2),
+    ),
+    (
+        "jax.jit(lambda u: (u + C) / (u - 4.0))({0}) * 2.0",
+        lambda a, c: _amin(a - 4) > 0.3,
+        (0.5, 2),
+    ),
+]
+_MONOTONE: list[_BlockRow] = [
+    ("{0} + jnp.sin({0}) * C", lambda a, c: _amax(a) < 50, (0.1, 0.9)),
+    ("{0} * jnp.exp({0} * {0} * C)", lambda a, c: _amax(a) < 3, (0.05, 0.3)),
+    ("{0} / (C + jnp.abs({0}))", lambda a, c: True, (0.5, 2)),
+    ("{0} + C * jnp.tanh(2.0 * {0})", lambda a, c: True, (0.1, 1)),
+    ("jnp.sinh({0}) + C * {0}", lambda a, c: _amax(a) < 6, (0.2, 2)),
+    ("{0} ** 3 + C * {0}", lambda a, c: _amax(a) < 10, (0.2, 2)),
+    (
+        "jnp.log({0}) - jnp.log1p(-{0}) + C * {0}",
+        lambda a, c: 0.02 < _lo(a) and _hi(a) < 0.98,
+        (0, 1),
+    ),
+]
+_TURNING: list[_BlockRow] = [
+    # Turns at -1 (value -1/e): each y >= 0 has one preimage.
+    (
+        "{0} * jnp.exp({0} * C)",
+        lambda a, c: _lo(a) > 0.05 and _hi(a) * c < 5,
+        (0.5, 1.5),
+    ),
+    # Turns at +-sqrt(C/3): values beyond the turning values have one.
+    (
+        "{0} ** 3 - C * {0}",
+        lambda a, c: _amin(a) > 1.5 * np.sqrt(c) and _amax(a) < 10,
+        (0.2, 1.5),
+    ),
+    # Shifted Gompertz CDF: turns for x < 0, increasing onto (0, 1) for x > 0.
+    (
+        "(1 - jnp.exp(-{0})) * jnp.exp(-C * jnp.exp(-{0}))",
+        lambda a, c: 0.05 < _lo(a) and _hi(a) < 8,
+        (0.3, 1.5),
+    ),
+    # Turns at 1 (value 1/e): each y <= 0 has one preimage.
+    ("{0} * jnp.exp(-{0}) * C", lambda a, c: _hi(a) < -0.05 and _lo(a) > -6, (0.5, 2)),
+]
+
+
+def _frac(a: Any, c: float) -> Any:
+    return np.mod(a, c)
+
+
+_JUMPS: list[_BlockRow] = [
+    # Jumps up at C: injective.
+    (
+        "jnp.where({0} > C, {0} * 2.0 + 0.5, {0})",
+        lambda a, c: _amax(a - c) > 1e-3,
+        (-1, 1),
+    ),
+    # x*x above 1, 2x below: (1, 2] taken twice, so x in about (0.5, 1.42].
+    (
+        "jnp.where({0} > 1.0, {0} * {0}, C * 2.0 * {0})",
+        lambda a, c: not np.any((a > 0.45 / c) & (a < 1.45)),
+        (0.9, 1.1),
+    ),
+    ("{0} + C * jnp.floor({0})", lambda a, c: _amax(a) < 30, (0.1, 1)),
+    # Drops by 0.3 at multiples of C: the 0.3 before and after taken twice.
+    (
+        "{0} - 0.3 * jnp.floor({0} / C)",
+        lambda a, c: (
+            bool(np.all((_frac(a, c) > 0.35) & (_frac(a, c) < c - 0.35)))
+            and _amax(a) < 20
+        ),
+        (2, 3),
+    ),
+    (
+        "{0} + 0.25 * jnp.sum({0}[..., None] > jnp.array([-1.0, 0.0, C]), axis=-1)",
+        lambda a, c: True,
+        (0.5, 1.5),
+    ),
+    (
+        "jnp.where({0} > 0, {0}, C * {0}) + {0} / (1 + jnp.abs({0}))",
+        lambda a, c: True,
+        (0.1, 0.5),
+    ),
+    (
+        "{0} - C * jnp.sign({0} - 2.0)",
+        lambda a, c: bool(np.all(np.abs(a - 2.0) > c + 0.05)),
+        (0.1, 0.5),
+    ),
+]
+
+
+def _block_op(name: str, rows: list[_BlockRow], prims: Sequence[str], weight: int):
+    def draw(g: _Gen) -> Stmt | None:
+        expr, guard, (lo, hi) = g.ch.choice(rows)
+        c = round(float(g.rng().uniform(lo, hi)), 2)
+        v = g.operand(lambda v: guard(v.np, c))
+        if v is None:
+            return None
+        return Stmt(
+            name,
+            (v.name,),
+            expr.replace("C", _lit(c)),
+            guard=lambda vs: bool(guard(vs[0].astype(np.float64), c)),
+            elementwise=True,
+        )
+
+    _op(name, prims, weight)(draw)
+
+
+_block_op("block_fractional", _FRACTIONAL, ["div", "add", "mul"], 1)
+_block_op("block_monotone", _MONOTONE, ["sin", "exp", "abs", "tanh"], 1)
+_block_op("block_turning", _TURNING, ["exp", "integer_pow"], 1)
+_block_op("block_jumps", _JUMPS, ["select_n", "gt", "floor", "sign"], 1)
+
+
+@_op("partly_known_chain", ["slice", "reduce_sum", "mul"], 1)
+def _partly_known_chain(g: _Gen) -> Stmt | None:
+    """`(x[..., 1:], sum(c * x))`: the sum solved for the element left."""
+    v = g.pick(lambda v: len(v.shape) >= 1 and v.shape[-1] >= 2)
+    if v is None:
+        return None
+    rng = g.rng()
+    c = np.round(rng.uniform(0.5, 1.5, v.shape[-1]) * rng.choice([-1, 1]), 2)
+    if g.ch.boolean():
+        expr = f"({{0}}[..., 1:], jnp.sum({{0}} * {_array_lit(c)}, axis=-1))"
+    else:
+        last = f"{{0}}[..., -1] * {_lit(c[0])}"
+        expr = f"({{0}}[..., :-1], {last} + jnp.sum({{0}}[..., :-1], axis=-1))"
+    return Stmt("partly_known_chain", (v.name,), expr, nout=2)
+
+
 def op_names(kind: str | None = None) -> list[str]:
     """The generator's op names (for `exclude=`), optionally of one kind."""
     return [n for n, op in _OPS.items() if kind is None or op.kind == kind]

@@ -343,3 +343,83 @@ def test_real_to_complex_conversion_checks_the_imaginary_part():
     assert x[0] == 1.0 and np.isnan(np.asarray(x[1]))
     with pytest.raises(NotInvertibleError):
         jaxinterp.inverse(h, example_args=(jnp.zeros(2),), strict=True)(y)
+
+
+@pytest.mark.parametrize(
+    "f, gap, on_image, x_on_image",
+    [
+        # Jumps by 1e-3 at 100: nothing maps into (100, 100.001].
+        (lambda x: jnp.where(x > 100.0, x + 0.001, x), 100.0005, 100.002, 100.001),
+        # Jumps by 1e-4 at 0.5 (a comparison turned into a number).
+        (lambda x: x + 1e-4 * (x > 0.5), 0.50005, 0.7001, 0.7),
+        # Jumps by 1e-3 at each integer (a `floor`).
+        (lambda x: x + 1e-3 * jnp.floor(x), 1.0005, 1.501, 1.5),
+    ],
+    ids=["where", "comparison", "floor"],
+)
+def test_a_small_jump_of_a_solved_map_is_no_root(f, gap, on_image, x_on_image):
+    """The numerical solve accepted a bracket a few ulps wide around a jump
+    smaller than `sqrt(eps) * (1 + |y|)` (its allowance for maps that round
+    intermediates larger than `y`): a `y` inside the jump, which no `x`
+    gives, came back as the jump's position. A root is now accepted that
+    way only where no discrete choice of the map (a comparison, a bin, a
+    `floor`) changes across the bracket."""
+    x = jaxinterp.inverse(f)(jnp.array([gap, on_image]))
+    assert np.isnan(np.asarray(x[0])), x
+    np.testing.assert_allclose(x[1], x_on_image, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "f, twice, once, x_once",
+    [
+        # Drops by 0.5 at 3 (between the grid points 2 and 4): the values
+        # in [2.5, 3) are taken on [2.5, 3) and on [3, 3.5).
+        (lambda x: x - 0.5 * jnp.floor(x / 3), 2.75, 3.75, 4.25),
+        (lambda x: x - 0.5 * (x // 3), 2.9, 3.75, 4.25),
+        (lambda x: x - 0.5 * jnp.sign(x - 3), 3.25, 6.0, 6.5),
+        (lambda x: x - 0.5 * jnp.ceil(x / 3), 5.0, 3.25, 4.25),
+    ],
+    ids=["floor", "floor_divide", "sign", "ceil"],
+)
+def test_a_float_valued_step_between_grid_points_is_seen(f, twice, once, x_once):
+    """`floor`, `ceil`, `round` and `sign` are discrete choices with a float
+    result: a map built from them may drop between two grid points, where
+    the monotonicity check does not see it. Only boolean and integer values
+    were bisected for such switches, so `y` with two preimages came back as
+    one of them. Now their switches are located as a comparison's are."""
+    x = jaxinterp.inverse(f)(jnp.array([twice, once]))
+    assert np.isnan(np.asarray(x[0])), x
+    np.testing.assert_allclose(x[1], x_once, rtol=1e-6)
+
+
+def _drops_at_zero(s):
+    """`s - 0.3 * floor(s / 2.41)` once, in a loop (so no elementwise block):
+    it drops by 0.3 at 0, so the values in [0, 0.3) are taken twice."""
+
+    def body(c):
+        return c[0] + 1, c[1] - 0.3 * jnp.floor(c[1] / 2.41)
+
+    return jax.lax.while_loop(lambda c: c[0] < 1, body, (0, s))[1]
+
+
+def test_a_piecewise_affine_row_of_a_sequential_block_is_not_taken_as_affine():
+    """A sequential block solved each level by one exact Newton step where
+    the row's second derivative was 0 at both probe points; a row only
+    piecewise affine (a `floor` inside) passed that test, and the step gave
+    one of two preimages, which maps back to `y`. Such rows are now solved
+    by the elementwise solver, which sees the map turn (NaN)."""
+
+    def f(x):
+        rest, s = jax.checkpoint(
+            lambda a: (a[1:], jnp.sum(a * jnp.array([-1.0, 1.0])))
+        )(x)
+        return rest, _drops_at_zero(s)
+
+    x = jnp.array([0.1, 0.0])  # s = -0.1 gives 0.2, and so does s = 0.2
+    inv = jaxinterp.inverse(f, example_args=(x,))
+    got = np.asarray(inv(f(x)))
+    assert np.isnan(got).all(), got
+    # A `y` with one preimage is solved or NaN, never another `x`.
+    x = jnp.array([-1.0, 0.0])
+    got = np.asarray(inv(f(x)))
+    assert np.isnan(got).all() or np.allclose(got, x, atol=1e-5), got

@@ -292,6 +292,16 @@ class Block:
         self._run(self.eqns, env, (), choice, selected)
         return env
 
+    def discrete(self, x: Any, known: Sequence[Any]) -> Any:
+        """The block's discrete choices at `x` (elementwise): per element of
+        `x`, a row of numbers that changes wherever the map may jump (see
+        `_turning.choices_of`); shape `(*x.shape, k)`, `k` possibly 0."""
+        steps: list[tuple[Any, list[Any], list[Any]]] = []
+        env: dict[Any, Any] = {self.x: x}
+        env.update(zip(self.known, known, strict=True))
+        self._run(self.eqns, env, (), None, None, steps)
+        return _turning.choices_of(steps, jnp.shape(x))
+
     def _run(
         self,
         eqns: Sequence[Any],
@@ -299,6 +309,7 @@ class Block:
         path: Path,
         choice: dict[Any, int] | None,
         selected: dict[Any, Any] | None,
+        steps: list[tuple[Any, list[Any], list[Any]]] | None = None,
     ) -> None:
         def read(v: Any) -> Any:
             return v.val if type(v) is _Literal else env[v]
@@ -318,7 +329,7 @@ class Block:
                 body = compat.jit_params(eqn.params).jaxpr
                 inner = dict(zip(body.jaxpr.constvars, body.consts, strict=True))
                 inner.update(zip(body.jaxpr.invars, ins, strict=True))
-                self._run(body.jaxpr.eqns, inner, here, choice, selected)
+                self._run(body.jaxpr.eqns, inner, here, choice, selected, steps)
                 outs = [
                     v.val if type(v) is _Literal else inner[v]
                     for v in body.jaxpr.outvars
@@ -327,6 +338,8 @@ class Block:
                 user_ctx, eqn_ctx = compat.eqn_contexts(eqn)
                 with user_ctx, eqn_ctx:
                     outs = compat.bind_eqn(eqn.primitive, ins, eqn.params)
+                if steps is not None:
+                    steps.append((eqn, ins, list(outs)))
             env.update(zip(eqn.outvars, outs, strict=True))
 
     def g(self, x: Any, *known: Any) -> Any:
@@ -804,6 +817,10 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
     """`x` by the elementwise solver (NaN where no root is found). A map that
     turns (`_solve.monotone_on_grid`) is not injective: refused now when its
     known operands are constants, else NaN where it turns."""
+
+    def choices(x: Any, *known: Any) -> list[Any]:
+        return block.discrete(x, known)
+
     if not any(compat.is_tracer(k) for k in known) and not compat.in_manual_body():
         shape, dtype = jnp.shape(y), jnp.result_type(y)
         uniform = all(_same_for_every_element(k, shape) for k in known)
@@ -828,7 +845,7 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
         except jax.errors.TracerArrayConversionError:
             # Some bodies stage even here (a `custom_jvp` on older JAX): the
             # check then runs with the solve, NaN where the map turns.
-            return _solve.solver(block.g)(y, *known)
+            return _solve.solver(block.g, choices=choices)(y, *known)
         if not ok.all():
             # It turns: inverted where `y` has one preimage (`_turning.py`),
             # if it has one anywhere.
@@ -850,7 +867,7 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
                     f"{_solve.grid(dtype)[[0, -1]].tolist()}), so it takes "
                     f"some values more than once{every} and has no inverse"
                 )
-            x = _solve.solver(block.g, check_grid=False)(y, *known)
+            x = _solve.solver(block.g, check_grid=False, choices=choices)(y, *known)
             ok_y = found.single(y) & found.holds(y, x)
             return jnp.where(ok_y, x, jnp.asarray(jnp.nan, jnp.result_type(x)))
         # The same map for every element, known now: a table of starts.
@@ -859,14 +876,16 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
             if uniform
             else None
         )
-        return _solve.solver(block.g, check_grid=False, table=table)(y, *known)
+        return _solve.solver(block.g, check_grid=False, table=table, choices=choices)(
+            y, *known
+        )
     # Inside a `shard_map` body the solver's trial values vary as the
     # unknown does in the Jaxpr, so the block's equations replay as typed.
     axes = compat.varying_axes(block.x.aval)
     if axes:
         g = block.g
         return _solve.solver(lambda x, *k: g(compat.vary_over(x, axes), *k))(y, *known)
-    return _solve.solver(block.g)(y, *known)
+    return _solve.solver(block.g, choices=choices)(y, *known)
 
 
 def block_ildj(block: Block, x: Any, known: Sequence[Any]) -> Any:

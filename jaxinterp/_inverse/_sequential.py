@@ -331,9 +331,30 @@ def triangular(block: bl.Block, st: Any) -> Triangular | None:
     if depth < 2:
         return None
     # Whether each row used is affine in the element it solves: its second
-    # derivative there is exactly 0 at both points.
-    affine = bool(np.all(curvatures[:, np.arange(n), row] == 0))
+    # derivative there is exactly 0 at both points, and no step is only
+    # piecewise affine (a `floor`, `abs` or `where` may make the row turn or
+    # jump elsewhere: one Newton step would find one preimage of several).
+    affine = bool(np.all(curvatures[:, np.arange(n), row] == 0)) and not any(
+        _piecewise(e) for e in block.eqns
+    )
     return Triangular(level, row, a, affine)
+
+
+# Steps whose result is affine only piecewise in their operands.
+_PIECEWISE = frozenset(
+    {"floor", "ceil", "round", "sign", "rem", "abs", "select_n", "max", "min", "clamp"}
+)
+
+
+def _piecewise(eqn: Any) -> bool:
+    """Whether `eqn`, or an equation of a Jaxpr it runs, is piecewise."""
+    if eqn.primitive.name in _PIECEWISE:
+        return True
+    return any(
+        e.primitive.name in _PIECEWISE
+        for sub in compat.sub_jaxprs(eqn)
+        for e in compat.iter_eqns(sub)
+    )
 
 
 def _derivatives(flat: Callable[..., Any], points: Any, *known: Any) -> tuple[Any, Any]:

@@ -14,7 +14,8 @@ each element is a scalar equation of one unknown. Per element:
    orders of magnitude), until the bracket is a few ulps wide;
 4. check the residual: an element whose `g(x)` is not within rounding of `y`
    (or, once the bracket is a few ulps wide, within `sqrt(eps) * (1 + |y|)`
-   of it, for maps that round intermediates larger than `y`) is NaN (a `y`
+   of it, for maps that round intermediates larger than `y`, where none
+   of the map's discrete choices changes across the bracket) is NaN (a `y`
    outside the image, a jump of a discontinuous `g`), never a
    plausible wrong number; so is one where many `x` give `y`: on a plateau
    (`g'(x) == 0` and `g` flat on a side of `x`: a constant branch, a
@@ -86,20 +87,29 @@ def _newton_round(y: Any) -> int:
 
 
 Elementwise = Callable[..., Any]  # g(x, *known) -> y, elementwise in x
+Choices = Callable[..., list[Any]]  # choices(x, *known): see `solver`
 
 
 def solver(
-    g: Elementwise, *, check_grid: bool = True, table: _table.Table | None = None
+    g: Elementwise,
+    *,
+    check_grid: bool = True,
+    table: _table.Table | None = None,
+    choices: Choices | None = None,
 ) -> Callable[..., Any]:
     """`solve(y, *known)`: `x` with `g(x, *known) == y` elementwise (NaN where
     none is found, and with `check_grid` where `g` is not monotone on
     `grid`), differentiable in `y` and `known` by the implicit function
     theorem. `table`: starts for the map (`_table.build`, of these known
-    operands)."""
+    operands). `choices(x, *known)`: `g`'s discrete choices at `x` (a list of
+    arrays `(*x.shape, k)`, `_turning.choices_of`), where `g` may jump: a
+    root is not accepted by the looser test for maps that round (step 4)
+    where they change across its bracket."""
 
     @jax.custom_jvp
     def solve(y: Any, *known: Any) -> Any:
-        x = _find_roots(lambda x: g(x, *known), y, table)
+        at = None if choices is None else (lambda x: choices(x, *known))
+        x = _find_roots(lambda x: g(x, *known), y, table, at)
         if check_grid:
             shape, dtype = jnp.shape(y), jnp.result_type(y)
             uniform = all(not jnp.shape(k) for k in known)
@@ -133,7 +143,10 @@ def _finite(v: Any) -> Any:
 
 
 def _find_roots(
-    g: Callable[[Any], Any], y: Any, table: _table.Table | None = None
+    g: Callable[[Any], Any],
+    y: Any,
+    table: _table.Table | None = None,
+    choices: Callable[[Any], Any] | None = None,
 ) -> Any:
     """`x` with `g(x) == y` per element, NaN where none is accepted.
 
@@ -157,7 +170,7 @@ def _find_roots(
     With a `table` (`_table.py`), tier 1 is `_from_table` instead, and the
     later tiers start from the table's start where it has one.
     """
-    search = lambda y, s: _search(g, y, s)  # noqa: E731
+    search = lambda y, s: _search(g, y, s, choices)  # noqa: E731
     if table is None:
         x = _fast(g, y)
         return _lazily(x, y, lambda y: _rounds(g, y, search))
@@ -442,10 +455,16 @@ def _rounds(
     return _lazily(x, y, lambda y: otherwise(y, start))
 
 
-def _search(g: Callable[[Any], Any], y: Any, start: Any = None) -> Any:
+def _search(
+    g: Callable[[Any], Any],
+    y: Any,
+    start: Any = None,
+    choices: Callable[[Any], Any] | None = None,
+) -> Any:
     """The full search (steps 1 to 4 of the module's docstring), for every
     element: what the fast path (`_find_roots`) leaves undecided. `start`:
-    the best start (`_best_start`) if the caller has it."""
+    the best start (`_best_start`) if the caller has it; `choices`: `g`'s
+    discrete choices at a point (see `solver`)."""
     dtype = jnp.result_type(y)
     finfo = jnp.finfo(dtype)
     eps, tiny = finfo.eps, finfo.tiny
@@ -608,8 +627,20 @@ def _search(g: Callable[[Any], Any], y: Any, start: Any = None) -> Any:
     close, single = _accept(g, y, x, at, slope)
     tight = width_small(neg, pos) & ~jnp.isnan(neg) & ~jnp.isnan(pos)
     small = jnp.abs(fx) <= jnp.sqrt(eps) * (1 + jnp.abs(y))
+    if choices is not None:
+        # A discrete choice that changes inside the bracket: a jump of `g`
+        # (however small), not rounding. Only a root within rounding then.
+        small = small & _same_choices(choices(neg), choices(pos))
     ok = bracketed & (close | (tight & small))
     return jnp.where(ok & single, x, jnp.nan)
+
+
+def _same_choices(a: Sequence[Any], b: Sequence[Any]) -> Any:
+    """Per element, whether two evaluations' discrete choices agree."""
+    same: Any = True
+    for u, v in zip(a, b, strict=True):
+        same = same & jnp.all((u == v) | (jnp.isnan(u) & jnp.isnan(v)), axis=-1)
+    return same
 
 
 def _through(x: Any, slope: Any) -> Any:

@@ -305,62 +305,126 @@ def _turns(values: np.ndarray, eps: float) -> int:
     return int(np.sum(signs[1:] != signs[:-1]))
 
 
+# Primitives whose float results are discrete choices of their operand: a
+# map built from them jumps where they change.
+_STEPS = frozenset({"floor", "ceil", "round", "sign"})
+
+
+def choices_of(
+    steps: Sequence[tuple[Any, Sequence[Any], Sequence[Any]]], shape: tuple[int, ...]
+) -> list[Any]:
+    """The discrete choices among a block's evaluated `steps` (`(eqn, ins,
+    outs)`, `jit` bodies included), each as an array `(*shape, k)`: every
+    boolean or integer value with the unknown's elements as its leading axes
+    (a comparison of the unknown, a bin index), the results of `floor`,
+    `ceil`, `round` and `sign`, and the quotient of a `rem` (which jumps
+    back where it passes a multiple of its divisor). A map may jump only
+    where one of them changes."""
+    found = []
+    for eqn, ins, outs in steps:
+        name = eqn.primitive.name
+        vals: list[Any]
+        if name in _STEPS:
+            vals = list(outs)
+        elif name == "rem":
+            q = jnp.round((ins[0] - outs[0]) / ins[1])
+            vals = [jnp.where(jnp.isfinite(q), q, 0)]
+        else:
+            vals = [
+                o for o in outs if not jnp.issubdtype(jnp.result_type(o), jnp.inexact)
+            ]
+        for val in vals:
+            if tuple(jnp.shape(val)[: len(shape)]) == tuple(shape):
+                found.append(jnp.reshape(val, (*shape, -1)))
+    return found
+
+
 def switch_points(
     block: Any, known: Sequence[Any], shape: tuple[int, ...], dtype: Any
 ) -> list[float]:
     """Pairs of neighbouring values of `dtype` either side of each place where
     a block (the same map for every element) changes a discrete choice
-    between two grid points: a comparison of the unknown, a bin index (every
-    boolean or integer value in the block that has the unknown's elements as
-    its leading axes). A piecewise map may jump there, between the grid's
-    samples. Found by bisection on those values."""
+    between two grid points (`choices_of`: a comparison of the unknown, a bin
+    index, a `floor`); at most `_MAX_SWITCHES` per pair of grid points, the
+    leftmost. A piecewise map may jump there, between the grid's samples.
+    Found by subdividing, all at once, the intervals whose ends differ."""
     points = _solve.grid(dtype)
-    size = max(math.prod(shape), 1)
-    inputs = set(block.xs) | set(block.known)
-
-    def choices(xs: np.ndarray) -> np.ndarray:
-        n = len(xs)
-        cols = []
-        with jax.ensure_compile_time_eval():
-            for chunk in _chunks(xs, shape, dtype):
-                env = block.run(chunk, known)
-                parts = [
-                    np.reshape(np.asarray(val), (size, -1))
-                    for v, val in env.items()
-                    if v not in inputs
-                    and not jnp.issubdtype(jnp.result_type(val), jnp.inexact)
-                    and tuple(jnp.shape(val)[: len(shape)]) == tuple(shape)
-                ]
-                if not parts:
-                    return np.zeros((n, 0), np.int64)
-                cols.append(np.concatenate([p.astype(np.int64) for p in parts], 1))
-        return np.concatenate(cols, axis=0)[:n]
-
-    at = choices(points)
+    at = _choices_on(block, known, points, shape, dtype)
     if not at.shape[1]:
         return []
-    found: list[float] = []
-    for i in np.flatnonzero(np.any(at[1:] != at[:-1], axis=1)):
-        start, end = points[i].astype(dtype), points[i + 1].astype(dtype)
-        # Several switches may lie between two grid points (a bin edge, then
-        # the end of a spline's range): each found, left to right.
-        for _ in range(_MAX_SWITCHES):
-            left = choices(np.asarray([start]))[0]
-            if np.array_equal(left, at[i + 1]):
-                break
-            lo, hi = start, end
-            for _ in range(200):
-                mid = np.asarray((float(lo) + float(hi)) / 2, dtype)
-                if mid in (lo, hi):
+    # Intervals (lo, hi, grid interval) whose ends' choices differ.
+    active = [
+        (points[i], points[i + 1], int(i))
+        for i in np.flatnonzero(np.any(at[1:] != at[:-1], axis=1))
+    ]
+    ends = {float(p): row for p, row in zip(points, at, strict=True)}
+    found: dict[int, list[tuple[float, float]]] = {}
+    while active:
+        inner = []
+        for lo, hi, _ in active:
+            cut = np.linspace(float(lo), float(hi), _SPLIT + 1)[1:-1].astype(dtype)
+            inner.append(np.unique(cut[(cut > lo) & (cut < hi)]))
+        new = np.concatenate(inner)
+        if new.size:
+            rows = _choices_on(block, known, new, shape, dtype)
+            ends.update(zip(map(float, new), rows, strict=True))
+        kept: dict[int, int] = {}
+        after = []
+        for (lo, hi, i), cut in zip(active, inner, strict=True):
+            seq = [lo, *cut, hi]
+            for a, b in zip(seq[:-1], seq[1:], strict=True):
+                if np.array_equal(ends[float(a)], ends[float(b)]):
+                    continue
+                n = len(found.get(i, ())) + kept.get(i, 0)
+                if n >= _MAX_SWITCHES:
                     break
-                if np.array_equal(choices(np.asarray([mid]))[0], left):
-                    lo = mid
+                if np.nextafter(np.asarray(a, dtype), np.asarray(b, dtype)) == b:
+                    found.setdefault(i, []).append((float(a), float(b)))
                 else:
-                    hi = mid
-            found += [float(lo), float(hi)]
-            start = hi
-    return found
+                    after.append((a, b, i))
+                    kept[i] = kept.get(i, 0) + 1
+        active = after
+    return [p for i in sorted(found) for pair in sorted(found[i]) for p in pair]
+
+
+def _choices_on(
+    block: Any,
+    known: Sequence[Any],
+    xs: np.ndarray,
+    shape: tuple[int, ...],
+    dtype: Any,
+) -> np.ndarray:
+    """The block's discrete choices (`choices_of`) at each of `xs`: rows of
+    numbers (NaN as inf, so that equal rows compare equal), evaluated now on
+    values of `shape`, all at once in a `vmap` where every step batches.
+    (Padded to a power of two of calls: eager steps compile once per
+    shape.)"""
+    size = max(math.prod(shape), 1)
+    count = 1 << max(-(-len(xs) // size) - 1, 0).bit_length()
+    padded = np.resize(np.asarray(xs, dtype), count * size)
+    padded[len(xs) :] = xs[-1]
+
+    def flat(parts: Sequence[Any], count: int) -> np.ndarray:
+        cols = [
+            np.reshape(np.asarray(c, np.float64), (count * size, -1)) for c in parts
+        ]
+        if not cols:
+            return np.zeros((count * size, 0))
+        col = np.concatenate(cols, 1)
+        return np.where(np.isnan(col), np.inf, col)
+
+    with jax.ensure_compile_time_eval():
+        calls = jnp.asarray(padded.reshape((count, *shape)), dtype)
+        try:
+            rows = flat(jax.vmap(lambda c: block.discrete(c, known))(calls), count)
+        except NotImplementedError:  # a step without a batching rule
+            rows = np.concatenate(
+                [flat(block.discrete(calls[i], known), 1) for i in range(count)]
+            )
+    return rows[: len(xs)]
 
 
 # At most this many switches are looked for between two grid points.
 _MAX_SWITCHES = 16
+# Each interval holding a switch is cut into this many pieces per round.
+_SPLIT = 16
