@@ -1426,3 +1426,15 @@ def dce_closed_jaxpr(closed: Any) -> Any:
 
 # Importing jaxinterp with a JAX outside the supported range warns, once.
 warn_if_unsupported()
+
+
+def dot_general_dimensions(eqn: Any) -> Any:
+    """A `dot_general` equation's `((lhs_contract, rhs_contract), (lhs_batch,
+    rhs_batch))` (the same name and layout in every JAX of the range)."""
+    return params_of(eqn)["dimension_numbers"]
+
+
+def transpose_permutation(eqn: Any) -> tuple[int, ...]:
+    """A `transpose` equation's permutation: result axis `k` is operand axis
+    `perm[k]`."""
+    return tuple(params_of(eqn)["permutation"])

@@ -22,7 +22,9 @@
   step's result like any second constraint. Only the outermost run of the
   engine completes values (`complete=True`), and `inverse` then takes the
   ildj in the coordinates the inverse reads: the steps' ildjs would count
-  the elements discarded (`exp(where(mask, x, 2.0))`).
+  the elements discarded (`exp(where(mask, x, 2.0))`). Not inside a call's
+  body solved in parts (`_masked._call`): that solve is stuck for want of
+  what the rest of the program determines, not for good.
 
 Both run only when the engine is otherwise stuck (see
 `InverseWalker.solve`), so an exact solution is always preferred.
@@ -62,7 +64,7 @@ def gram_step(walker: Any, st: SolveState) -> bool:
         lhs, rhs = eqn.invars
         if out not in st.env or not _unknown(st, lhs) or not _unknown(st, rhs):
             continue
-        (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+        (lc, rc), (lb, rb) = compat.dot_general_dimensions(eqn)
         if lb or rb or len(lhs.aval.shape) != 2 or len(rhs.aval.shape) != 2:
             continue
         src_l, perm_l = _source(st, lhs)
@@ -77,7 +79,10 @@ def gram_step(walker: Any, st: SolveState) -> bool:
         # (Reads the lower triangle only: the recomputed product checks the
         # upper one.)
         y = st.env[out]
-        factor = jnp.tril(lax.linalg.cholesky(y, symmetrize_input=False))
+        # From the lower triangle alone (also in its derivative: the ildj's
+        # coordinates are the ones the inverse reads).
+        lower = jnp.tril(y) + jnp.swapaxes(jnp.tril(y, -1), -1, -2)
+        factor = jnp.tril(lax.linalg.cholesky(lower, symmetrize_input=False))
         # The product recomputed must give `y` (symmetric, and no NaN from a
         # matrix that is not positive definite); the step is then done, so
         # no rule solves one operand again from the other.
@@ -141,7 +146,9 @@ def _elementwise_in(eqn: Any, v: Any) -> bool:
     }
     for e in jaxpr.eqns:
         if any(type(u) is not _Literal and u in reached for u in e.invars):
-            if not _elementwise_in(e, next(u for u in e.invars if u in reached)):
+            if not _elementwise_in(
+                e, next(u for u in e.invars if type(u) is not _Literal and u in reached)
+            ):
                 return False
             reached.update(e.outvars)
     return all(type(o) is not _Literal and o in reached for o in jaxpr.outvars)
@@ -168,7 +175,7 @@ def _source(st: SolveState, v: Any) -> tuple[Any, tuple[int, ...]]:
             return v, perm
         if name == "transpose":
             # v = transpose(u, t): v's axis k is u's axis t[k].
-            t = eqn.params["permutation"]
+            t = compat.transpose_permutation(eqn)
             perm = tuple(t[k] for k in perm)
         v = u
 

@@ -517,7 +517,6 @@ def _call(
         want_ildj=st.options.want_ildj,
         solvers=st.options.solvers,
         seeds=seeds,
-        complete=st.options.complete,
     )
     if sol.chose:
         return False
