@@ -172,8 +172,17 @@ def test_outside_the_image_and_non_finite_are_nan_with_a_table():
     np.testing.assert_allclose(got[~bad], want[~bad], rtol=1e-5, atol=1e-6)
 
 
+def _x64():
+    # (`jax.enable_x64` is newer than JAX 0.7; the experimental one is older.)
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(True)
+    from jax.experimental import enable_x64
+
+    return enable_x64()
+
+
 def test_float64_with_a_table_reaches_the_dtypes_precision():
-    with jax.enable_x64(True):
+    with _x64():
         x = jnp.linspace(-40.0, 40.0, N, dtype=jnp.float64)
         y = softsign(x)
         got = jax.jit(jaxinterp.inverse(softsign))(y)

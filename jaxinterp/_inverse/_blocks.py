@@ -851,9 +851,12 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
             # if it has one anywhere.
             found = None
             if uniform:
-                found = _turning.stretches(
-                    lambda x: block.g(x, *known), dtype, tuple(shape), extra
-                )
+                try:
+                    found = _turning.stretches(
+                        lambda x: block.g(x, *known), dtype, tuple(shape), extra
+                    )
+                except jax.errors.TracerArrayConversionError:
+                    found = None  # (a body that stages even here: refused)
             if found is None or not found.any_single():
                 every = (
                     " (every value it takes, as far as the sample points and "
@@ -871,11 +874,14 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
             ok_y = found.single(y) & found.holds(y, x)
             return jnp.where(ok_y, x, jnp.asarray(jnp.nan, jnp.result_type(x)))
         # The same map for every element, known now: a table of starts.
-        table = (
-            _table.build(lambda x: block.g(x, *known), shape, dtype)
-            if uniform
-            else None
-        )
+        try:
+            table = (
+                _table.build(lambda x: block.g(x, *known), shape, dtype)
+                if uniform
+                else None
+            )
+        except jax.errors.TracerArrayConversionError:
+            table = None  # (a body that stages even here: no table)
         return _solve.solver(block.g, check_grid=False, table=table, choices=choices)(
             y, *known
         )
