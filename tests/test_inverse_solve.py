@@ -337,3 +337,36 @@ def test_a_jump_between_grid_points_is_seen(f, twice, once):
     ys = jnp.asarray(once)
     x = jaxinterp.inverse(f)(ys)
     np.testing.assert_allclose(f(x), ys, rtol=1e-5)
+
+
+_QUOTIENT_OPERAND = st.floats(-1e3, 1e3, width=32)
+
+
+@given(
+    a=_QUOTIENT_OPERAND,
+    b=_QUOTIENT_OPERAND.filter(lambda b: abs(b) > 1e-3),
+    da=_QUOTIENT_OPERAND,
+    db=_QUOTIENT_OPERAND,
+)
+def test_the_solvers_quotient_is_div_with_the_same_derivatives(a, b, da, db):
+    """`_solve.quotient` (the division the solver's maps evaluate, with a
+    derivative written with one division fewer) has `div`'s value exactly,
+    and its first and second derivatives within rounding, with either
+    operand's tangent zero too."""
+    a, b, da, db = (jnp.float32(v) for v in (a, b, da, db))
+    q, dq = jax.jvp(_solve.quotient, (a, b), (da, db))
+    r, dr = jax.jvp(jax.lax.div, (a, b), (da, db))
+    assert q == r
+    np.testing.assert_allclose(dq, dr, rtol=1e-5, atol=1e-5 * (abs(da) + abs(db)))
+    np.testing.assert_allclose(
+        jax.jvp(lambda a: _solve.quotient(a, b), (a,), (da,))[1], da / b, rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        jax.jvp(lambda b: _solve.quotient(a, b), (b,), (db,))[1],
+        jax.jvp(lambda b: a / b, (b,), (db,))[1],
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    hess = jax.hessian(_solve.quotient, argnums=(0, 1))(a, b)
+    ref = jax.hessian(jax.lax.div, argnums=(0, 1))(a, b)
+    np.testing.assert_allclose(np.array(hess), np.array(ref), rtol=1e-4, atol=1e-6)

@@ -337,13 +337,20 @@ class Block:
             else:
                 user_ctx, eqn_ctx = compat.eqn_contexts(eqn)
                 with user_ctx, eqn_ctx:
-                    outs = compat.bind_eqn(eqn.primitive, ins, eqn.params)
+                    if eqn.primitive is lax.div_p and _floating(eqn.outvars[0]):
+                        outs = [_solve.quotient(*ins)]
+                    else:
+                        outs = compat.bind_eqn(eqn.primitive, ins, eqn.params)
                 if steps is not None:
                     steps.append((eqn, ins, list(outs)))
             env.update(zip(eqn.outvars, outs, strict=True))
 
     def g(self, x: Any, *known: Any) -> Any:
         return self.run(x, known)[self.y]
+
+
+def _floating(v: Any) -> bool:
+    return bool(jnp.issubdtype(v.aval.dtype, jnp.floating))
 
 
 def _picked(name: str, ins: Sequence[Any]) -> Any:

@@ -57,6 +57,7 @@ implicit function theorem (`jax.custom_jvp`), not from the iterations:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -64,6 +65,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
 from .. import _jax_compat as compat
 from . import _table
@@ -131,6 +133,34 @@ def solver(
         return x, dy / slope
 
     return solve
+
+
+@jax.custom_jvp
+def quotient(a: Any, b: Any) -> Any:
+    """`div` as the solver's maps evaluate it: the same value (the equation's
+    own `div`), and a derivative with one more division, `(da - q db) / b`
+    with `q = a / b`, where `lax.div`'s rule takes two more (`da / b` and
+    `-a db / b**2`). The first tier of the solver is bound by divisions (a
+    Newton step and its test evaluate `g` and `g'` twice): softsign's
+    `g, g'` go from three divisions to two."""
+    return lax.div_p.bind(a, b)
+
+
+@functools.partial(quotient.defjvp, symbolic_zeros=True)
+def _quotient_jvp(primals: Sequence[Any], tangents: Sequence[Any]) -> Any:
+    a, b = primals
+    da, db = tangents
+    q = lax.div_p.bind(a, b)
+    if type(db) is SymbolicZero:
+        # (`b` known: the one division `lax.div`'s rule takes too.)
+        dq = jnp.zeros_like(q) if type(da) is SymbolicZero else da / b
+    else:
+        # (Not `(da - q db) / b`: XLA's CPU backend does not fuse a
+        # division into a consumer that reads it twice, here `q` or `g'`;
+        # it writes it to memory, in a pass of its own.)
+        da_b = 0 if type(da) is SymbolicZero else da * b
+        dq = (da_b - a * db) / (b * b)
+    return q, jnp.broadcast_to(dq, jnp.shape(q)).astype(q.dtype)
 
 
 def derivative(g: Elementwise, x: Any, known: Sequence[Any]) -> Any:
@@ -204,6 +234,7 @@ def _from_table(
         x = jnp.where(residual == 0, x, x - residual / slope)
     if steps:
         return x
+    x = _split(x)
     # `g(x)` used once, through the residual: XLA writes a value with an
     # expensive step (a division) to memory rather than fuse it into a
     # consumer that reads it twice.
@@ -221,15 +252,18 @@ def _plainly_accepted(y: Any, x: Any, residual: Any, slope: Any) -> Any:
     at most `4 eps |x|` (a margin of `16 eps` relative covers the rounding
     of the bound); both are within `_close`'s `16 eps (|y| + t)`."""
     eps, tiny = _eps_tiny(y)
-    through = _through(x, slope)
+    # (`slope` read once: XLA's CPU backend does not fuse a division into a
+    # consumer that reads it twice, and `g'` often ends in one.)
+    size = jnp.abs(slope)
+    through = _through(x, size)
     step = float(4 - 16 * eps) * through
     bound = eps * jnp.maximum(2 * (jnp.abs(y) + through), step)
-    ok = jnp.isfinite(slope) & (jnp.abs(residual) <= bound)
+    ok = jnp.isfinite(size) & (jnp.abs(residual) <= bound)
     # `_steep`, its constants gathered: |g'| max(|x|, 1) sqrt(eps) above
     # 64 (4 eps |g(x)| + tiny).
     root = math.sqrt(float(eps))
     noise = (256 * root) * jnp.abs(residual + y) + float(64 * tiny / root)
-    return ok & (jnp.abs(slope) * jnp.maximum(jnp.abs(x), 1.0) > noise)
+    return ok & (size * jnp.maximum(jnp.abs(x), 1.0) > noise)
 
 
 def _lazily(x: Any, y: Any, solve: Callable[[Any], Any]) -> Any:
