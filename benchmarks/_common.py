@@ -113,6 +113,37 @@ def compare(
     return times
 
 
+def compare_steady(
+    contenders: dict[str, Callable[[], Any]], *, calls: int, rounds: int
+) -> dict[str, list[float]]:
+    """Time each contender in steady state: per round, `calls` calls back to
+    back (each blocking on its result, no collection between them), the
+    seconds per call; rounds interleaved as in `compare`.
+
+    `time_once` collects before every call, which leaves the caches cold
+    and costs a small kernel (one pass over an array) as much as the pass
+    itself; back to back, its buffers and the arrays it reads stay in the
+    caches, as in a loop that calls it. The two can differ several-fold
+    for a kernel of a millisecond (docs/benchmarks.md, session 14)."""
+    names = list(contenders)
+    for name in names:
+        jax.block_until_ready(contenders[name]())
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(rounds):
+        for name in names if i % 2 == 0 else reversed(names):
+            fn = contenders[name]
+            gc.collect()
+            gc.disable()
+            try:
+                start = _CLOCK()
+                for _ in range(calls):
+                    jax.block_until_ready(fn())
+                times[name].append((_CLOCK() - start) / calls)
+            finally:
+                gc.enable()
+    return times
+
+
 def describe(times: list[float], *, per: float = 1.0, unit: str = "us") -> str:
     """Summarise timings as `min / median` per item, in `unit`."""
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
