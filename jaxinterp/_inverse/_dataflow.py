@@ -237,8 +237,8 @@ class SolveState:
         self.pending[v] = left
         if not left and v not in self.protected:
             self.env.pop(v, None)
-            # (Nothing can compute it again now: its producer's values go.)
-            self.solved_by.pop(v, None)
+            # (Its `solved_by` record stays: a recheck of a value solved from
+            # it may still recompute it forwards, `_recheck_producer`.)
 
     def dropped(self, v: compat.Var) -> bool:
         """Whether `v` is a result nobody reads (never known)."""

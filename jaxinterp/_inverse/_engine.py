@@ -511,11 +511,21 @@ class InverseWalker:
         (`(exp(2 x), x)` with a negative first result). Its results solved
         backwards in turn are checked the same way."""
         by = st.solved_by.get(v)
-        solved = st.env.get(v)
-        if by is None or solved is None or depth > len(st.eqns):
+        if by is None or depth > len(st.eqns):
             return
-        # The equation, its operands and results then (since released).
+        # The equation, its operands and results then (since released). `v`
+        # itself may be released too: a recheck reaching it through a chain
+        # of steps solved backwards (`h` in `g = h[None]`, `h = k / j`) must
+        # still recheck the step that gave it NaN.
         i, operands, known = by
+        solved = st.env.get(v)
+        if solved is None:
+            solved = next(
+                (x for u, x in zip(st.eqns[i].invars, operands, strict=True) if u is v),
+                None,
+            )
+        if solved is None:
+            return
         if not _floating(solved) or jnp.shape(recomputed) != jnp.shape(solved):
             return
         nan = jnp.isnan(solved)
