@@ -121,6 +121,38 @@ def test_a_factor_not_triangular_by_construction_is_refused():
         jaxinterp.inverse(lambda x: (x * jnp.tri(3)) @ (x * jnp.tri(3)).T)(jnp.eye(3))
 
 
+def test_a_factor_whose_zeros_come_from_nan_is_refused():
+    # `nan_to_num` maps the NaN probe to 0 everywhere: the factor looked
+    # lower triangular by construction, `L @ L.T` of a full 3 x 3 `z` (6
+    # coordinates of `y` for 9 unknowns, a singular Jacobian) was inverted
+    # by Cholesky with a finite ildj. Numbers as probes tell it apart.
+    def f(z):
+        lower = jnp.nan_to_num(z)
+        return lower @ lower.T
+
+    def g(z):
+        lower = jax.jit(lambda u: jnp.where(u > 0, u, 0.0))(jnp.tril(z))
+        return lower @ lower.T
+
+    z = jnp.array([[1.2, 0.5, 0.6], [0.3, 0.8, 0.7], [-0.4, 0.1, 1.5]])
+    for h in (f, g):
+        with pytest.raises(jaxinterp.NotInvertibleError, match="matrix square root"):
+            jaxinterp.inverse_and_ildj(h)(h(z))
+
+
+@pytest.mark.parametrize("columns", [2, 4])
+def test_a_factor_that_is_not_square_is_refused(columns):
+    # `n x k`: the Cholesky factor (`n x n`) was put in its place, and a
+    # later step crashed on the shape (a `RuleError`).
+    def f(z):
+        lower = jnp.tril(z)
+        return lower @ lower.T
+
+    z = jnp.tril(jnp.ones((3, columns))) + jnp.eye(3, columns)
+    with pytest.raises(jaxinterp.NotInvertibleError, match="matrix square root"):
+        jaxinterp.inverse(f, example_args=(z,))(f(z))
+
+
 MASK = jnp.array([True, False, True, False])
 
 
