@@ -186,3 +186,21 @@ def test_a_call_that_is_not_a_projection_is_not_completed():
     # (and the completion inside a body solved in parts is not made).
     with pytest.raises(jaxinterp.NotInvertibleError, match=r"\(1,\), \(3,\)"):
         jaxinterp.inverse(jax.jit(exp_of_masked))(exp_of_masked(jnp.ones(4)))
+
+
+def test_a_completion_off_the_image_of_earlier_steps_is_nan_and_strict_raises():
+    # `v` completed with 0.96 where the `where` discards it, but `v = cosh(x)`
+    # never takes 0.96: that element of `x` is undetermined, NaN, and
+    # `strict=True` must say so (it let the NaN through).
+    mask = jnp.array([False, True, True])
+
+    def f(x):
+        v = jnp.cosh(x)
+        return jnp.where(mask, jax.jit(lambda u: u)(v), 0.96)
+
+    x = jnp.array([-1.3, 0.3, 0.6])
+    got = jaxinterp.inverse(f)(f(x))
+    assert np.isnan(got[0])
+    np.testing.assert_allclose(got[1:], jnp.arccosh(jnp.cosh(x[1:])), rtol=1e-5)
+    with pytest.raises(jaxinterp.NotInvertibleError, match=r"\(strict\).*`cosh`"):
+        jaxinterp.inverse(f, strict=True)(f(x))

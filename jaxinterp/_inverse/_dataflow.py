@@ -91,6 +91,10 @@ class SolveState:
         self.methods: dict[int, str] = {}
         self.ildj_terms: list[Any] = []
         self.checks: list[tuple[Any, str]] = []
+        # Whether elements a step discards were completed (`_gram.fill_step`):
+        # a NaN solved after that may come from the value chosen for them,
+        # not from `y` (see `InverseWalker._learn_solved`).
+        self.completed = False
         # Second constraints on known values (a result the program computes
         # twice, an output that repeats an input): whether each holds, and
         # where it comes from. A `y` off the image fails one: NaN.

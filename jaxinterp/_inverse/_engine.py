@@ -426,7 +426,10 @@ class InverseWalker:
             st.methods[i] = "clamp"
         reported = res[2] if len(res) > 2 else None
         st.ildj_terms.append(ildj)
-        if st.options.nan_checks and rf.may_leave_undetermined(eqn):
+        # After a completion, any step may turn the value chosen for the
+        # discarded elements into NaN (`where(m, cosh(x), c)` completed with
+        # `c < 1`): elements left undetermined, which `strict` reports.
+        if st.options.nan_checks and (st.completed or rf.may_leave_undetermined(eqn)):
             new = [
                 (k, val)
                 for k, (v, val) in enumerate(zip(eqn.invars, solved, strict=True))

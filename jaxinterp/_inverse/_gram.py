@@ -126,6 +126,7 @@ def fill_step(walker: Any, st: SolveState) -> bool:
             flat = np.flatnonzero(lost)
             mk._add_piece(st, v, lost, jnp.asarray(used.ravel()[flat]), c, True)
             st.methods[c] = COMPLETED
+            st.completed = True
             return True
     return False
 
