@@ -230,18 +230,21 @@ def _lower_by_construction(
 
 def _probes() -> list[Any]:
     """Values for unknowns, to run a step on: NaN (which every arithmetic
-    step propagates), then numbers of both signs (which a comparison, an
-    `isnan` or a cast to an integer tells apart from NaN)."""
+    step propagates), then numbers of both signs, small and large (which a
+    comparison, an `isnan` or a cast to an integer tells apart from NaN)."""
     rng = np.random.default_rng(0)
 
     def nan(shape: Any, dtype: Any) -> Any:
         return np.full(shape, np.nan, dtype)
 
-    def numbers(shape: Any, dtype: Any) -> Any:
+    def numbers(shape: Any, dtype: Any, scale: float = 1.0) -> Any:
         size = rng.uniform(0.5, 1.5, shape) * rng.choice([-1.0, 1.0], shape)
-        return size.astype(dtype)
+        return (scale * size).astype(dtype)
 
-    return [nan, numbers, numbers]
+    def large(shape: Any, dtype: Any) -> Any:
+        return numbers(shape, dtype, 1e4)
+
+    return [nan, numbers, large]
 
 
 def _used_instead(
