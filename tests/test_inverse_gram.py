@@ -208,3 +208,18 @@ def test_a_completion_off_the_image_of_earlier_steps_is_nan_and_strict_raises():
     np.testing.assert_allclose(got[1:], jnp.arccosh(jnp.cosh(x[1:])), rtol=1e-5)
     with pytest.raises(jaxinterp.NotInvertibleError, match=r"\(strict\).*`cosh`"):
         jaxinterp.inverse(f, strict=True)(f(x))
+
+
+def test_a_completion_off_the_image_solved_in_parts_also_raises_strict():
+    # The same through a step solved element by element (`x` known in parts
+    # from the element kept): `log(-3.65)`.
+    def f(x):
+        return jnp.where(jnp.array([False, True, True]), -3.65, jnp.exp(x))
+
+    x = jnp.array([-1.3, -1.5, 1.2])
+    got = jaxinterp.inverse(f)(f(x))
+    assert np.isnan(got[1:]).all()
+    np.testing.assert_allclose(got[0], x[0], rtol=1e-6)
+    message = r"\(strict\).*`exp`.*2 elem"
+    with pytest.raises(jaxinterp.NotInvertibleError, match=message):
+        jaxinterp.inverse(f, strict=True)(f(x))
