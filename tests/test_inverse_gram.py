@@ -121,6 +121,25 @@ def test_a_factor_not_triangular_by_construction_is_refused():
         jaxinterp.inverse(lambda x: (x * jnp.tri(3)) @ (x * jnp.tri(3)).T)(jnp.eye(3))
 
 
+def test_a_factor_filled_in_by_a_scatter_is_the_cholesky_factor():
+    # TFP's `FillTriangular` then `CholeskyOuterProduct`: the product was
+    # taken by the block solver first, which gave NaN for every `y`.
+    n = 3
+    rows, cols = np.tril_indices(n)
+
+    def f(v):
+        lower = jnp.zeros((n, n)).at[rows, cols].set(v)
+        return lower @ lower.T
+
+    x = jnp.array([[1.2, 0.0, 0.0], [0.3, 0.8, 0.0], [-0.4, 0.1, 1.5]])
+    v = x[rows, cols]
+    got, ildj = jaxinterp.inverse_and_ildj(f, example_args=(v,))(f(v))
+    np.testing.assert_allclose(got, jnp.linalg.cholesky(f(v))[rows, cols], atol=1e-5)
+    jac = jax.jacfwd(lambda u: f(u)[rows, cols])(v)
+    want = -np.linalg.slogdet(np.asarray(jac, np.float64))[1]
+    np.testing.assert_allclose(ildj, want, rtol=1e-4)
+
+
 def test_a_factor_whose_zeros_come_from_nan_is_refused():
     # `nan_to_num` maps the NaN probe to 0 everywhere: the factor looked
     # lower triangular by construction, `L @ L.T` of a full 3 x 3 `z` (6

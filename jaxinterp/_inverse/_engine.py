@@ -186,13 +186,15 @@ class InverseWalker:
         while True:
             i = st.next_equation()
             if i is None:
-                # Stuck: an elementwise block of one unknown may still be
-                # solved; else a principal factor or discarded elements chosen.
+                # Stuck: a principal factor of `L @ L.T` may be taken (first:
+                # a block solve of the product, with the factor filled in by
+                # a scatter, picks no branch and gives NaN), an elementwise
+                # block of one unknown solved, else discarded elements chosen.
                 if not blocks or not st.reasons:
                     break
                 if not (
-                    self._solve_block(st)
-                    or gm.gram_step(self, st)
+                    gm.gram_step(self, st)
+                    or self._solve_block(st)
                     or (complete and gm.fill_step(self, st))
                 ):
                     break

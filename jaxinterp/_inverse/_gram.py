@@ -67,6 +67,10 @@ def gram_step(walker: Any, st: SolveState) -> bool:
         (lc, rc), (lb, rb) = compat.dot_general_dimensions(eqn)
         if lb or rb or len(lhs.aval.shape) != 2 or len(rhs.aval.shape) != 2:
             continue
+        if not jnp.issubdtype(lhs.aval.dtype, jnp.floating):
+            # Complex `L @ L.T` (no conjugate) is complex symmetric, which a
+            # Cholesky factorization (Hermitian) does not factor.
+            continue
         if lhs.aval.shape[0] != lhs.aval.shape[1]:
             # `n x k`: the Cholesky factor is `n x n` (and `y` singular for
             # `k < n`): not this step's.
