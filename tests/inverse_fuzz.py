@@ -2600,7 +2600,11 @@ def _check_result(
     chart = None
     if not np.all(influence) or (jac is not None and n_out > n_in):
         chart = _inverse_chart(inverse_x, y) if jac is not None else None
-    if not np.all(influence) and (chart is None or np.any(chart[0][~influence])):
+    if not np.all(influence) and (
+        np.any(chart[0][~influence])
+        if chart is not None
+        else _moves_with_y(inverse_x, reference, argnums, known, rec, influence)
+    ):
         cols = np.flatnonzero(~influence).tolist()
         return Outcome(
             "wrong",
@@ -2677,6 +2681,35 @@ def _inverse_chart(
         return None
     nonzero = d != 0
     return np.any(nonzero, axis=1), np.any(nonzero, axis=0)
+
+
+def _moves_with_y(
+    inverse_x: Callable[[Any], Any] | None,
+    reference: Callable[..., Any],
+    argnums: tuple[int, ...],
+    known: list[Any],
+    rec: list[Any],
+    influence: np.ndarray,
+) -> bool:
+    """Where `dx/dy` cannot be formed (a `custom_vjp` has no forward mode):
+    whether the elements no output depends on move when `y` does, along the
+    image (`y = f(x_rec + dx)`, `dx` on the other elements). Constants of the
+    inverse stay put; `True` also where that cannot be told."""
+    if inverse_x is None:
+        return True
+    flat_x, unravel = ravel_pytree(list(rec))
+    rng = np.random.default_rng(0)
+    sign = rng.choice([-1.0, 1.0], influence.shape)
+    step = 1e-2 * (1 + np.abs(np.asarray(flat_x))) * sign
+    moved = flat_x + jnp.asarray(np.where(influence, step, 0.0), flat_x.dtype)
+    try:
+        with jax.disable_jit():
+            y2 = reference(*_merge(argnums, unravel(moved), known))
+        again = np.asarray(ravel_pytree(inverse_x(y2))[0])
+    except Exception:  # noqa: BLE001 - cannot tell
+        return True
+    here = np.asarray(flat_x)[~influence]
+    return not np.array_equal(again[~influence], here)
 
 
 def _chart_ildj(jac: np.ndarray, varied: np.ndarray, read: np.ndarray) -> float | None:
