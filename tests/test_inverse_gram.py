@@ -242,3 +242,20 @@ def test_a_completion_off_the_image_solved_in_parts_also_raises_strict():
     message = r"\(strict\).*`exp`.*2 elem"
     with pytest.raises(jaxinterp.NotInvertibleError, match=message):
         jaxinterp.inverse(f, strict=True)(f(x))
+
+
+@pytest.mark.parametrize(
+    "other",
+    [jnp.sum, lambda x: x[1] * x[3], jnp.max, jnp.floor],
+    ids=["sum", "product", "max", "floor"],
+)
+def test_elements_another_step_reads_are_not_completed(other):
+    # Not free: the value `where` uses in their place would have to agree
+    # with the other output by chance (NaN, or with a product solved
+    # backwards, once a plausible wrong `x`). Refused, naming both steps.
+    def f(x):
+        return jnp.where(MASK, x, 0.0), other(x)
+
+    x = jnp.array([0.3, -0.7, 1.1, 0.5])
+    with pytest.raises(jaxinterp.NotInvertibleError, match="Blocked at `jit`, `"):
+        jaxinterp.inverse(f, example_args=(x,))(f(x))

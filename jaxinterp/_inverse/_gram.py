@@ -126,6 +126,15 @@ def fill_step(walker: Any, st: SolveState) -> bool:
             used = _used_instead(walker, st, eqn, v, mask)
             if used is None:
                 continue
+            if any(
+                _reads(walker, st, st.eqns[d], v, mask)
+                for d in st.consumers.get(v, ())
+                if d != c
+            ):
+                # Another step reads them: they are not free (`x[1] * x[3]`
+                # beside `where(mask, x, 0)`), and the value the projection
+                # uses would have to agree with it by chance.
+                break
             lost = ~mask
             flat = np.flatnonzero(lost)
             mk._add_piece(st, v, lost, jnp.asarray(used.ravel()[flat]), c, True)
@@ -298,6 +307,38 @@ def _used_instead(
     ):
         return None
     return probes[0]
+
+
+def _reads(walker: Any, st: SolveState, eqn: Any, v: Any, mask: np.ndarray) -> bool:
+    """Whether `eqn` may read `v`'s elements outside `mask`: run with NaN
+    there, then with two sets of numbers, its results must have no NaN and
+    not change. `True` where it cannot be run (an unknown operand)."""
+    lost = ~mask
+    outs = []
+    fills = _probes()
+    for fill in (fills[0], fills[1], fills[1]):
+        there = fill(v.aval.shape, v.aval.dtype)
+        ins = []
+        for u in eqn.invars:
+            if u is v:
+                ins.append(np.where(lost, there, 0.5).astype(v.aval.dtype))
+            elif type(u) is _Literal:
+                ins.append(u.val)
+            elif u in st.env and not compat.is_tracer(st.env[u]):
+                ins.append(st.env[u])
+            else:
+                return True
+        probe = _run(walker, eqn, ins)
+        if probe is None:
+            return True
+        outs.append(probe)
+    for o in outs[0]:
+        if jnp.issubdtype(o.dtype, jnp.inexact) and np.any(np.isnan(o)):
+            return True
+    return not all(
+        np.array_equal(a, b, equal_nan=True)
+        for a, b in zip(outs[1], outs[2], strict=True)
+    )
 
 
 def _run(walker: Any, eqn: Any, ins: list[Any]) -> list[np.ndarray] | None:
