@@ -1948,6 +1948,99 @@ def _partly_known_chain(g: _Gen) -> Stmt | None:
     return Stmt("partly_known_chain", (v.name,), expr, nout=2)
 
 
+def _diag_ok(a: Any) -> bool:
+    """A factor's diagonal away from 0 (`y` well conditioned) and entries
+    small enough for `exp`."""
+    a = np.asarray(a, np.float64)
+    return bool(np.min(np.abs(np.diagonal(a))) > 0.25 and _amax(a) < 4)
+
+
+def _negative_diagonal(vs: list[Any]) -> bool:
+    """`L @ L.T` of `L = tril(z)`: the inverse takes the factor with a
+    positive diagonal, so a negative one on the sample is another branch."""
+    return bool(np.any(np.diagonal(np.asarray(vs[0])) < 0))
+
+
+@_op("gram_factor", ["dot_general", "select_n", "transpose"], 1)
+def _gram_factor(g: _Gen) -> Stmt | None:
+    """`L @ L.T` of a factor lower triangular by construction (`_gram.py`),
+    written the ways users write it; a batched one (3-D) must be refused."""
+    v = g.pick(lambda v: len(v.shape) == 2 and v.shape[0] == v.shape[1] >= 2)
+    if v is None:
+        return None
+    n = v.shape[0]
+    tri = f"jnp.tri({n}, dtype=bool)"
+    eye = f"jnp.eye({n}, dtype=bool)"
+    gram = "(lambda L: L @ L.T)"
+    rng = g.rng()
+    lower = np.tril(np.round(rng.uniform(-0.8, 0.8, (n, n)), 2), -1)
+    known = _array_lit(lower + np.diag(np.round(rng.uniform(0.6, 1.5, n), 2)))
+    branchy: Callable[[list[Any]], bool] | None = _negative_diagonal
+    guard = lambda vs: _diag_ok(vs[0])  # noqa: E731
+    form = g.ch.integer(0, 8)
+    if form == 0:
+        expr = f"{gram}(jnp.tril({{0}}))"
+    elif form == 1:
+        einsum = "(lambda L: jnp.einsum('ik,jk->ij', L, L))"
+        expr = f"{einsum}(jnp.where({tri}, {{0}}, 0.0))"
+    elif form == 2:  # `triu` of the transpose, as `U.T @ U`
+        expr = "(lambda U: U.T @ U)(jnp.triu({0}.T))"
+    elif form in (3, 4):  # a positive diagonal by construction
+        pos = "jnp.exp" if form == 3 else "jax.nn.softplus"
+        expr = f"{gram}(jnp.where({eye}, {pos}({{0}}), jnp.tril({{0}})))"
+        branchy, guard = None, lambda vs: _amax(vs[0]) < 3
+    elif form == 5:  # scaled by a known scalar
+        expr = f"{gram}({_lit(rng.uniform(0.5, 2.0))} * jnp.tril({{0}}))"
+    elif form == 6:  # a known diagonal, unknowns below it
+        expr = f"{gram}(jnp.where(jnp.tri({n}, k=-1, dtype=bool), {{0}}, {known}))"
+        branchy, guard = None, lambda vs: _amax(vs[0]) < 4
+    elif form == 7:  # plus a known matrix
+        expr = f"(lambda L: L @ L.T + {known})(jnp.tril({{0}}))"
+    else:  # batched: refused, never answered
+        expr = (
+            "(lambda L: L @ jnp.swapaxes(L, -1, -2))"
+            "(jnp.tril(jnp.stack([{0}, 2.0 * {0}])))"
+        )
+    return Stmt("gram_factor", (v.name,), expr, guard=guard, branchy=branchy)
+
+
+@_op("discard_projection", ["select_n", "mul"], 1)
+def _discard_projection(g: _Gen) -> Stmt | None:
+    """A step that discards some elements (`tril`, `where` with a constant
+    mask against a constant): completed with what it uses in their place;
+    `x * mask` reads them (NaN * 0), and a mask or a case known only at run
+    time leaves them undetermined (NaN, refused with `strict`)."""
+    v = g.pick(lambda v: len(v.shape) >= 1 and v.np.size >= 2)
+    if v is None:
+        return None
+    m = _mask(g, v.shape, "partial")
+    mask = _array_lit(m)
+    rng = g.rng()
+    form = g.ch.integer(0, 5)
+    if form == 0 and len(v.shape) == 2:
+        k = g.ch.integer(-1, 1)
+        side = g.ch.choice(["tril", "triu"])
+        return Stmt("discard_projection", (v.name,), f"jnp.{side}({{0}}, {k})")
+    if form == 1:
+        other = _array_lit(np.round(rng.uniform(-2, 2, v.shape), 2))
+        return Stmt(
+            "discard_projection", (v.name,), f"jnp.where({mask}, {{0}}, {other})"
+        )
+    if form == 2:
+        return Stmt("discard_projection", (v.name,), f"{{0}} * {mask}.astype(float)")
+    if form in (3, 4):
+        k = g.known_for(v.shape)
+        if k is not None:
+            expr = (
+                f"jnp.where({mask}, {{0}}, {{1}})"
+                if form == 3
+                else "jnp.where({1} > 1.0, {0}, 0.5)"
+            )
+            return Stmt("discard_projection", (v.name, k.name), expr, keep=(1,))
+    c = _lit(rng.uniform(-2, 2))
+    return Stmt("discard_projection", (v.name,), f"jnp.where({mask}, {{0}}, {c})")
+
+
 def op_names(kind: str | None = None) -> list[str]:
     """The generator's op names (for `exclude=`), optionally of one kind."""
     return [n for n, op in _OPS.items() if kind is None or op.kind == kind]
@@ -2389,7 +2482,17 @@ def check_inverse(
         return Outcome(
             "refused", type(res).__name__, _first_line(res), _error_prim(res)
         )
-    got = _check_result(res, xs, known, argnums, y, reference, injective)
+    inverse_only = make(jaxinterp.inverse)
+    got = _check_result(
+        res,
+        xs,
+        known,
+        argnums,
+        y,
+        reference,
+        injective,
+        inverse_x=lambda y_: inverse_only(y_, *known),
+    )
     if (got.kind, got.check) == ("wrong", "nan"):
         # NaN for elements the outputs leave undetermined at run time is
         # documented; it is acceptable only if `strict=True` raises for it.
@@ -2424,6 +2527,7 @@ def _check_result(
     y: Any,
     reference: Callable[..., Any],
     injective: bool,
+    inverse_x: Callable[[Any], Any] | None = None,
 ) -> Outcome:
     if not (isinstance(res, tuple) and len(res) == 2):
         return Outcome("wrong", "structure", f"returned {type(res).__name__}")
@@ -2490,7 +2594,17 @@ def _check_result(
             with jax.disable_jit():
                 moved = jax.vmap(flat_f)(flat_x[None] + jnp.asarray(bumps))
             influence[cols] |= np.any(np.asarray(moved) != base[None], axis=1)
-    if not np.all(influence):
+    # Elements no output depends on may come back only as constants of the
+    # inverse: what a step that discards them uses in their place
+    # (`_gram.fill_step`). Their rows of `dx/dy` are then identically zero.
+    chart = None
+    if not np.all(influence) or (jac is not None and n_out > n_in):
+        chart = _inverse_chart(inverse_x, y) if jac is not None else None
+    if not np.all(influence) and (
+        np.any(chart[0][~influence])
+        if chart is not None
+        else _moves_with_y(inverse_x, reference, argnums, known, rec, influence)
+    ):
         cols = np.flatnonzero(~influence).tolist()
         return Outcome(
             "wrong",
@@ -2502,6 +2616,21 @@ def _check_result(
         return Outcome(
             "wrong", "roundtrip", f"|f(x_rec) - y| = {_max_err(y_rec, y):.3g}"
         )
+    if chart is not None and jac is not None:
+        # More results than unknowns, or elements completed: the ildj in the
+        # coordinates the inverse reads (`_nonsquare.whole_map_ildj`).
+        want = _chart_ildj(jac, *chart)
+        got_ildj = float(ildj)
+        if want is not None and not np.isfinite(got_ildj):
+            return Outcome("wrong", "ildj_nan", f"ildj {got_ildj}, want {want:.5g}")
+        if (
+            want is not None
+            and abs(got_ildj - want) > 1e-2 * (1 + abs(want))
+            and not (not injective and _at_kink(flat_f, flat_x, want, chart))
+        ):
+            return Outcome(
+                "wrong", "ildj_chart", f"ildj {got_ildj:.5g}, want {want:.5g}"
+            )
     full_rank = True
     if jac is not None and n_out >= n_in and n_in:
         sv = np.linalg.svd(jac, compute_uv=False)
@@ -2512,7 +2641,7 @@ def _check_result(
             "preimage",
             f"x_rec={_short(rec_np)} but x={_short([np.asarray(x) for x in xs])}",
         )
-    if jac is not None and n_out == n_in and n_in:
+    if jac is not None and n_out == n_in and n_in and chart is None:
         sign, logdet = np.linalg.slogdet(jac)
         if sign != 0:
             want = -logdet
@@ -2524,6 +2653,98 @@ def _check_result(
             ):
                 return Outcome("wrong", "ildj", f"ildj {got:.5g}, want {want:.5g}")
     return Outcome("correct")
+
+
+def _inverse_chart(
+    inverse_x: Callable[[Any], Any] | None, y: Any
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Which elements of `x` the inverse varies (rows of `dx/dy` not
+    identically zero) and which real coordinates of `y` it reads (columns),
+    by forward mode through `inverse`; `None` where that cannot be formed
+    (no inverse given, integer results, no forward mode through it)."""
+    if inverse_x is None or not all(
+        jnp.issubdtype(jnp.result_type(v), jnp.inexact) for v in _leaves(y)
+    ):
+        return None
+    flat_y, unravel = ravel_pytree(y)
+    if jnp.issubdtype(flat_y.dtype, jnp.complexfloating):
+        return None
+
+    def x_of(fy: Any) -> Any:
+        return ravel_pytree(inverse_x(unravel(fy)))[0]
+
+    try:
+        d = np.asarray(jax.jit(jax.jacfwd(x_of))(flat_y)).astype(np.float64)
+    except Exception:  # noqa: BLE001 - no forward mode: cannot judge
+        return None
+    if d.ndim != 2 or not np.all(np.isfinite(d)):
+        return None
+    nonzero = d != 0
+    return np.any(nonzero, axis=1), np.any(nonzero, axis=0)
+
+
+def _moves_with_y(
+    inverse_x: Callable[[Any], Any] | None,
+    reference: Callable[..., Any],
+    argnums: tuple[int, ...],
+    known: list[Any],
+    rec: list[Any],
+    influence: np.ndarray,
+) -> bool:
+    """Where `dx/dy` cannot be formed (a `custom_vjp` has no forward mode):
+    whether the elements no output depends on move when `y` does, along the
+    image (`y = f(x_rec + dx)`, `dx` on the other elements). Constants of the
+    inverse stay put; `True` also where that cannot be told."""
+    if inverse_x is None:
+        return True
+    flat_x, unravel = ravel_pytree(list(rec))
+    rng = np.random.default_rng(0)
+    sign = rng.choice([-1.0, 1.0], influence.shape)
+    step = 1e-2 * (1 + np.abs(np.asarray(flat_x))) * sign
+    moved = flat_x + jnp.asarray(np.where(influence, step, 0.0), flat_x.dtype)
+    try:
+        with jax.disable_jit():
+            y2 = reference(*_merge(argnums, unravel(moved), known))
+        again = np.asarray(ravel_pytree(inverse_x(y2))[0])
+    except Exception:  # noqa: BLE001 - cannot tell
+        return True
+    here = np.asarray(flat_x)[~influence]
+    return not np.array_equal(again[~influence], here)
+
+
+def _chart_ildj(jac: np.ndarray, varied: np.ndarray, read: np.ndarray) -> float | None:
+    """The documented ildj of a map with more results than unknowns, or with
+    elements completed, from the map's own Jacobian `jac` (`m x n`): only
+    the `varied` elements count; `-log|det J[read, varied]|` when the inverse
+    reads as many coordinates, else the area formula. `None` where `J` is
+    singular there (nothing to compare)."""
+    cols = jac[:, varied]
+    if varied.sum() == 0:
+        return 0.0
+    if read.sum() == varied.sum():
+        sign, logdet = np.linalg.slogdet(cols[read])
+        return None if sign == 0 else float(-logdet)
+    sign, logdet = np.linalg.slogdet(cols.T @ cols)
+    return None if sign <= 0 else float(-0.5 * logdet)
+
+
+def _at_kink(
+    flat_f: Callable[[Any], Any],
+    flat_x: Any,
+    want: float,
+    chart: tuple[np.ndarray, np.ndarray],
+) -> bool:
+    """Whether the chart ildj (`_chart_ildj`) of a map that is not injective
+    changes just beside `x_rec`: a kink (a clamp's result at its bound), where
+    the map has no derivative and the ildj no convention to judge by (the
+    inverse's forward mode takes JAX's slope at a tie)."""
+    step = 1e-4 * (1 + jnp.abs(flat_x))
+    for side in (1.0, -1.0):
+        jac = np.asarray(jax.jit(jax.jacfwd(flat_f))(flat_x + side * step))
+        beside = _chart_ildj(jac.astype(np.float64), *chart)
+        if beside is None or abs(beside - want) > 1e-2 * (1 + abs(want)):
+            return True
+    return False
 
 
 def _kink_ildj(flat_f: Callable[[Any], Any], flat_x: Any, got: float) -> bool:

@@ -121,6 +121,61 @@ def test_a_factor_not_triangular_by_construction_is_refused():
         jaxinterp.inverse(lambda x: (x * jnp.tri(3)) @ (x * jnp.tri(3)).T)(jnp.eye(3))
 
 
+def test_a_factor_filled_in_by_a_scatter_is_the_cholesky_factor():
+    # TFP's `FillTriangular` then `CholeskyOuterProduct`: the product was
+    # taken by the block solver first, which gave NaN for every `y`.
+    n = 3
+    rows, cols = np.tril_indices(n)
+
+    def f(v):
+        lower = jnp.zeros((n, n)).at[rows, cols].set(v)
+        return lower @ lower.T
+
+    x = jnp.array([[1.2, 0.0, 0.0], [0.3, 0.8, 0.0], [-0.4, 0.1, 1.5]])
+    v = x[rows, cols]
+    got, ildj = jaxinterp.inverse_and_ildj(f, example_args=(v,))(f(v))
+    np.testing.assert_allclose(got, jnp.linalg.cholesky(f(v))[rows, cols], atol=1e-5)
+    jac = jax.jacfwd(lambda u: f(u)[rows, cols])(v)
+    want = -np.linalg.slogdet(np.asarray(jac, np.float64))[1]
+    np.testing.assert_allclose(ildj, want, rtol=1e-4)
+
+
+def test_a_factor_whose_zeros_come_from_nan_is_refused():
+    # `nan_to_num` maps the NaN probe to 0 everywhere: the factor looked
+    # lower triangular by construction, `L @ L.T` of a full 3 x 3 `z` (6
+    # coordinates of `y` for 9 unknowns, a singular Jacobian) was inverted
+    # by Cholesky with a finite ildj. Numbers as probes tell it apart.
+    def f(z):
+        lower = jnp.nan_to_num(z)
+        return lower @ lower.T
+
+    def g(z):
+        lower = jax.jit(lambda u: jnp.where(u > 0, u, 0.0))(jnp.tril(z))
+        return lower @ lower.T
+
+    def big(z):  # zeros above the diagonal for small numbers only
+        lower = jax.jit(lambda u: jnp.where(u > 100.0, u, jnp.tril(u)))(z)
+        return lower @ lower.T
+
+    z = jnp.array([[1.2, 0.5, 0.6], [0.3, 0.8, 0.7], [-0.4, 0.1, 1.5]])
+    for h in (f, g, big):
+        with pytest.raises(jaxinterp.NotInvertibleError, match="matrix square root"):
+            jaxinterp.inverse_and_ildj(h)(h(z))
+
+
+@pytest.mark.parametrize("columns", [2, 4])
+def test_a_factor_that_is_not_square_is_refused(columns):
+    # `n x k`: the Cholesky factor (`n x n`) was put in its place, and a
+    # later step crashed on the shape (a `RuleError`).
+    def f(z):
+        lower = jnp.tril(z)
+        return lower @ lower.T
+
+    z = jnp.tril(jnp.ones((3, columns))) + jnp.eye(3, columns)
+    with pytest.raises(jaxinterp.NotInvertibleError, match="matrix square root"):
+        jaxinterp.inverse(f, example_args=(z,))(f(z))
+
+
 MASK = jnp.array([True, False, True, False])
 
 
@@ -154,3 +209,53 @@ def test_a_call_that_is_not_a_projection_is_not_completed():
     # (and the completion inside a body solved in parts is not made).
     with pytest.raises(jaxinterp.NotInvertibleError, match=r"\(1,\), \(3,\)"):
         jaxinterp.inverse(jax.jit(exp_of_masked))(exp_of_masked(jnp.ones(4)))
+
+
+def test_a_completion_off_the_image_of_earlier_steps_is_nan_and_strict_raises():
+    # `v` completed with 0.96 where the `where` discards it, but `v = cosh(x)`
+    # never takes 0.96: that element of `x` is undetermined, NaN, and
+    # `strict=True` must say so (it let the NaN through).
+    mask = jnp.array([False, True, True])
+
+    def f(x):
+        v = jnp.cosh(x)
+        return jnp.where(mask, jax.jit(lambda u: u)(v), 0.96)
+
+    x = jnp.array([-1.3, 0.3, 0.6])
+    got = jaxinterp.inverse(f)(f(x))
+    assert np.isnan(got[0])
+    np.testing.assert_allclose(got[1:], jnp.arccosh(jnp.cosh(x[1:])), rtol=1e-5)
+    with pytest.raises(jaxinterp.NotInvertibleError, match=r"\(strict\).*`cosh`"):
+        jaxinterp.inverse(f, strict=True)(f(x))
+
+
+def test_a_completion_off_the_image_solved_in_parts_also_raises_strict():
+    # The same through a step solved element by element (`x` known in parts
+    # from the element kept): `log(-3.65)`.
+    def f(x):
+        return jnp.where(jnp.array([False, True, True]), -3.65, jnp.exp(x))
+
+    x = jnp.array([-1.3, -1.5, 1.2])
+    got = jaxinterp.inverse(f)(f(x))
+    assert np.isnan(got[1:]).all()
+    np.testing.assert_allclose(got[0], x[0], rtol=1e-6)
+    message = r"\(strict\).*`exp`.*2 elem"
+    with pytest.raises(jaxinterp.NotInvertibleError, match=message):
+        jaxinterp.inverse(f, strict=True)(f(x))
+
+
+@pytest.mark.parametrize(
+    "other",
+    [jnp.sum, lambda x: x[1] * x[3], jnp.max, jnp.floor],
+    ids=["sum", "product", "max", "floor"],
+)
+def test_elements_another_step_reads_are_not_completed(other):
+    # Not free: the value `where` uses in their place would have to agree
+    # with the other output by chance (NaN, or with a product solved
+    # backwards, once a plausible wrong `x`). Refused, naming both steps.
+    def f(x):
+        return jnp.where(MASK, x, 0.0), other(x)
+
+    x = jnp.array([0.3, -0.7, 1.1, 0.5])
+    with pytest.raises(jaxinterp.NotInvertibleError, match="Blocked at `jit`, `"):
+        jaxinterp.inverse(f, example_args=(x,))(f(x))

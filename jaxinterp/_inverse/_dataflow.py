@@ -91,6 +91,10 @@ class SolveState:
         self.methods: dict[int, str] = {}
         self.ildj_terms: list[Any] = []
         self.checks: list[tuple[Any, str]] = []
+        # Whether elements a step discards were completed (`_gram.fill_step`):
+        # a NaN solved after that may come from the value chosen for them,
+        # not from `y` (see `InverseWalker._learn_solved`).
+        self.completed = False
         # Second constraints on known values (a result the program computes
         # twice, an output that repeats an input): whether each holds, and
         # where it comes from. A `y` off the image fails one: NaN.
@@ -237,8 +241,8 @@ class SolveState:
         self.pending[v] = left
         if not left and v not in self.protected:
             self.env.pop(v, None)
-            # (Nothing can compute it again now: its producer's values go.)
-            self.solved_by.pop(v, None)
+            # (Its `solved_by` record stays: a recheck of a value solved from
+            # it may still recompute it forwards, `_recheck_producer`.)
 
     def dropped(self, v: compat.Var) -> bool:
         """Whether `v` is a result nobody reads (never known)."""

@@ -186,13 +186,15 @@ class InverseWalker:
         while True:
             i = st.next_equation()
             if i is None:
-                # Stuck: an elementwise block of one unknown may still be
-                # solved; else a principal factor or discarded elements chosen.
+                # Stuck: a principal factor of `L @ L.T` may be taken (first:
+                # a block solve of the product, with the factor filled in by
+                # a scatter, picks no branch and gives NaN), an elementwise
+                # block of one unknown solved, else discarded elements chosen.
                 if not blocks or not st.reasons:
                     break
                 if not (
-                    self._solve_block(st)
-                    or gm.gram_step(self, st)
+                    gm.gram_step(self, st)
+                    or self._solve_block(st)
                     or (complete and gm.fill_step(self, st))
                 ):
                     break
@@ -426,7 +428,10 @@ class InverseWalker:
             st.methods[i] = "clamp"
         reported = res[2] if len(res) > 2 else None
         st.ildj_terms.append(ildj)
-        if st.options.nan_checks and rf.may_leave_undetermined(eqn):
+        # After a completion, any step may turn the value chosen for the
+        # discarded elements into NaN (`where(m, cosh(x), c)` completed with
+        # `c < 1`): elements left undetermined, which `strict` reports.
+        if st.options.nan_checks and (st.completed or rf.may_leave_undetermined(eqn)):
             new = [
                 (k, val)
                 for k, (v, val) in enumerate(zip(eqn.invars, solved, strict=True))
@@ -511,11 +516,21 @@ class InverseWalker:
         (`(exp(2 x), x)` with a negative first result). Its results solved
         backwards in turn are checked the same way."""
         by = st.solved_by.get(v)
-        solved = st.env.get(v)
-        if by is None or solved is None or depth > len(st.eqns):
+        if by is None or depth > len(st.eqns):
             return
-        # The equation, its operands and results then (since released).
+        # The equation, its operands and results then (since released). `v`
+        # itself may be released too: a recheck reaching it through a chain
+        # of steps solved backwards (`h` in `g = h[None]`, `h = k / j`) must
+        # still recheck the step that gave it NaN.
         i, operands, known = by
+        solved = st.env.get(v)
+        if solved is None:
+            solved = next(
+                (x for u, x in zip(st.eqns[i].invars, operands, strict=True) if u is v),
+                None,
+            )
+        if solved is None:
+            return
         if not _floating(solved) or jnp.shape(recomputed) != jnp.shape(solved):
             return
         nan = jnp.isnan(solved)

@@ -67,6 +67,14 @@ def gram_step(walker: Any, st: SolveState) -> bool:
         (lc, rc), (lb, rb) = compat.dot_general_dimensions(eqn)
         if lb or rb or len(lhs.aval.shape) != 2 or len(rhs.aval.shape) != 2:
             continue
+        if not jnp.issubdtype(lhs.aval.dtype, jnp.floating):
+            # Complex `L @ L.T` (no conjugate) is complex symmetric, which a
+            # Cholesky factorization (Hermitian) does not factor.
+            continue
+        if lhs.aval.shape[0] != lhs.aval.shape[1]:
+            # `n x k`: the Cholesky factor is `n x n` (and `y` singular for
+            # `k < n`): not this step's.
+            continue
         src_l, perm_l = _source(st, lhs)
         src_r, perm_r = _source(st, rhs)
         # Each operand with its contracted axis last, as a permutation of
@@ -118,10 +126,20 @@ def fill_step(walker: Any, st: SolveState) -> bool:
             used = _used_instead(walker, st, eqn, v, mask)
             if used is None:
                 continue
+            if any(
+                _reads(walker, st, st.eqns[d], v, mask)
+                for d in st.consumers.get(v, ())
+                if d != c
+            ):
+                # Another step reads them: they are not free (`x[1] * x[3]`
+                # beside `where(mask, x, 0)`), and the value the projection
+                # uses would have to agree with it by chance.
+                break
             lost = ~mask
             flat = np.flatnonzero(lost)
             mk._add_piece(st, v, lost, jnp.asarray(used.ravel()[flat]), c, True)
             st.methods[c] = COMPLETED
+            st.completed = True
             return True
     return False
 
@@ -191,29 +209,55 @@ def _lower_by_construction(
 ) -> bool:
     """Whether `transpose(src, perm)` is lower triangular whatever the
     unknowns: its producer, run on NaN unknowns, gives exact zeros above
-    the diagonal."""
+    the diagonal, and so it does run on numbers (`_probes`): a step that
+    maps NaN to 0 (`jnp.nan_to_num`, `where(z > 0, z, 0)`) is no zero by
+    construction."""
     p = st.producer.get(src)
     if p is None:
         return False
     eqn: Any = st.eqns[p]
-    ins = []
-    for u in eqn.invars:
+    known: dict[int, Any] = {}
+    for k, u in enumerate(eqn.invars):
         if type(u) is _Literal:
-            ins.append(u.val)
+            known[k] = u.val
         elif u in st.env:
             if compat.is_tracer(st.env[u]):
                 return False
-            ins.append(st.env[u])
-        elif jnp.issubdtype(u.aval.dtype, jnp.inexact):
-            ins.append(np.full(u.aval.shape, np.nan, u.aval.dtype))
-        else:
+            known[k] = st.env[u]
+        elif not jnp.issubdtype(u.aval.dtype, jnp.inexact):
             return False
-    probe = _run(walker, eqn, ins)
-    if probe is None:
-        return False
-    value = np.transpose(probe[eqn.outvars.index(src)], perm)
-    upper = np.triu(np.ones(value.shape, bool), 1)
-    return bool(np.all(value[upper] == 0))
+    for fill in _probes():
+        ins = [
+            known[k] if k in known else fill(u.aval.shape, u.aval.dtype)
+            for k, u in enumerate(eqn.invars)
+        ]
+        probe = _run(walker, eqn, ins)
+        if probe is None:
+            return False
+        value = np.transpose(probe[eqn.outvars.index(src)], perm)
+        upper = np.triu(np.ones(value.shape, bool), 1)
+        if not np.all(value[upper] == 0):
+            return False
+    return True
+
+
+def _probes() -> list[Any]:
+    """Values for unknowns, to run a step on: NaN (which every arithmetic
+    step propagates), then numbers of both signs, small and large (which a
+    comparison, an `isnan` or a cast to an integer tells apart from NaN)."""
+    rng = np.random.default_rng(0)
+
+    def nan(shape: Any, dtype: Any) -> Any:
+        return np.full(shape, np.nan, dtype)
+
+    def numbers(shape: Any, dtype: Any, scale: float = 1.0) -> Any:
+        size = rng.uniform(0.5, 1.5, shape) * rng.choice([-1.0, 1.0], shape)
+        return (scale * size).astype(dtype)
+
+    def large(shape: Any, dtype: Any) -> Any:
+        return numbers(shape, dtype, 1e4)
+
+    return [nan, numbers, large]
 
 
 def _used_instead(
@@ -248,7 +292,53 @@ def _used_instead(
     lost = ~mask
     if not np.array_equal(probes[0][lost], probes[1][lost]):
         return None
+    # Numbers in place of the NaN must change nothing either (a step that
+    # maps NaN to a constant, `jnp.nan_to_num`, reads the element).
+    numbers = _probes()[1](v.aval.shape, v.aval.dtype)
+    ins = [
+        np.where(mask, 0.5, numbers).astype(v.aval.dtype)
+        if u is v
+        else (u.val if type(u) is _Literal else st.env[u])
+        for u in eqn.invars
+    ]
+    probe = _run(walker, eqn, ins)
+    if probe is None or not np.array_equal(
+        probe[0].astype(v.aval.dtype)[lost], probes[0][lost]
+    ):
+        return None
     return probes[0]
+
+
+def _reads(walker: Any, st: SolveState, eqn: Any, v: Any, mask: np.ndarray) -> bool:
+    """Whether `eqn` may read `v`'s elements outside `mask`: run with NaN
+    there, then with two sets of numbers, its results must have no NaN and
+    not change. `True` where it cannot be run (an unknown operand)."""
+    lost = ~mask
+    outs = []
+    fills = _probes()
+    for fill in (fills[0], fills[1], fills[1]):
+        there = fill(v.aval.shape, v.aval.dtype)
+        ins = []
+        for u in eqn.invars:
+            if u is v:
+                ins.append(np.where(lost, there, 0.5).astype(v.aval.dtype))
+            elif type(u) is _Literal:
+                ins.append(u.val)
+            elif u in st.env and not compat.is_tracer(st.env[u]):
+                ins.append(st.env[u])
+            else:
+                return True
+        probe = _run(walker, eqn, ins)
+        if probe is None:
+            return True
+        outs.append(probe)
+    for o in outs[0]:
+        if jnp.issubdtype(o.dtype, jnp.inexact) and np.any(np.isnan(o)):
+            return True
+    return not all(
+        np.array_equal(a, b, equal_nan=True)
+        for a, b in zip(outs[1], outs[2], strict=True)
+    )
 
 
 def _run(walker: Any, eqn: Any, ins: list[Any]) -> list[np.ndarray] | None:

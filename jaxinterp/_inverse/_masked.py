@@ -42,7 +42,13 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
-from . import _blocks as bl, _branches as br, _cholesky as chol, _scattered
+from . import (
+    _blocks as bl,
+    _branches as br,
+    _cholesky as chol,
+    _refusals as rf,
+    _scattered,
+)
 from ._dataflow import FORWARD, SolveState
 from ._rules import (
     InverseContext,
@@ -177,6 +183,13 @@ def _add_piece(
     st: SolveState, v: Any, mask: np.ndarray, value: Any, i: int, backward: bool
 ) -> None:
     """Record that `v` equals `value` (1-D) where `mask` holds."""
+    if backward and st.completed and st.options.nan_checks:
+        # As `InverseWalker._learn_solved`: after a completion, a NaN solved
+        # here may come from the value chosen for discarded elements.
+        eqn: Any = st.eqns[i]
+        k = next((j for j, u in enumerate(eqn.invars) if u is v), None)
+        if k is not None and jnp.issubdtype(v.aval.dtype, jnp.inexact):
+            st.checks.extend(rf.nan_checks(eqn, [], [(k, jnp.asarray(value))]))
     have = st.pieces.setdefault(v, [])
     have.append(MaskedPiece(0, mask, jnp.asarray(value)))
     whole = assemble(_shape(v), v.aval.dtype, have)
