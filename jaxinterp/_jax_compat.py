@@ -440,6 +440,16 @@ def same_eqn_context(a: Any, b: Any) -> bool:
 
 
 _BatchTracer = _private_attr("jax._src.interpreters.batching", "BatchTracer")
+# `JVPTracer` has no public name (`jax.interpreters.ad` re-exports it only on
+# some releases).
+_JVPTracer = _private_attr("jax._src.interpreters.ad", "JVPTracer")
+
+
+def is_jvp_tracer(value: Any) -> bool:
+    """Whether `value` is being differentiated in forward mode by the
+    innermost trace (`jax.jvp`, `jax.jacfwd`; `False` where JAX lacks the
+    class)."""
+    return _JVPTracer is not None and isinstance(value, _JVPTracer)
 
 
 def vmap_levels(value: Any) -> list[tuple[int, int]] | None:

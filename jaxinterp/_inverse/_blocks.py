@@ -337,7 +337,15 @@ class Block:
             else:
                 user_ctx, eqn_ctx = compat.eqn_contexts(eqn)
                 with user_ctx, eqn_ctx:
-                    if eqn.primitive is lax.div_p and _floating(eqn.outvars[0]):
+                    if (
+                        eqn.primitive is lax.div_p
+                        and _floating(eqn.outvars[0])
+                        and any(compat.is_jvp_tracer(v) for v in ins)
+                    ):
+                        # (Only where it is differentiated, as the solver's
+                        # `jax.jvp` does; elsewhere the plain `div`: a
+                        # `custom_jvp` evaluated on constants under `vmap`
+                        # stages on older JAX.)
                         outs = [_solve.quotient(*ins)]
                     else:
                         outs = compat.bind_eqn(eqn.primitive, ins, eqn.params)
