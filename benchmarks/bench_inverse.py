@@ -217,7 +217,9 @@ def _ratios(ours, theirs, args, quick: bool) -> tuple[float, float]:
         "hand": lambda: theirs(*args),
     }
     cold = compare(contenders, repeats=10 if quick else 30)
-    steady = compare_steady(contenders, calls=20, rounds=5 if quick else 10)
+    steady = compare_steady(
+        contenders, calls=5 if quick else 20, rounds=3 if quick else 10
+    )
     return (
         min(cold["ours"]) / min(cold["hand"]),
         min(steady["ours"]) / min(steady["hand"]),
