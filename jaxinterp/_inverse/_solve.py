@@ -46,10 +46,10 @@ When the map is the same for every element and known while tracing (its
 known operands constants), a table of its inverse (`_table.py`) gives a
 start within about `1e-4`, so the fast path is `_from_table`: one Newton
 step (three in float64) and a cheaper form of the same acceptance test, in
-four passes (start, step, test, NaN test). A block's `div` is evaluated
-through `quotient`, whose derivative takes one division fewer. For softsign
-on 10^6 float32 elements that is about 10x the closed form timed back to
-back, 3.7-4.3x timed one call at a time after a collection
+four passes (start, step, test, NaN test). Where the solver differentiates
+a block, its `div` is `quotient`, whose derivative takes one division
+fewer. For softsign on 10^6 float32 elements that is about 10x the closed
+form timed back to back, 3.7-4.3x timed one call at a time after a collection
 (`benchmarks/bench_inverse.py`, docs/benchmarks.md, session 14).
 
 All elements are solved at once (the loops run until every element is done),
