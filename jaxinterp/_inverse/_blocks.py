@@ -339,7 +339,7 @@ class Block:
                 with user_ctx, eqn_ctx:
                     if (
                         eqn.primitive is lax.div_p
-                        and _floating(eqn.outvars[0])
+                        and jnp.issubdtype(eqn.outvars[0].aval.dtype, jnp.floating)
                         and any(compat.is_jvp_tracer(v) for v in ins)
                     ):
                         # (Only where it is differentiated, as the solver's
@@ -355,10 +355,6 @@ class Block:
 
     def g(self, x: Any, *known: Any) -> Any:
         return self.run(x, known)[self.y]
-
-
-def _floating(v: Any) -> bool:
-    return bool(jnp.issubdtype(v.aval.dtype, jnp.floating))
 
 
 def _picked(name: str, ins: Sequence[Any]) -> Any:

@@ -273,16 +273,9 @@ def _used_instead(
     result there is not what it uses instead.)"""
     probes = []
     for stand_in in (0.5, 0.25):
-        ins = []
-        for u in eqn.invars:
-            if u is v:
-                ins.append(np.where(mask, stand_in, np.nan).astype(v.aval.dtype))
-            elif type(u) is _Literal:
-                ins.append(u.val)
-            elif u in st.env and not compat.is_tracer(st.env[u]):
-                ins.append(st.env[u])
-            else:
-                return None
+        ins = _operands(st, eqn, v, np.where(mask, stand_in, np.nan))
+        if ins is None:
+            return None
         probe = _run(walker, eqn, ins)
         if probe is None or np.any(np.isnan(probe[0])):
             return None
@@ -295,13 +288,8 @@ def _used_instead(
     # Numbers in place of the NaN must change nothing either (a step that
     # maps NaN to a constant, `jnp.nan_to_num`, reads the element).
     numbers = _probes()[1](v.aval.shape, v.aval.dtype)
-    ins = [
-        np.where(mask, 0.5, numbers).astype(v.aval.dtype)
-        if u is v
-        else (u.val if type(u) is _Literal else st.env[u])
-        for u in eqn.invars
-    ]
-    probe = _run(walker, eqn, ins)
+    ins = _operands(st, eqn, v, np.where(mask, 0.5, numbers))
+    probe = None if ins is None else _run(walker, eqn, ins)
     if probe is None or not np.array_equal(
         probe[0].astype(v.aval.dtype)[lost], probes[0][lost]
     ):
@@ -318,17 +306,8 @@ def _reads(walker: Any, st: SolveState, eqn: Any, v: Any, mask: np.ndarray) -> b
     fills = _probes()
     for fill in (fills[0], fills[1], fills[1]):
         there = fill(v.aval.shape, v.aval.dtype)
-        ins = []
-        for u in eqn.invars:
-            if u is v:
-                ins.append(np.where(lost, there, 0.5).astype(v.aval.dtype))
-            elif type(u) is _Literal:
-                ins.append(u.val)
-            elif u in st.env and not compat.is_tracer(st.env[u]):
-                ins.append(st.env[u])
-            else:
-                return True
-        probe = _run(walker, eqn, ins)
+        ins = _operands(st, eqn, v, np.where(lost, there, 0.5))
+        probe = None if ins is None else _run(walker, eqn, ins)
         if probe is None:
             return True
         outs.append(probe)
@@ -339,6 +318,22 @@ def _reads(walker: Any, st: SolveState, eqn: Any, v: Any, mask: np.ndarray) -> b
         np.array_equal(a, b, equal_nan=True)
         for a, b in zip(outs[1], outs[2], strict=True)
     )
+
+
+def _operands(st: SolveState, eqn: Any, v: Any, value: Any) -> list[Any] | None:
+    """`eqn`'s operands with `value` (cast to `v`'s dtype) for `v`, or
+    `None` if another operand is not a constant now."""
+    ins = []
+    for u in eqn.invars:
+        if u is v:
+            ins.append(np.asarray(value).astype(v.aval.dtype))
+        elif type(u) is _Literal:
+            ins.append(u.val)
+        elif u in st.env and not compat.is_tracer(st.env[u]):
+            ins.append(st.env[u])
+        else:
+            return None
+    return ins
 
 
 def _run(walker: Any, eqn: Any, ins: list[Any]) -> list[np.ndarray] | None:
