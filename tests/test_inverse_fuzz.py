@@ -68,7 +68,9 @@ NOT_GENERATED = {
 }
 
 
-@settings(max_examples=30)
+# Sixteen programs (about a minute on one core): the suite's share of the
+# fuzzer; the long runs are `fuzz_inverse_main.py` and `nox -s hypothesis_dev`.
+@settings(max_examples=min(500, 16 * settings.default.max_examples // 25))
 @given(prog=programs(max_stmts=8, exclude=KNOWN_BUGGY_OPS, injective=True, seeded=True))
 def test_random_programs_are_inverted_correctly_or_refused(prog):
     outcome = classify(prog)
