@@ -195,3 +195,82 @@ def test_float64_with_a_table_reaches_the_dtypes_precision():
         # The derivative by the implicit function theorem, d/dy = (1 + |x|)^2.
         grad = jax.grad(lambda y: jnp.sum(jaxinterp.inverse(softsign)(y)))(y)
         np.testing.assert_allclose(grad, (1 + jnp.abs(want)) ** 2, rtol=1e-9)
+
+
+def test_the_table_reaches_the_edges_of_the_maps_domain():
+    # logit's first samples stop at `1 - 2**-8` (`y = 5.5`) while float32
+    # reaches `1 - 2**-24`; without samples toward the edge the table ended
+    # there, and its starts near it were too coarse for one Newton step.
+    x = jnp.linspace(1e-4, 1 - 1e-4, N, dtype=jnp.float32)
+    y = logit(x)
+    x1 = np.asarray(jax.jit(lambda y: _solve._from_table(logit, y, _table_for(logit)))(y))
+    assert not np.isnan(x1).any()
+    np.testing.assert_allclose(x1, np.asarray(jax.nn.sigmoid(y)), rtol=1e-6, atol=1e-7)
+
+
+def _scaled_softsign(x, a):
+    return x / (a + jnp.abs(x))
+
+
+def _with_undecided(count, seed=0):
+    """`y` of softsign at `N` points with `count` values off the image and
+    `count` within a few ulps of its edge (the later tiers decide both)."""
+    rng = np.random.default_rng(seed)
+    y = np.asarray(softsign(jnp.linspace(-6.0, 6.0, N, dtype=jnp.float32))).copy()
+    where = rng.choice(N, 2 * count, replace=False)
+    y[where[:count]] = rng.choice([1.5, -3.0, 1.0], count)
+    y[where[count:]] = rng.choice([0.9999999, -0.999999, 0.99999], count)
+    return jnp.asarray(y, jnp.float32)
+
+
+def _all_together(monkeypatch, fn, *args):
+    """`fn(*args)` with the later tiers run on every element."""
+    with monkeypatch.context() as m:
+        m.setattr(_solve, "_caps", lambda y, known: [])
+        jaxinterp.clear_caches()
+        return fn(*args)
+
+
+# Counts on either side of each gather's size (64, then `N // 64`).
+@pytest.mark.parametrize("count", [1, 64, 65, N // 64 + 1])
+def test_undecided_elements_gathered_are_solved_as_all_together(monkeypatch, count):
+    y = _with_undecided(count)
+    solve = lambda y: jax.jit(jaxinterp.inverse(softsign))(y)  # noqa: E731
+    got = np.asarray(solve(y))
+    want = np.asarray(_all_together(monkeypatch, solve, y))
+    _same_answers(softsign, y, got, want)
+    assert np.isnan(got[np.abs(np.asarray(y)) >= 1]).all()
+
+
+def _same_answers(g, y, got, want):
+    """NaN at the same elements; where `g` is well conditioned (`|y| <
+    0.999`) the same `x`; elsewhere (many floats `x` give the `y` at the edge
+    of softsign's image, and the two may stop at different ones) an `x`
+    whose `g(x)` passes the solver's loosest test, within `sqrt(eps) (1 +
+    |y|)` of `y`."""
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    well = np.abs(np.asarray(y)) < 0.999
+    np.testing.assert_allclose(got[well], want[well], rtol=1e-6)
+    edge = ~well & ~np.isnan(got)
+    back = np.asarray(g(jnp.asarray(got)))
+    tol = np.sqrt(np.finfo(np.float32).eps) * (1 + np.abs(np.asarray(y)))
+    assert np.all(np.abs(back - np.asarray(y))[edge] <= tol[edge])
+
+
+def test_gathered_elements_take_their_known_operands_along(monkeypatch):
+    # A known operand per element (traced: no table), under `vmap` with a
+    # different number of undecided elements in each member, and `grad`.
+    a = jnp.linspace(0.5, 2.0, N, dtype=jnp.float32)
+    ys = jnp.stack([_with_undecided(3, seed=1), _with_undecided(100, seed=2)])
+    inv = jaxinterp.inverse(_scaled_softsign, argnums=0)
+    batched = jax.jit(jax.vmap(inv, in_axes=(0, None)))
+    got = np.asarray(batched(ys, a))
+    want = np.asarray(_all_together(monkeypatch, batched, ys, a))
+    _same_answers(lambda x: _scaled_softsign(x, a), ys, got, want)
+    well = np.abs(np.asarray(ys)) < 0.999
+    closed = np.asarray(a * ys / (1 - jnp.abs(ys)))
+    np.testing.assert_allclose(got[well], closed[well], rtol=1e-4)
+    # d x / d a through the implicit function theorem: x / a, where decided.
+    y = jnp.where(jnp.abs(ys[1]) < 0.99, ys[1], 0.5)
+    grad = jax.grad(lambda a: jnp.sum(inv(y, a)))(a)
+    np.testing.assert_allclose(grad, y / (1 - jnp.abs(y)), rtol=1e-3)

@@ -113,8 +113,7 @@ def solver(
 
     @jax.custom_jvp
     def solve(y: Any, *known: Any) -> Any:
-        at = None if choices is None else (lambda x: choices(x, *known))
-        x = _find_roots(lambda x: g(x, *known), y, table, at)
+        x = _find_roots(g, y, known, table, choices)
         if check_grid:
             shape, dtype = jnp.shape(y), jnp.result_type(y)
             uniform = all(not jnp.shape(k) for k in known)
@@ -176,12 +175,13 @@ def _finite(v: Any) -> Any:
 
 
 def _find_roots(
-    g: Callable[[Any], Any],
+    g: Elementwise,
     y: Any,
+    known: Sequence[Any] = (),
     table: _table.Table | None = None,
-    choices: Callable[[Any], Any] | None = None,
+    choices: Choices | None = None,
 ) -> Any:
-    """`x` with `g(x) == y` per element, NaN where none is accepted.
+    """`x` with `g(x, *known) == y` per element, NaN where none is accepted.
 
     In tiers, each accepting only what the full search would (`_accept`):
 
@@ -194,30 +194,33 @@ def _find_roots(
     3. only if some element is still undecided, the full search (`_search`),
        from the same start.
 
-    Each later tier runs for all elements (the results of the earlier one
-    are kept where accepted) inside `_lazily`, and computes what it needs
-    (the start) itself: a value the first tier shared with it would be
-    written to memory for every element, and work that XLA can move out of
-    the lazy loop would run always.
+    The later tiers run on the elements the first left undecided, gathered
+    (`_compacted`: at most 64 of them, or at most 1/64 of the elements, else
+    all), with the results of the earlier tier kept where accepted
+    (`_lazily`); each computes what it needs (the start) itself: a value the
+    first tier shared with it would be written to memory for every element,
+    and work that XLA can move out of the lazy loop would run always.
 
     With a `table` (`_table.py`), tier 1 is `_from_table` instead, and the
     later tiers start from the table's start where it has one.
     """
-    search = lambda y, s: _search(g, y, s, choices)  # noqa: E731
-    if table is None:
-        x = _fast(g, y)
-        return _lazily(x, y, lambda y: _rounds(g, y, search))
-    x = _from_table(g, y, table)
 
-    def later(y: Any) -> Any:
-        # From the same start, a round of Newton steps (as `_fast`: for a
+    def later(y: Any, *known: Any) -> Any:
+        g_k = lambda x: g(x, *known)  # noqa: E731
+        at = None if choices is None else (lambda x: choices(x, *known))
+        search = lambda y, s: _search(g_k, y, s, at)  # noqa: E731
+        if table is None:
+            return _rounds(g_k, y, search)
+        # From the table's start, a round of Newton steps (as `_fast`: for a
         # cell where the inverse curves, at the edge of the map's image),
         # the neighbours tested where not `_steep`; then the later tiers.
-        x = _from_table(g, y, table, steps=_newton_round(y))
-        x = _accepted(g, y, x, False, split=False)
-        return _lazily(x, y, lambda y: _rounds(g, y, search, table))
+        x = _from_table(g_k, y, table, steps=_newton_round(y))
+        x = _accepted(g_k, y, x, False, split=False)
+        return _lazily(x, y, lambda y: _rounds(g_k, y, search, table))
 
-    return _lazily(x, y, later)
+    g_k = lambda x: g(x, *known)  # noqa: E731
+    x = _fast(g_k, y) if table is None else _from_table(g_k, y, table)
+    return _lazily(x, y, later, known)
 
 
 def _from_table(
@@ -269,18 +272,33 @@ def _plainly_accepted(y: Any, x: Any, residual: Any, slope: Any) -> Any:
     return ok & (size * jnp.maximum(jnp.abs(x), 1.0) > noise)
 
 
-def _lazily(x: Any, y: Any, solve: Callable[[Any], Any]) -> Any:
+def _lazily(
+    x: Any, y: Any, solve: Callable[..., Any], known: Sequence[Any] | None = None
+) -> Any:
     """`x`, with `solve(y)` where `x` is NaN and `y` is not: `solve` runs
     only if there is such an element, inside a `while_loop` of at most one
     step (`_once`: a `cond` that stays lazy under `vmap`).
 
     First a test on `x` alone, whether it may hold a NaN (a reduction that
     reads `x` and writes nothing per element), then only if so the exact
-    test, which also reads `y` (XLA writes the mask it reduces to memory)."""
+    test, which also reads `y` (XLA writes the mask it reduces to memory).
+
+    With `known` (the operands of `g` besides `x`, each broadcastable to
+    `y`), `solve(y, *known)` runs on those elements only, gathered
+    (`_compacted`) when they are few: a `y` off the map's image in an array
+    of a million would otherwise cost a million full searches."""
 
     def exact(x: Any, y: Any) -> Any:
-        need = jnp.any(jnp.isnan(x) & ~jnp.isnan(y))
-        return _once(need, x, y, lambda x, y: _fill(x, y, solve))
+        need = jnp.isnan(x) & ~jnp.isnan(y)
+        if known is None:
+            return _once(jnp.any(need), x, y, lambda x, y: _fill(x, y, solve))
+        count = jnp.sum(need, dtype=jnp.int32)
+        low = 0
+        for cap in _caps(y, known):
+            fits = (count > low) & (count <= cap)
+            x = _once(fits, x, y, functools.partial(_compacted, cap, solve, known))
+            low = cap
+        return _once(count > low, x, y, lambda x, y: _fill(x, y, solve, known))
 
     # A sum holding a NaN is NaN (so is one of inf and -inf: then the exact
     # test runs for nothing). Not a `max`: XLA's CPU reductions may drop
@@ -289,8 +307,79 @@ def _lazily(x: Any, y: Any, solve: Callable[[Any], Any]) -> Any:
     return _once(some_nan, x, y, exact)
 
 
-def _fill(x: Any, y: Any, solve: Callable[[Any], Any]) -> Any:
-    return jnp.where(jnp.isnan(x) & ~jnp.isnan(y), solve(y), x)
+# The sizes of the gathers of undecided elements (`_caps`): a few, or a
+# fraction of the elements.
+_FEW = 64
+_FRACTION = 64
+
+
+def _caps(y: Any, known: Sequence[Any]) -> list[int]:
+    """How many undecided elements `_compacted` may gather, in increasing
+    order: none where the known operands do not broadcast to `y` or the
+    array is small (then all elements are solved)."""
+    shape = jnp.shape(y)
+    if not all(_broadcasts(jnp.shape(k), shape) for k in known):
+        return []
+    size = math.prod(shape)
+    return sorted({c for c in (_FEW, size // _FRACTION) if _FEW <= c <= size // 4})
+
+
+def _broadcasts(have: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """Whether an array of shape `have` broadcasts to `shape` (a known
+    operand of another shape, a table the map reads whole, is not per
+    element)."""
+    if len(have) > len(shape):
+        return False
+    return all(h in (1, s) for h, s in zip(have[::-1], shape[::-1]))
+
+
+def _compacted(
+    cap: int, solve: Callable[..., Any], known: Sequence[Any], x: Any, y: Any
+) -> Any:
+    """`x`, with `solve` run on the (at most `cap`) elements where `x` is NaN
+    and `y` is not, gathered into an array of `cap` (the rest NaN), with
+    the same elements of the known operands."""
+    shape = jnp.shape(y)
+    flat_x, flat_y = jnp.ravel(x), jnp.ravel(y)
+    index = _first(jnp.isnan(flat_x) & ~jnp.isnan(flat_y), cap)
+    sub_y = flat_y.at[index].get(mode="fill", fill_value=jnp.nan)
+    sub_known = [
+        k if not jnp.shape(k) else jnp.ravel(jnp.broadcast_to(k, shape)).at[index].get(mode="clip")
+        for k in known
+    ]
+    # (Indices past the end: `index`'s padding, which reads the last
+    # element of a known operand and is dropped on the way back.)
+    sub_x = solve(sub_y, *sub_known)
+    return flat_x.at[index].set(sub_x, mode="drop").reshape(shape)
+
+
+# Elements per block where `_first` looks for blocks first.
+_BLOCK = 1024
+
+
+def _first(mask: Any, cap: int) -> Any:
+    """The indices of the first `cap` true elements of the 1-D `mask` (its
+    size where there are fewer). `jnp.nonzero` takes a cumulative sum over
+    all of `mask`, several milliseconds for a million elements on a CPU;
+    where `cap` blocks of `_BLOCK` are a small part of it, the first `cap`
+    blocks holding a true element are found first (a reduction and a
+    cumulative sum over the blocks), then the elements within them."""
+    size = mask.shape[0]
+    if cap * _BLOCK * 4 > size:
+        return jnp.nonzero(mask, size=cap, fill_value=size)[0]
+    count = -(-size // _BLOCK)
+    blocks = jnp.pad(mask, (0, count * _BLOCK - size)).reshape(count, _BLOCK)
+    (chosen,) = jnp.nonzero(jnp.any(blocks, axis=1), size=cap, fill_value=count)
+    within = blocks.at[chosen].get(mode="fill", fill_value=False).ravel()
+    (at,) = jnp.nonzero(within, size=cap, fill_value=within.size)
+    block = chosen.at[at // _BLOCK].get(mode="clip")
+    return jnp.where(at < within.size, block * _BLOCK + at % _BLOCK, size)
+
+
+def _fill(
+    x: Any, y: Any, solve: Callable[..., Any], known: Sequence[Any] = ()
+) -> Any:
+    return jnp.where(jnp.isnan(x) & ~jnp.isnan(y), solve(y, *known), x)
 
 
 def _once(flag: Any, x: Any, y: Any, step: Callable[[Any, Any], Any]) -> Any:

@@ -42,6 +42,11 @@ _SAMPLE_RANGE = 40
 # Below this many elements a call of the solver is cheap without a table
 # (and sampling would take several calls of the map).
 MIN_SIZE = 1 << 14
+# Gaps between samples more than a cell apart in `y` are split (`_refinements`):
+# each into at most `_SPLITS` parts, at most `_MAX_EXTRA` new points a round.
+_SPLITS = 64
+_MAX_EXTRA = 1 << 16
+_REFINE_ROUNDS = 3
 
 
 class Table(NamedTuple):
@@ -72,13 +77,20 @@ def build(g: Callable[[Any], Any], shape: Any, dtype: Any) -> Table | None:
         return None
     half = _magnitudes(_SAMPLE_BITS, _SAMPLE_RANGE)
     xs = np.concatenate([-half[::-1], [0.0], half]).astype(dtype)
-    values = []
-    with jax.ensure_compile_time_eval():
-        for lo in range(0, xs.size, size):
-            chunk = np.resize(xs[lo : lo + size], size).reshape(shape)
-            out = np.asarray(g(jnp.asarray(chunk, dtype)), np.float64).ravel()
-            values.append(out[: min(size, xs.size - lo)])
-    gs = np.concatenate(values)
+    gs = _sample(g, xs, shape, dtype)
+    # Where the map is steep, consecutive samples are several cells of `y`
+    # apart, and interpolating between them is off by far more than the
+    # `1e-4` the first tier needs (logit near 1: its samples there are
+    # `2**-8` apart in `x`, `0.3` in `y`, against cells `0.03` wide); such
+    # gaps are sampled again, more finely.
+    for _ in range(_REFINE_ROUNDS):
+        extra = _refinements(xs, gs, dtype)
+        if extra.size == 0:
+            break
+        xs = np.concatenate([xs, extra])
+        gs = np.concatenate([gs, _sample(g, extra, shape, dtype)])
+        order = np.argsort(xs, kind="stable")
+        xs, gs = xs[order], gs[order]
     finite = np.isfinite(gs)
     xs64, gs = xs.astype(np.float64)[finite], gs[finite]
     if gs.size < 2 or gs[0] == gs[-1]:
@@ -100,6 +112,67 @@ def build(g: Callable[[Any], Any], shape: Any, dtype: Any) -> Table | None:
         x, slope = np.concatenate(xt).astype(dtype), np.concatenate(st).astype(dtype)
     # (A slope beyond the dtype's range: the cell's `x` alone.)
     return Table(x, np.where(np.isfinite(slope), slope, 0).astype(dtype))
+
+
+def _sample(g: Callable[[Any], Any], xs: np.ndarray, shape: Any, dtype: Any) -> Any:
+    """`g` at `xs` (float64), one call per `shape`'s worth of points."""
+    size = math.prod(shape)
+    values = []
+    with jax.ensure_compile_time_eval():
+        for lo in range(0, xs.size, size):
+            chunk = np.resize(xs[lo : lo + size], size).reshape(shape)
+            out = np.asarray(g(jnp.asarray(chunk, dtype)), np.float64).ravel()
+            values.append(out[: min(size, xs.size - lo)])
+    return np.concatenate(values)
+
+
+def _refinements(xs: np.ndarray, gs: np.ndarray, dtype: Any) -> np.ndarray:
+    """New points of `x` splitting each gap between consecutive finite
+    samples (`xs` ascending) whose values are more than a cell of the table
+    apart (a cell at the smaller `|g|`, at least the table's smallest), into
+    as many parts as cells, at most `_SPLITS`; at most `_MAX_EXTRA` points
+    in all, the widest gaps first. Points that round to an end of their gap
+    in `dtype` are dropped."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        gap = np.abs(np.diff(gs))
+        low = np.minimum(np.abs(gs[:-1]), np.abs(gs[1:]))
+        cell = np.maximum(low, 2.0**-_EXPONENTS) * 2.0**-_BITS
+        cells = gap / cell
+    wide = np.nonzero(np.isfinite(cells) & (cells > 1.0))[0]
+    edges = _toward_edges(xs, gs, dtype)
+    if wide.size == 0:
+        return edges
+    parts = np.minimum(np.ceil(cells[wide]), _SPLITS).astype(np.int64)
+    order = np.argsort(-cells[wide], kind="stable")
+    keep = order[np.cumsum(parts[order] - 1) <= _MAX_EXTRA]
+    wide, parts = wide[keep], parts[keep]
+    lo, hi = xs[wide].astype(np.float64), xs[wide + 1].astype(np.float64)
+    steps = np.repeat(parts, parts - 1)
+    index = np.arange(steps.size) - np.repeat(np.cumsum(parts - 1) - (parts - 1), parts - 1)
+    frac = (index + 1) / steps
+    new = (np.repeat(lo, parts - 1) + frac * np.repeat(hi - lo, parts - 1)).astype(dtype)
+    inside = (new > np.repeat(lo, parts - 1)) & (new < np.repeat(hi, parts - 1))
+    return np.unique(np.concatenate([new[inside], edges]))
+
+
+def _toward_edges(xs: np.ndarray, gs: np.ndarray, dtype: Any) -> np.ndarray:
+    """Points approaching, geometrically, each edge of the map's domain
+    where it is finite: between a sample with a finite value and a
+    neighbour without one (logit's samples stop at `1 - 2**-8`, where
+    `y = 5.5`, while float32 reaches `1 - 2**-24`, `y = 16.6`), at
+    distances `2**-k (1 + m / 8)` of the gap from the non-finite end
+    (each round of `build` comes closer)."""
+    finite = np.isfinite(gs)
+    out = []
+    k = np.arange(1, jnp.finfo(dtype).nmant + 2)
+    frac = (np.exp2(-k)[:, None] * (1 + np.arange(8) / 8)[None, :]).ravel()
+    for i in np.nonzero(finite[:-1] != finite[1:])[0]:
+        good, bad = (i, i + 1) if finite[i] else (i + 1, i)
+        a, b = float(xs[good]), float(xs[bad])
+        pts = (b + (a - b) * frac).astype(dtype)
+        pts = pts[(pts != xs[good]) & (pts != xs[bad])]
+        out.append(pts)
+    return np.concatenate(out) if out else np.zeros(0, dtype)
 
 
 def lookup(table: Table, y: Any) -> Any:
