@@ -203,7 +203,8 @@ def test_the_table_reaches_the_edges_of_the_maps_domain():
     # there, and its starts near it were too coarse for one Newton step.
     x = jnp.linspace(1e-4, 1 - 1e-4, N, dtype=jnp.float32)
     y = logit(x)
-    x1 = np.asarray(jax.jit(lambda y: _solve._from_table(logit, y, _table_for(logit)))(y))
+    table = _table_for(logit)
+    x1 = np.asarray(jax.jit(lambda y: _solve._from_table(logit, y, table))(y))
     assert not np.isnan(x1).any()
     np.testing.assert_allclose(x1, np.asarray(jax.nn.sigmoid(y)), rtol=1e-6, atol=1e-7)
 

@@ -330,7 +330,8 @@ def _broadcasts(have: tuple[int, ...], shape: tuple[int, ...]) -> bool:
     element)."""
     if len(have) > len(shape):
         return False
-    return all(h in (1, s) for h, s in zip(have[::-1], shape[::-1]))
+    tail = shape[len(shape) - len(have) :]
+    return all(h in (1, s) for h, s in zip(have, tail, strict=True))
 
 
 def _compacted(
@@ -344,7 +345,9 @@ def _compacted(
     index = _first(jnp.isnan(flat_x) & ~jnp.isnan(flat_y), cap)
     sub_y = flat_y.at[index].get(mode="fill", fill_value=jnp.nan)
     sub_known = [
-        k if not jnp.shape(k) else jnp.ravel(jnp.broadcast_to(k, shape)).at[index].get(mode="clip")
+        jnp.ravel(jnp.broadcast_to(k, shape)).at[index].get(mode="clip")
+        if jnp.shape(k)
+        else k
         for k in known
     ]
     # (Indices past the end: `index`'s padding, which reads the last
@@ -376,9 +379,7 @@ def _first(mask: Any, cap: int) -> Any:
     return jnp.where(at < within.size, block * _BLOCK + at % _BLOCK, size)
 
 
-def _fill(
-    x: Any, y: Any, solve: Callable[..., Any], known: Sequence[Any] = ()
-) -> Any:
+def _fill(x: Any, y: Any, solve: Callable[..., Any], known: Sequence[Any] = ()) -> Any:
     return jnp.where(jnp.isnan(x) & ~jnp.isnan(y), solve(y, *known), x)
 
 

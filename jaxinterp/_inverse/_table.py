@@ -147,11 +147,14 @@ def _refinements(xs: np.ndarray, gs: np.ndarray, dtype: Any) -> np.ndarray:
     keep = order[np.cumsum(parts[order] - 1) <= _MAX_EXTRA]
     wide, parts = wide[keep], parts[keep]
     lo, hi = xs[wide].astype(np.float64), xs[wide + 1].astype(np.float64)
-    steps = np.repeat(parts, parts - 1)
-    index = np.arange(steps.size) - np.repeat(np.cumsum(parts - 1) - (parts - 1), parts - 1)
-    frac = (index + 1) / steps
-    new = (np.repeat(lo, parts - 1) + frac * np.repeat(hi - lo, parts - 1)).astype(dtype)
-    inside = (new > np.repeat(lo, parts - 1)) & (new < np.repeat(hi, parts - 1))
+    # Gap `j` gets the points `lo + (i / parts) (hi - lo)`, `0 < i < parts`.
+    per = parts - 1
+    steps = np.repeat(parts, per)
+    first = np.repeat(np.cumsum(per) - per, per)
+    frac = (np.arange(steps.size) - first + 1) / steps
+    lo, hi = np.repeat(lo, per), np.repeat(hi, per)
+    new = (lo + frac * (hi - lo)).astype(dtype)
+    inside = (new > lo) & (new < hi)
     return np.unique(np.concatenate([new[inside], edges]))
 
 
