@@ -453,3 +453,39 @@ def test_a_nan_solved_off_the_image_is_rechecked_through_released_steps(monkeypa
     got, ildj = inv(f(x.at[1].set(0.0)))
     tree_allclose(got, on)
     tree_allclose(ildj, jnp.zeros(()))
+
+
+# A map that differs between elements only through an array a `jit` body in
+# the block closes over (no operand of the block): `x**3 - x` for the second
+# half of the elements turns. The grid check laid its points over the
+# elements as if the map were the same for all (one point per element), so
+# only the first ones were checked, and `-0.171` came back as `0.1765`
+# rather than `0.9` (it has three preimages).
+_HALF = 400  # more elements than grid points: the turning ones go unchecked
+
+
+def _per_element_constant(x, a):
+    c = np.where(np.arange(2 * _HALF) < _HALF, 1.0, -1.0).astype(np.float32)
+    return a * x**3 + jax.jit(lambda z: z * c)(x)
+
+
+def test_a_constant_inside_a_jit_body_makes_the_map_per_element():
+    x = jnp.full((2 * _HALF,), 0.9)
+    y = _per_element_constant(x, 1.0)
+    with pytest.raises(NotInvertibleError, match="not monotone"):
+        jaxinterp.inverse(lambda x: _per_element_constant(x, 1.0))(y)
+    # With a traced known operand: checked per element, NaN where it turns.
+    got = jax.jit(jaxinterp.inverse(_per_element_constant, argnums=0))(y, 1.0)
+    assert jnp.allclose(got[:_HALF], 0.9, atol=1e-5)
+    assert jnp.isnan(got[_HALF:]).all()
+
+
+def test_a_monotone_map_with_a_constant_inside_a_jit_body_is_inverted():
+    # (Refused before: the mixed grid saw the elements' maps as one that
+    # turns.)
+    c = np.linspace(0.5, 2.0, 7).astype(np.float32)
+    f = lambda x: x**3 + jax.jit(lambda z: z * c)(x)  # noqa: E731
+    x = jnp.linspace(-2.0, 2.0, 7)
+    got, ildj = jaxinterp.inverse_and_ildj(f)(f(x))
+    assert jnp.allclose(got, x, atol=1e-5)
+    assert jnp.allclose(ildj, -jnp.linalg.slogdet(jax.jacfwd(f)(x))[1], atol=1e-4)
