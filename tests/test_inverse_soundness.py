@@ -489,3 +489,45 @@ def test_a_monotone_map_with_a_constant_inside_a_jit_body_is_inverted():
     got, ildj = jaxinterp.inverse_and_ildj(f)(f(x))
     assert jnp.allclose(got, x, atol=1e-5)
     assert jnp.allclose(ildj, -jnp.linalg.slogdet(jax.jacfwd(f)(x))[1], atol=1e-4)
+
+
+# A piecewise map whose cases overlap, with its switch a known operand
+# passed at run time (or a constant that differs between elements):
+# `where(x > a, x * x, 2 * x)` takes the values in `(1, 2]` twice for
+# `a = 1`. The grid check sampled it at grid points only (the switch points
+# in between are located only for a constant map), saw it rise, and the
+# solver gave `1.5 -> 0.75` (`sqrt(1.5)` is a preimage too).
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda x, a: jnp.where(x > a, x * x, 2 * x),
+        lambda x, a: jnp.where(x > a, x - 1e-3, x) + x**3,  # a small jump back
+    ],
+    ids=["square", "small_jump"],
+)
+def test_overlapping_cases_switching_at_a_known_operand_are_not_solved(f):
+    y = jnp.array([1.5, 1.9995, 2.0])
+    a = jnp.float32(1.0)
+    got = jax.jit(jaxinterp.inverse(f, argnums=0))(y, a)
+    assert jnp.isnan(got).all()
+    # Enough elements that the grid is laid out over them (a scalar `a`:
+    # the same map for every element).
+    got = jax.jit(jaxinterp.inverse(f, argnums=0))(jnp.resize(y, 400), a)
+    assert jnp.isnan(got).all()
+    per_element = jnp.ones(3)  # (a constant, different per element)
+    with pytest.raises(NotInvertibleError, match="not monotone"):
+        jaxinterp.inverse(lambda x: f(x, per_element))(y)
+
+
+def _kinked(x, a):
+    return jnp.where(x > a, 2 * x - a, x) + 0.1 * jnp.tanh(x)
+
+
+_kinked_inverse = jax.jit(jaxinterp.inverse(_kinked, argnums=0))
+
+
+@given(a=st.floats(-3.0, 3.0), x=st.floats(-4.0, 4.0))
+def test_a_continuous_piecewise_map_with_a_known_switch_is_still_inverted(a, x):
+    xs = jnp.array([x, a - 1.0, a + 1.0], jnp.float32)
+    got = _kinked_inverse(_kinked(xs, a), jnp.float32(a))
+    assert jnp.allclose(got, xs, atol=1e-4, rtol=1e-4)

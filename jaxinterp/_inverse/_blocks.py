@@ -884,6 +884,8 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
                         dtype,
                         uniform=uniform,
                         extra=extra,
+                        # (Per element: its switches located there.)
+                        choices=None if uniform else lambda x: choices(x, *known),
                     )
                 )
         except jax.errors.TracerArrayConversionError:

@@ -121,8 +121,15 @@ def solver(
         if check_grid:
             shape, dtype = jnp.shape(y), jnp.result_type(y)
             same = uniform and all(not jnp.shape(k) for k in known)
+            # (`at`: a piecewise map's switches, which move with its known
+            # operands, located where they fall between grid points.)
             ok = monotone_on_grid(
-                lambda x: g(x, *known), shape, dtype, uniform=same, like=y
+                lambda x: g(x, *known),
+                shape,
+                dtype,
+                uniform=same,
+                like=y,
+                choices=at,
             )
             x = jnp.where(ok, x, jnp.nan)
         return x
