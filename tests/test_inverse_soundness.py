@@ -531,3 +531,25 @@ def test_a_continuous_piecewise_map_with_a_known_switch_is_still_inverted(a, x):
     xs = jnp.array([x, a - 1.0, a + 1.0], jnp.float32)
     got = _kinked_inverse(_kinked(xs, a), jnp.float32(a))
     assert jnp.allclose(got, xs, atol=1e-4, rtol=1e-4)
+
+
+def test_overlapping_cases_are_not_solved_inside_a_shard_map_body():
+    # (Inside a `shard_map` body the solver's values vary over the mesh: it
+    # was built without the block's discrete choices there.)
+    try:
+        from jax import shard_map
+    except ImportError:  # JAX < 0.8
+        from jax.experimental.shard_map import shard_map
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    f = lambda x, a: jnp.where(x > a, x * x, 2 * x)  # noqa: E731
+    mesh = jax.make_mesh((1,), ("i",))
+    body = shard_map(
+        jaxinterp.inverse(f, argnums=0),
+        mesh=mesh,
+        in_specs=(P("i"), P()),
+        out_specs=P("i"),
+    )
+    y = jax.device_put(jnp.array([1.21, 1.5, 1.9, 2.0]), NamedSharding(mesh, P("i")))
+    got = jax.jit(body)(y, jnp.float32(1.0))
+    assert jnp.isnan(got).all()

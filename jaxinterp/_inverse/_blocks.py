@@ -937,7 +937,9 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
     if axes:
         g = block.g
         return _solve.solver(
-            lambda x, *k: g(compat.vary_over(x, axes), *k), uniform=inside
+            lambda x, *k: g(compat.vary_over(x, axes), *k),
+            choices=lambda x, *k: block.discrete(compat.vary_over(x, axes), k),
+            uniform=inside,
         )(y, *known)
     return _solve.solver(block.g, choices=choices, uniform=inside)(y, *known)
 

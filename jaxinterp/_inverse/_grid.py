@@ -101,7 +101,7 @@ def monotone_on_grid(
         # (both the last point where they do not).
         lo = jnp.full(shape, points[jnp.maximum(i - 1, 0)], dtype)
         changed = ~_same(before, now) & (i > 0)
-        a, b = _switch(choices, lo, x, before, changed)
+        a, b = _switch(choices, lo, x, before, changed, like)
         for v in (g(a), g(b)):
             prev, rising, falling = compare(prev, v, rising, falling)
         return i + 1, *compare(prev, value, rising, falling), *now
@@ -150,11 +150,13 @@ def _switch(
     hi: Any,
     at_lo: Sequence[Any],
     active: Any,
+    like: Any = None,
 ) -> tuple[Any, Any]:
     """Per `active` element, neighbouring floats `a < b` in `[lo, hi]` where
     the discrete choices change from `at_lo` (those at `lo`): bisection on
     the floats' order (at most the dtype's bits of steps, and none where no
-    element is `active`). Elsewhere `(lo, lo)`."""
+    element is `active`). Elsewhere `(lo, lo)`. `like`: as in
+    `monotone_on_grid`."""
     dtype = jnp.result_type(lo)
     a, b = _ordered(lo), _ordered(hi)
     b = jnp.where(active, b, a)
@@ -172,7 +174,9 @@ def _switch(
         b = jnp.where(going & ~same, mid, b)
         return a, b
 
-    a, b = lax.while_loop(cond, body, compat.vary_like((a, b), lo))
+    # (Inside a `shard_map` body the carry varies as `like` does.)
+    start = (a, b) if like is None else compat.vary_like((a, b), like)
+    a, b = lax.while_loop(cond, body, start)
     return _unordered(a, dtype), _unordered(b, dtype)
 
 
@@ -226,7 +230,7 @@ def _monotone_uniform(
         at_lo = list(choices(lo))
         differ = ~_same(at_lo, list(choices(hi)))
         differ = differ & jnp.asarray((np.arange(size) < pairs).reshape(shape))
-        a, b = _switch(choices, lo, hi, at_lo, differ)
+        a, b = _switch(choices, lo, hi, at_lo, differ, like)
         sides = [jnp.reshape(g(v), (-1,))[:pairs] for v in (a, b)]
         inner = jnp.stack([values[:-1], *sides], axis=1).reshape(-1)
         values = jnp.concatenate([inner, values[-1:]])
