@@ -453,3 +453,103 @@ def test_a_nan_solved_off_the_image_is_rechecked_through_released_steps(monkeypa
     got, ildj = inv(f(x.at[1].set(0.0)))
     tree_allclose(got, on)
     tree_allclose(ildj, jnp.zeros(()))
+
+
+# A map that differs between elements only through an array a `jit` body in
+# the block closes over (no operand of the block): `x**3 - x` for the second
+# half of the elements turns. The grid check laid its points over the
+# elements as if the map were the same for all (one point per element), so
+# only the first ones were checked, and `-0.171` came back as `0.1765`
+# rather than `0.9` (it has three preimages).
+_HALF = 400  # more elements than grid points: the turning ones go unchecked
+
+
+def _per_element_constant(x, a):
+    c = np.where(np.arange(2 * _HALF) < _HALF, 1.0, -1.0).astype(np.float32)
+    return a * x**3 + jax.jit(lambda z: z * c)(x)
+
+
+def test_a_constant_inside_a_jit_body_makes_the_map_per_element():
+    x = jnp.full((2 * _HALF,), 0.9)
+    y = _per_element_constant(x, 1.0)
+    with pytest.raises(NotInvertibleError, match="not monotone"):
+        jaxinterp.inverse(lambda x: _per_element_constant(x, 1.0))(y)
+    # With a traced known operand: checked per element, NaN where it turns.
+    got = jax.jit(jaxinterp.inverse(_per_element_constant, argnums=0))(y, 1.0)
+    assert jnp.allclose(got[:_HALF], 0.9, atol=1e-5)
+    assert jnp.isnan(got[_HALF:]).all()
+
+
+def test_a_monotone_map_with_a_constant_inside_a_jit_body_is_inverted():
+    # (Refused before: the mixed grid saw the elements' maps as one that
+    # turns.)
+    c = np.linspace(0.5, 2.0, 7).astype(np.float32)
+    f = lambda x: x**3 + jax.jit(lambda z: z * c)(x)  # noqa: E731
+    x = jnp.linspace(-2.0, 2.0, 7)
+    got, ildj = jaxinterp.inverse_and_ildj(f)(f(x))
+    assert jnp.allclose(got, x, atol=1e-5)
+    assert jnp.allclose(ildj, -jnp.linalg.slogdet(jax.jacfwd(f)(x))[1], atol=1e-4)
+
+
+# A piecewise map whose cases overlap, with its switch a known operand
+# passed at run time (or a constant that differs between elements):
+# `where(x > a, x * x, 2 * x)` takes the values in `(1, 2]` twice for
+# `a = 1`. The grid check sampled it at grid points only (the switch points
+# in between are located only for a constant map), saw it rise, and the
+# solver gave `1.5 -> 0.75` (`sqrt(1.5)` is a preimage too).
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda x, a: jnp.where(x > a, x * x, 2 * x),
+        lambda x, a: jnp.where(x > a, x - 1e-3, x) + x**3,  # a small jump back
+    ],
+    ids=["square", "small_jump"],
+)
+def test_overlapping_cases_switching_at_a_known_operand_are_not_solved(f):
+    y = jnp.array([1.5, 1.9995, 2.0])
+    a = jnp.float32(1.0)
+    got = jax.jit(jaxinterp.inverse(f, argnums=0))(y, a)
+    assert jnp.isnan(got).all()
+    # Enough elements that the grid is laid out over them (a scalar `a`:
+    # the same map for every element).
+    got = jax.jit(jaxinterp.inverse(f, argnums=0))(jnp.resize(y, 400), a)
+    assert jnp.isnan(got).all()
+    per_element = jnp.ones(3)  # (a constant, different per element)
+    with pytest.raises(NotInvertibleError, match="not monotone"):
+        jaxinterp.inverse(lambda x: f(x, per_element))(y)
+
+
+def _kinked(x, a):
+    return jnp.where(x > a, 2 * x - a, x) + 0.1 * jnp.tanh(x)
+
+
+_kinked_inverse = jax.jit(jaxinterp.inverse(_kinked, argnums=0))
+
+
+@given(a=st.floats(-3.0, 3.0), x=st.floats(-4.0, 4.0))
+def test_a_continuous_piecewise_map_with_a_known_switch_is_still_inverted(a, x):
+    xs = jnp.array([x, a - 1.0, a + 1.0], jnp.float32)
+    got = _kinked_inverse(_kinked(xs, a), jnp.float32(a))
+    assert jnp.allclose(got, xs, atol=1e-4, rtol=1e-4)
+
+
+def test_overlapping_cases_are_not_solved_inside_a_shard_map_body():
+    # (Inside a `shard_map` body the solver's values vary over the mesh: it
+    # was built without the block's discrete choices there.)
+    try:
+        from jax import shard_map
+    except ImportError:  # JAX < 0.8
+        from jax.experimental.shard_map import shard_map
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    f = lambda x, a: jnp.where(x > a, x * x, 2 * x)  # noqa: E731
+    mesh = jax.make_mesh((1,), ("i",))
+    body = shard_map(
+        jaxinterp.inverse(f, argnums=0),
+        mesh=mesh,
+        in_specs=(P("i"), P()),
+        out_specs=P("i"),
+    )
+    y = jax.device_put(jnp.array([1.21, 1.5, 1.9, 2.0]), NamedSharding(mesh, P("i")))
+    got = jax.jit(body)(y, jnp.float32(1.0))
+    assert jnp.isnan(got).all()

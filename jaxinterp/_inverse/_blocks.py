@@ -824,6 +824,34 @@ def _same_for_every_element(k: Any, shape: tuple[int, ...]) -> bool:
     return False
 
 
+def _constants(eqns: Sequence[Any]) -> list[Any]:
+    """The constants the equations read besides their operands: literals,
+    and the consts of the bodies they run (a `jit` body closing over an
+    array), recursively."""
+    found: list[Any] = []
+    for eqn in eqns:
+        found.extend(v.val for v in eqn.invars if type(v) is _Literal)
+        if eqn.primitive is compat.jit_p:
+            body = compat.jit_params(eqn.params).jaxpr
+            found.extend(compat.jaxpr_consts(body))
+            found.extend(_constants(compat.open_jaxpr(body).eqns))
+            continue
+        for sub in compat.jaxprs_in_params(compat.params_of(eqn)):
+            found.extend(compat.jaxpr_consts(sub))
+        for sub in compat.sub_jaxprs(eqn):
+            found.extend(_constants(sub.eqns))
+    return found
+
+
+def _uniform(block: Block, known: Sequence[Any], shape: tuple[int, ...]) -> bool:
+    """Whether the block is the same map for every element: its known
+    operands, and the constants inside it (a per-element array closed over
+    by a `jit` body in the block is no operand), are all
+    `_same_for_every_element`."""
+    values = [*known, *_constants(block.eqns)]
+    return all(_same_for_every_element(k, shape) for k in values)
+
+
 def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
     """`x` by the elementwise solver (NaN where no root is found). A map that
     turns (`_solve.monotone_on_grid`) is not injective: refused now when its
@@ -832,9 +860,14 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
     def choices(x: Any, *known: Any) -> list[Any]:
         return block.discrete(x, known)
 
+    # (A map that differs between elements through a constant inside it is
+    # checked element by element, whatever its operands.)
+    inside = all(
+        _same_for_every_element(k, jnp.shape(y)) for k in _constants(block.eqns)
+    )
     if not any(compat.is_tracer(k) for k in known) and not compat.in_manual_body():
         shape, dtype = jnp.shape(y), jnp.result_type(y)
-        uniform = all(_same_for_every_element(k, shape) for k in known)
+        uniform = _uniform(block, known, tuple(shape))
         try:
             # A piecewise map may jump between grid points where a case
             # switches: sampled either side of each switch too.
@@ -851,12 +884,14 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
                         dtype,
                         uniform=uniform,
                         extra=extra,
+                        # (Per element: its switches located there.)
+                        choices=None if uniform else lambda x: choices(x, *known),
                     )
                 )
         except jax.errors.TracerArrayConversionError:
             # Some bodies stage even here (a `custom_jvp` on older JAX): the
             # check then runs with the solve, NaN where the map turns.
-            return _solve.solver(block.g, choices=choices)(y, *known)
+            return _solve.solver(block.g, choices=choices, uniform=inside)(y, *known)
         if not ok.all():
             # It turns: inverted where `y` has one preimage (`_turning.py`),
             # if it has one anywhere.
@@ -901,8 +936,12 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
     axes = compat.varying_axes(block.x.aval)
     if axes:
         g = block.g
-        return _solve.solver(lambda x, *k: g(compat.vary_over(x, axes), *k))(y, *known)
-    return _solve.solver(block.g, choices=choices)(y, *known)
+        return _solve.solver(
+            lambda x, *k: g(compat.vary_over(x, axes), *k),
+            choices=lambda x, *k: block.discrete(compat.vary_over(x, axes), k),
+            uniform=inside,
+        )(y, *known)
+    return _solve.solver(block.g, choices=choices, uniform=inside)(y, *known)
 
 
 def block_ildj(block: Block, x: Any, known: Sequence[Any]) -> Any:

@@ -101,6 +101,7 @@ def solver(
     check_grid: bool = True,
     table: _table.Table | None = None,
     choices: Choices | None = None,
+    uniform: bool = True,
 ) -> Callable[..., Any]:
     """`solve(y, *known)`: `x` with `g(x, *known) == y` elementwise (NaN where
     none is found, and with `check_grid` where `g` is not monotone on
@@ -109,16 +110,25 @@ def solver(
     operands). `choices(x, *known)`: `g`'s discrete choices at `x` (a list of
     arrays `(*x.shape, k)`, `_turning.choices_of`), where `g` may jump: a
     root is not accepted by the looser test for maps that round (step 4)
-    where they change across its bracket."""
+    where they change across its bracket. `uniform=False`: `g` differs
+    between elements even with scalar known operands (a per-element
+    constant inside it), so the grid is checked element by element."""
 
     @jax.custom_jvp
     def solve(y: Any, *known: Any) -> Any:
         x = _find_roots(g, y, known, table, choices)
         if check_grid:
             shape, dtype = jnp.shape(y), jnp.result_type(y)
-            uniform = all(not jnp.shape(k) for k in known)
+            same = uniform and all(not jnp.shape(k) for k in known)
+            # (`at`: a piecewise map's switches, which move with its known
+            # operands, located where they fall between grid points.)
             ok = monotone_on_grid(
-                lambda x: g(x, *known), shape, dtype, uniform=uniform, like=y
+                lambda x: g(x, *known),
+                shape,
+                dtype,
+                uniform=same,
+                like=y,
+                choices=at,
             )
             x = jnp.where(ok, x, jnp.nan)
         return x
