@@ -275,3 +275,18 @@ def test_gathered_elements_take_their_known_operands_along(monkeypatch):
     y = jnp.where(jnp.abs(ys[1]) < 0.99, ys[1], 0.5)
     grad = jax.grad(lambda a: jnp.sum(inv(y, a)))(a)
     np.testing.assert_allclose(grad, y / (1 - jnp.abs(y)), rtol=1e-3)
+
+
+def test_a_map_with_a_constant_per_element_inside_is_not_gathered():
+    # The constant is no operand of the block, so the undecided elements
+    # cannot be gathered with it: they are solved among all the elements.
+    c = jnp.where(jnp.arange(N) < N // 2, 2.0, 3.0)
+
+    def f(x):
+        return x**3 + jax.jit(lambda z: z * c)(x)
+
+    x = jnp.linspace(-2.0, 2.0, N, dtype=jnp.float32)
+    y = f(x).at[5].set(jnp.nan).at[7].set(1e30)
+    got = jax.jit(jaxinterp.inverse(f))(y)
+    assert np.isnan(np.asarray(got)).tolist() == [i == 5 for i in range(N)]
+    np.testing.assert_allclose(f(got), y, rtol=1e-5, atol=1e-5)

@@ -891,7 +891,9 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
         except jax.errors.TracerArrayConversionError:
             # Some bodies stage even here (a `custom_jvp` on older JAX): the
             # check then runs with the solve, NaN where the map turns.
-            return _solve.solver(block.g, choices=choices, uniform=inside)(y, *known)
+            return _solve.solver(
+                block.g, choices=choices, uniform=inside, gather=inside
+            )(y, *known)
         if not ok.all():
             # It turns: inverted where `y` has one preimage (`_turning.py`),
             # if it has one anywhere.
@@ -916,7 +918,9 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
                     f"{_solve.grid(dtype)[[0, -1]].tolist()}), so it takes "
                     f"some values more than once{every} and has no inverse"
                 )
-            x = _solve.solver(block.g, check_grid=False, choices=choices)(y, *known)
+            x = _solve.solver(
+                block.g, check_grid=False, choices=choices, gather=inside
+            )(y, *known)
             ok_y = found.single(y) & found.holds(y, x)
             return jnp.where(ok_y, x, jnp.asarray(jnp.nan, jnp.result_type(x)))
         # The same map for every element, known now: a table of starts.
@@ -928,9 +932,9 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
             )
         except jax.errors.TracerArrayConversionError:
             table = None  # (a body that stages even here: no table)
-        return _solve.solver(block.g, check_grid=False, table=table, choices=choices)(
-            y, *known
-        )
+        return _solve.solver(
+            block.g, check_grid=False, table=table, choices=choices, gather=inside
+        )(y, *known)
     # Inside a `shard_map` body the solver's trial values vary as the
     # unknown does in the Jaxpr, so the block's equations replay as typed.
     axes = compat.varying_axes(block.x.aval)
@@ -941,7 +945,10 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
             choices=lambda x, *k: block.discrete(compat.vary_over(x, axes), k),
             uniform=inside,
         )(y, *known)
-    return _solve.solver(block.g, choices=choices, uniform=inside)(y, *known)
+    # (The undecided elements gathered: not inside a `shard_map` body, above.)
+    return _solve.solver(block.g, choices=choices, uniform=inside, gather=inside)(
+        y, *known
+    )
 
 
 def block_ildj(block: Block, x: Any, known: Sequence[Any]) -> Any:

@@ -102,6 +102,7 @@ def solver(
     table: _table.Table | None = None,
     choices: Choices | None = None,
     uniform: bool = True,
+    gather: bool = False,
 ) -> Callable[..., Any]:
     """`solve(y, *known)`: `x` with `g(x, *known) == y` elementwise (NaN where
     none is found, and with `check_grid` where `g` is not monotone on
@@ -112,11 +113,15 @@ def solver(
     root is not accepted by the looser test for maps that round (step 4)
     where they change across its bracket. `uniform=False`: `g` differs
     between elements even with scalar known operands (a per-element
-    constant inside it), so the grid is checked element by element."""
+    constant inside it), so the grid is checked element by element.
+    `gather`: the elements the first tier leaves undecided may be solved
+    apart, gathered with their known operands (`_find_roots`); only for a
+    `g` that holds no per-element constant of its own."""
 
     @jax.custom_jvp
     def solve(y: Any, *known: Any) -> Any:
-        x = _find_roots(g, y, known, table, choices)
+        x = _find_roots(g, y, known, table, choices, gather=gather)
+        at = None if choices is None else (lambda x: choices(x, *known))
         if check_grid:
             shape, dtype = jnp.shape(y), jnp.result_type(y)
             same = uniform and all(not jnp.shape(k) for k in known)
@@ -190,6 +195,8 @@ def _find_roots(
     known: Sequence[Any] = (),
     table: _table.Table | None = None,
     choices: Choices | None = None,
+    *,
+    gather: bool = True,
 ) -> Any:
     """`x` with `g(x, *known) == y` per element, NaN where none is accepted.
 
@@ -206,7 +213,8 @@ def _find_roots(
 
     The later tiers run on the elements the first left undecided, gathered
     (`_compacted`: at most 64 of them, or at most 1/64 of the elements, else
-    all), with the results of the earlier tier kept where accepted
+    all; not with `gather=False`, for a `g` whose constants hold a value per
+    element), with the results of the earlier tier kept where accepted
     (`_lazily`); each computes what it needs (the start) itself: a value the
     first tier shared with it would be written to memory for every element,
     and work that XLA can move out of the lazy loop would run always.
@@ -230,7 +238,9 @@ def _find_roots(
 
     g_k = lambda x: g(x, *known)  # noqa: E731
     x = _fast(g_k, y) if table is None else _from_table(g_k, y, table)
-    return _lazily(x, y, later, known)
+    if gather:
+        return _lazily(x, y, later, known)
+    return _lazily(x, y, lambda y: later(y, *known))
 
 
 def _from_table(
