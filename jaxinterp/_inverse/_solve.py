@@ -41,7 +41,8 @@ search, run only if some element is left undecided, and then inside a loop
 of at most one step, so that they cost nothing otherwise (also under
 `vmap`), on the undecided elements gathered (`_compacted`) when they are
 few: one `y` off the image in 10^6 costs about 5x the first tier, not a
-search of every element (6.9 s for softsign before session 15). For softsign on 10^6 elements this is about 9x the closed form,
+search of every element (6.9 s for softsign before session 15). For
+softsign on 10^6 elements the first tier is about 9x the closed form,
 against about 175x for the full search on every element.
 
 When the map is the same for every element and known while tracing (its
