@@ -68,7 +68,9 @@ def _triangle_of(eqn: Any, k: int, known: list[Any]) -> str | None:
         env.update(zip(jaxpr.constvars, compat.jaxpr_consts(body), strict=True))
         for e in jaxpr.eqns:
             if inner in e.outvars:
-                values = [u.val if type(u) is _Literal else env.get(u) for u in e.invars]
+                values = [
+                    u.val if type(u) is _Literal else env.get(u) for u in e.invars
+                ]
                 return _triangle_of(e, e.outvars.index(inner), values)
         return None
     if eqn.primitive is not jex_prims.triangular_solve_p:
