@@ -9,11 +9,18 @@
   the diagonal. `y` must be symmetric positive definite: the product is then
   recomputed from the factor and compared with `y` like any second
   constraint (NaN off the image). The ildj is on the lower triangles of `y`
-  and `L`: `-(n log 2 + sum_i (n - i) log L_ii)`.
+  and `L`: `-(n log 2 + sum_i (n - i) log L_ii)`. A factor *upper*
+  triangular by construction (`U^T` in `U^T @ U` of a lower `U`) is the
+  reversed Cholesky factor of the reversed product (`P A P` with `P` the
+  reversal is lower triangular), with the ildj of that factor (the reversal
+  permutes the coordinates). A `triangular_solve`'s result with a triangular
+  constant right-hand side is triangular by construction too
+  (`_trisolve.py`: TFP's `CholeskyToInvCholesky`).
 * **Elements a step discards**: a value known only in parts, whose unknown
   elements a step of the same shape never reads (`jnp.tril(z)` reads only `z`'s
   lower triangle; a `select_n` with a constant predicate and a constant
-  other case) is completed with what the step uses in their place, the
+  other case; the triangle of its matrix a `triangular_solve` never reads,
+  `_trisolve.py`) is completed with what the step uses in their place, the
   preimage the step leaves unchanged (`z = tril(z)`: zeros above the
   diagonal), as the symmetric preimage of a symmetrization is
   (`_cholesky.py`). That the step does not read them, and what it uses

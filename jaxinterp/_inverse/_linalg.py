@@ -30,8 +30,9 @@ BOTH_UNKNOWN = (
     "`dot_general` of two unknown operands is not inverted: a product such as "
     "`L @ L.T` has many factors (a matrix square root is not unique: `L @ Q` "
     "for any orthogonal `Q`, or a sign flip of a column of a triangular "
-    "factor). A factor lower triangular by construction (`L = jnp.tril(z)`, "
-    "2-D) is taken as the Cholesky factor, its principal branch; otherwise "
+    "factor). A factor triangular by construction (`L = jnp.tril(z)`, 2-D, "
+    "or `triangular_solve(z, I)`) is taken as the Cholesky factor (reversed, "
+    "for an upper one), its principal branch; otherwise "
     "give the function a `@jaxinterp.custom_inverse` (`jnp.linalg.cholesky(y)` "
     "when `L` is lower triangular with a positive diagonal)"
 )

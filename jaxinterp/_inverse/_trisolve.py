@@ -65,7 +65,9 @@ def _triangle_of(eqn: Any, k: int, known: list[Any]) -> str | None:
         if type(inner) is _Literal:
             return None
         env: dict[Any, Any] = dict(zip(jaxpr.invars, known, strict=True))
-        env.update(zip(jaxpr.constvars, compat.jaxpr_consts(body), strict=True))
+        consts = compat.jaxpr_consts(body)
+        if len(consts) == len(jaxpr.constvars):
+            env.update(zip(jaxpr.constvars, consts, strict=True))
         for e in jaxpr.eqns:
             if inner in e.outvars:
                 values = [
