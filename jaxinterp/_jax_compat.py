@@ -1448,3 +1448,24 @@ def transpose_permutation(eqn: Any) -> tuple[int, ...]:
     """A `transpose` equation's permutation: result axis `k` is operand axis
     `perm[k]`."""
     return tuple(params_of(eqn)["permutation"])
+
+
+class TriangularSolveParams(NamedTuple):
+    left_side: bool
+    lower: bool
+    transpose_a: bool
+    conjugate_a: bool
+    unit_diagonal: bool
+
+
+def triangular_solve_params(eqn: Any) -> TriangularSolveParams:
+    """A `triangular_solve` equation's flags (the same names in every JAX of
+    the range)."""
+    p = params_of(eqn)
+    return TriangularSolveParams(
+        bool(p["left_side"]),
+        bool(p["lower"]),
+        bool(p["transpose_a"]),
+        bool(p["conjugate_a"]),
+        bool(p["unit_diagonal"]),
+    )

@@ -189,8 +189,10 @@ class InverseWalker:
                 # Stuck: a principal factor of `L @ L.T` may be taken (first:
                 # a block solve of the product, with the factor filled in by
                 # a scatter, picks no branch and gives NaN), an elementwise
-                # block of one unknown solved, else discarded elements chosen.
-                if not blocks or not st.reasons:
+                # block of one unknown solved, else discarded elements chosen
+                # (also with nothing blocked: a `triangular_solve` solved for
+                # the triangle of its matrix it reads is done).
+                if not blocks or not (st.reasons or (complete and st.pieces)):
                     break
                 if not (
                     gm.gram_step(self, st)

@@ -9,11 +9,18 @@
   the diagonal. `y` must be symmetric positive definite: the product is then
   recomputed from the factor and compared with `y` like any second
   constraint (NaN off the image). The ildj is on the lower triangles of `y`
-  and `L`: `-(n log 2 + sum_i (n - i) log L_ii)`.
+  and `L`: `-(n log 2 + sum_i (n - i) log L_ii)`. A factor *upper*
+  triangular by construction (`U^T` in `U^T @ U` of a lower `U`) is the
+  reversed Cholesky factor of the reversed product (`P A P` with `P` the
+  reversal is lower triangular), with the ildj of that factor (the reversal
+  permutes the coordinates). A `triangular_solve`'s result with a triangular
+  constant right-hand side is triangular by construction too
+  (`_trisolve.py`: TFP's `CholeskyToInvCholesky`).
 * **Elements a step discards**: a value known only in parts, whose unknown
   elements a step of the same shape never reads (`jnp.tril(z)` reads only `z`'s
   lower triangle; a `select_n` with a constant predicate and a constant
-  other case) is completed with what the step uses in their place, the
+  other case; the triangle of its matrix a `triangular_solve` never reads,
+  `_trisolve.py`) is completed with what the step uses in their place, the
   preimage the step leaves unchanged (`z = tril(z)`: zeros above the
   diagonal), as the symmetric preimage of a symmetrization is
   (`_cholesky.py`). That the step does not read them, and what it uses
@@ -40,7 +47,7 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
-from . import _blocks as bl, _cholesky as chol, _masked as mk
+from . import _blocks as bl, _cholesky as chol, _masked as mk, _trisolve as ts
 from ._dataflow import INVERTED, SolveState
 from ._rules import agree_recomputed
 
@@ -82,7 +89,8 @@ def gram_step(walker: Any, st: SolveState) -> bool:
         left = _contracted_last(perm_l, lc[0])
         if src_l is not src_r or left != _contracted_last(perm_r, rc[0]):
             continue
-        if not _lower_by_construction(walker, st, src_l, left):
+        kind = _triangle_by_construction(walker, st, src_l, left)
+        if kind is None:
             continue
         # (Reads the lower triangle only: the recomputed product checks the
         # upper one.)
@@ -90,7 +98,13 @@ def gram_step(walker: Any, st: SolveState) -> bool:
         # From the lower triangle alone (also in its derivative: the ildj's
         # coordinates are the ones the inverse reads).
         lower = jnp.tril(y) + jnp.swapaxes(jnp.tril(y, -1), -1, -2)
-        factor = jnp.tril(lax.linalg.cholesky(lower, symmetrize_input=False))
+        if kind == ts.UPPER:
+            # `A` upper triangular: with `P` the reversal, `P A P` is the
+            # lower factor of `P y P` (`U^T U` of a lower `U`, as TFP's
+            # `CholeskyToInvCholesky` takes it).
+            lower = lower[::-1, ::-1]
+        chol_factor = jnp.tril(lax.linalg.cholesky(lower, symmetrize_input=False))
+        factor = chol_factor[::-1, ::-1] if kind == ts.UPPER else chol_factor
         # The product recomputed must give `y` (symmetric, and no NaN from a
         # matrix that is not positive definite); the step is then done, so
         # no rule solves one operand again from the other.
@@ -101,7 +115,8 @@ def gram_step(walker: Any, st: SolveState) -> bool:
         st.env[src_l] = value.astype(src_l.aval.dtype)
         st.pieces.pop(src_l, None)
         if st.options.want_ildj:
-            st.ildj_terms.append(-chol.cholesky_ildj(factor))
+            # (The reversal permutes the coordinates of both triangles.)
+            st.ildj_terms.append(-chol.cholesky_ildj(chol_factor))
         st.methods[i] = GRAM
         st.finish(i, INVERTED)
         st.learned(src_l)
@@ -111,19 +126,29 @@ def gram_step(walker: Any, st: SolveState) -> bool:
 
 def fill_step(walker: Any, st: SolveState) -> bool:
     """Complete one value known in parts whose unknown elements an
-    elementwise step discards; whether one was."""
+    elementwise step discards, or a triangular solve does not read; whether
+    one was."""
     for v in list(st.pieces):
         mask = mk._mask(st, v)
         if mask.all() or not jnp.issubdtype(v.aval.dtype, jnp.inexact):
             continue
         for c in sorted(st.consumers.get(v, ())):
             eqn: Any = st.eqns[c]
-            if len(eqn.outvars) != 1 or eqn.outvars[0] not in st.env:
+            if len(eqn.outvars) != 1:
                 continue
-            (out,) = eqn.outvars
-            if not _elementwise_in(eqn, v):
+            if eqn.outvars[0] in st.env and _elementwise_in(eqn, v):
+                used = _used_instead(walker, st, eqn, v, mask)
+            elif eqn.outvars[0] not in st.env and not st.done[c]:
                 continue
-            used = _used_instead(walker, st, eqn, v, mask)
+            else:
+                # A triangular solve's unread triangle (its result known, or
+                # solved and released): zeros (its rule checked the triangle
+                # it read), unless running it, where it can still be run,
+                # shows it reads them.
+                used = ts.unread_by_solve(st, eqn, v, mask)
+                runnable = _operands(st, eqn, v, np.zeros(mask.shape)) is not None
+                if used is not None and runnable and _reads(walker, st, eqn, v, mask):
+                    used = None
             if used is None:
                 continue
             if any(
@@ -204,17 +229,23 @@ def _contracted_last(perm: tuple[int, ...], axis: int) -> tuple[int, ...]:
     return (*rest, perm[axis])
 
 
-def _lower_by_construction(
+def _triangle_by_construction(
     walker: Any, st: SolveState, src: Any, perm: tuple[int, ...]
-) -> bool:
-    """Whether `transpose(src, perm)` is lower triangular whatever the
-    unknowns: its producer, run on NaN unknowns, gives exact zeros above
-    the diagonal, and so it does run on numbers (`_probes`): a step that
-    maps NaN to 0 (`jnp.nan_to_num`, `where(z > 0, z, 0)`) is no zero by
-    construction."""
+) -> str | None:
+    """`LOWER` or `UPPER` if `transpose(src, perm)` is that triangular
+    whatever the unknowns, else `None`: a `triangular_solve`'s result with a
+    triangular constant right-hand side (`_trisolve.py`), or a value whose
+    producer, run on NaN unknowns, gives exact zeros in the other triangle,
+    and so it does run on numbers (`_probes`): a step that maps NaN to 0
+    (`jnp.nan_to_num`, `where(z > 0, z, 0)`) is no zero by construction."""
+    solved = ts.solved_triangle(st, src)
+    if solved is not None:
+        if perm == (0, 1):
+            return solved
+        return ts.UPPER if solved == ts.LOWER else ts.LOWER
     p = st.producer.get(src)
     if p is None:
-        return False
+        return None
     eqn: Any = st.eqns[p]
     known: dict[int, Any] = {}
     for k, u in enumerate(eqn.invars):
@@ -222,10 +253,11 @@ def _lower_by_construction(
             known[k] = u.val
         elif u in st.env:
             if compat.is_tracer(st.env[u]):
-                return False
+                return None
             known[k] = st.env[u]
         elif not jnp.issubdtype(u.aval.dtype, jnp.inexact):
-            return False
+            return None
+    kinds = [ts.LOWER, ts.UPPER]
     for fill in _probes():
         ins = [
             known[k] if k in known else fill(u.aval.shape, u.aval.dtype)
@@ -233,12 +265,14 @@ def _lower_by_construction(
         ]
         probe = _run(walker, eqn, ins)
         if probe is None:
-            return False
+            return None
         value = np.transpose(probe[eqn.outvars.index(src)], perm)
-        upper = np.triu(np.ones(value.shape, bool), 1)
-        if not np.all(value[upper] == 0):
-            return False
-    return True
+        above = np.triu(np.ones(value.shape, bool), 1)
+        if not np.all(value[above] == 0):
+            kinds = [k for k in kinds if k != ts.LOWER]
+        if not np.all(value[above.T] == 0):
+            kinds = [k for k in kinds if k != ts.UPPER]
+    return kinds[0] if kinds else None
 
 
 def _probes() -> list[Any]:

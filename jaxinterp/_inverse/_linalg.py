@@ -1,7 +1,8 @@
 """Inverse rules for linear and triangular maps: `dot_general` with a known
 square operand (`x @ A`, `A @ x`, `einsum`, 1x1 convolutions over channels),
-`triangular_solve` with a known matrix, and the cumulative reductions
-`cumsum`, `cumprod` and `cumlogsumexp`."""
+`triangular_solve` with a known matrix or a known triangular right-hand side
+(`x^-1 = triangular_solve(x, I)`), and the cumulative reductions `cumsum`,
+`cumprod` and `cumlogsumexp`."""
 
 from __future__ import annotations
 
@@ -11,17 +12,27 @@ from typing import Any
 
 import jax.extend.core.primitives as jex_prims
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
+from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
-from ._rules import InverseContext, inverse_rules, total
+from ._rules import (
+    InverseContext,
+    MaskedPiece,
+    PieceResult,
+    agree_recomputed,
+    inverse_rules,
+    total,
+)
 
 BOTH_UNKNOWN = (
     "`dot_general` of two unknown operands is not inverted: a product such as "
     "`L @ L.T` has many factors (a matrix square root is not unique: `L @ Q` "
     "for any orthogonal `Q`, or a sign flip of a column of a triangular "
-    "factor). A factor lower triangular by construction (`L = jnp.tril(z)`, "
-    "2-D) is taken as the Cholesky factor, its principal branch; otherwise "
+    "factor). A factor triangular by construction (`L = jnp.tril(z)`, 2-D, "
+    "or `triangular_solve(z, I)`) is taken as the Cholesky factor (reversed, "
+    "for an upper one), its principal branch; otherwise "
     "give the function a `@jaxinterp.custom_inverse` (`jnp.linalg.cholesky(y)` "
     "when `L` is lower triangular with a positive diagonal)"
 )
@@ -141,11 +152,16 @@ def _triangular_solve_inverse(
     reading only the triangle of `a` that the solve read (ildj: `k` times
     `log|diag(a)|`, summed, with `k` right-hand sides)."""
     (y,) = outvals
-    if a is None:
+    if a is None and b is None:
         raise NotInvertibleError(
-            "`triangular_solve` is only inverted for its right-hand side, with a "
-            "known matrix."
+            "`triangular_solve` is inverted for its right-hand side, with a "
+            "known matrix, or for its matrix, with a known right-hand side."
         )
+    if a is None:
+        flags = compat.TriangularSolveParams(
+            left_side, lower, transpose_a, conjugate_a, unit_diagonal
+        )
+        return _matrix_inverse(ctx, y, b, flags)
     if b is not None:
         return None
     a = jnp.asarray(a)
@@ -174,6 +190,94 @@ def _triangular_solve_inverse(
         if ctx.want_ildj:
             ildj = jnp.where(jnp.any(singular), jnp.nan, ildj)
     return [a, solved], ildj
+
+
+def _matrix_inverse(
+    ctx: InverseContext, y: Any, b: Any, flags: compat.TriangularSolveParams
+) -> PieceResult:
+    """`y = op(a)^-1 b` (or `b op(a)^-1`) for the matrix `a`, with `b` a
+    known constant, square, triangular like `op(a)` and non-singular (`y` is
+    then triangular like it): `op(a) = b y^-1` (or `y^-1 b`), solved reading
+    only `y`'s triangle. Only the triangle of `a` the solve reads is
+    determined: it is the piece given (the other stays unknown, see
+    `_gram.fill_step`). The triangle is solved into `a` and recomputed: a `y`
+    off the image (not triangular, a diagonal with a zero) gives NaN. The
+    ildj is over the triangles of `y` and `a` (a map `X -> A X C` of
+    triangular matrices scales `X_ij` by `A_ii C_jj`)."""
+    dtype = jnp.result_type(y)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise NotInvertibleError(
+            "`triangular_solve` is inverted for its matrix for real values only."
+        )
+    if flags.unit_diagonal:
+        raise NotInvertibleError(
+            "`triangular_solve` with `unit_diagonal=True` is not inverted for its "
+            "matrix."
+        )
+    if compat.is_tracer(b):
+        raise NotInvertibleError(
+            "`triangular_solve` is inverted for its matrix only with a constant "
+            "right-hand side (known when the inverse is traced)."
+        )
+    rhs = np.asarray(b)
+    n = rhs.shape[-1]
+    op_lower = flags.lower != flags.transpose_a
+    triangle = np.tril if op_lower else np.triu
+    if (
+        rhs.ndim < 2
+        or rhs.shape[-2] != n
+        or np.shape(y)[-2:] != (n, n)
+        or not np.all(rhs == triangle(rhs))
+        or np.any(np.diagonal(rhs, axis1=-2, axis2=-1) == 0)
+    ):
+        side = "lower" if op_lower else "upper"
+        raise NotInvertibleError(
+            "`triangular_solve` is inverted for its matrix only with a square, "
+            f"non-singular right-hand side {side} triangular like the matrix "
+            "solved with (the identity for an inverse): then the matrix is "
+            "determined, and the result triangular."
+        )
+    rhs_j = jnp.asarray(rhs, dtype)
+    # `op(a) y = b`: `op(a) = b y^-1`, a solve from the other side (and so
+    # for `y op(a) = b`); it reads `y`'s triangle only.
+    op = lax.linalg.triangular_solve(
+        y, rhs_j, left_side=not flags.left_side, lower=op_lower
+    )
+    matrix = jnp.swapaxes(op, -1, -2) if flags.transpose_a else op
+    shape = jnp.shape(matrix)
+    read_triangle = (np.tril if flags.lower else np.triu)(np.ones(shape[-2:], bool))
+    mask = np.array(np.broadcast_to(read_triangle, shape))
+    read = jnp.where(mask, matrix, jnp.zeros((), dtype))
+
+    def solve(m: Any) -> list[Any]:
+        return [
+            lax.linalg.triangular_solve(
+                m,
+                rhs_j,
+                left_side=flags.left_side,
+                lower=flags.lower,
+                transpose_a=flags.transpose_a,
+                conjugate_a=flags.conjugate_a,
+            )
+        ]
+
+    ok = agree_recomputed(solve, [read], [y]) & jnp.all(jnp.isfinite(matrix))
+    value = jnp.ravel(matrix)[np.flatnonzero(mask)]
+    value = jnp.where(ok, value, jnp.asarray(jnp.nan, dtype))
+    ildj: Any = 0.0
+    if ctx.want_ildj:
+        rows = jnp.arange(n)
+        # `X -> A X C` on lower triangles: `prod A_ii^(i+1) C_jj^(n-j)`
+        # (reversed on upper ones).
+        left_w, right_w = (rows + 1, n - rows) if op_lower else (n - rows, rows + 1)
+        log_op = jnp.log(jnp.abs(jnp.diagonal(op, axis1=-2, axis2=-1)))
+        log_y = jnp.log(jnp.abs(jnp.diagonal(y, axis1=-2, axis2=-1)))
+        if flags.left_side:  # d op = -op dy y^-1
+            terms = left_w * log_op - right_w * log_y
+        else:  # d op = -y^-1 dy op
+            terms = right_w * log_op - left_w * log_y
+        ildj = total(terms.astype(dtype))
+    return PieceResult([MaskedPiece(0, mask, value)], ildj)
 
 
 # ---------------------------------------------------------------------------
