@@ -553,3 +553,29 @@ def test_overlapping_cases_are_not_solved_inside_a_shard_map_body():
     y = jax.device_put(jnp.array([1.21, 1.5, 1.9, 2.0]), NamedSharding(mesh, P("i")))
     got = jax.jit(body)(y, jnp.float32(1.0))
     assert jnp.isnan(got).all()
+
+
+def test_a_jump_back_among_more_switches_than_are_located_is_seen():
+    """Between the grid points 0.5 and 0.75 the `floor` switches about 250
+    times; only the first 16 were located and sampled, and the jump back at
+    0.6 went unseen: `y = 0.595` came back as `0.5944`, though `0.6044`
+    gives it too. Such an interval is now also sampled densely."""
+
+    def jump_back(x):
+        return jnp.where(x > 0.6, x - 0.01, x) + 1e-6 * jnp.floor(1000 * x)
+
+    try:
+        x = jaxinterp.inverse(jump_back)(jnp.array([0.595]))
+    except NotInvertibleError:
+        pass
+    else:
+        assert np.isnan(np.asarray(x)).all(), x
+
+    # The staircase alone rises: still inverted.
+    def staircase(x):
+        return x + 1e-6 * jnp.floor(1000 * x)
+
+    y = jnp.array([0.2, 0.595, 0.9])
+    x = jaxinterp.inverse(staircase)(y)
+    np.testing.assert_allclose(staircase(x), y, rtol=1e-6)
+    np.testing.assert_allclose(x, y - 1e-6 * np.floor(1000 * np.asarray(y)), atol=2e-6)

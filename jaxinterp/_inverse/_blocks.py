@@ -871,10 +871,10 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
         try:
             # A piecewise map may jump between grid points where a case
             # switches: sampled either side of each switch too.
-            extra = (
+            extra, crowded = (
                 _turning.switch_points(block, known, tuple(shape), dtype)
                 if uniform
-                else []
+                else ([], False)
             )
             with jax.ensure_compile_time_eval():
                 ok = np.asarray(
@@ -898,7 +898,7 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
             # It turns: inverted where `y` has one preimage (`_turning.py`),
             # if it has one anywhere.
             found = None
-            if uniform:
+            if uniform and not crowded:
                 try:
                     found = _turning.stretches(
                         lambda x: block.g(x, *known), dtype, tuple(shape), extra

@@ -341,17 +341,21 @@ def choices_of(
 
 def switch_points(
     block: Any, known: Sequence[Any], shape: tuple[int, ...], dtype: Any
-) -> list[float]:
+) -> tuple[list[float], bool]:
     """Pairs of neighbouring values of `dtype` either side of each place where
     a block (the same map for every element) changes a discrete choice
     between two grid points (`choices_of`: a comparison of the unknown, a bin
     index, a `floor`); at most `_MAX_SWITCHES` per pair of grid points, the
     leftmost. A piecewise map may jump there, between the grid's samples.
-    Found by subdividing, all at once, the intervals whose ends differ."""
+    Found by subdividing, all at once, the intervals whose ends differ.
+    Between two grid points with more than that (a staircase of `floor`s),
+    `_DENSE` evenly spaced points too, and the second result is true: a map
+    that turns there is refused rather than split into stretches (which a
+    staircase's rounding makes many, and slow)."""
     points = _solve.grid(dtype)
     at = _choices_on(block, known, points, shape, dtype)
     if not at.shape[1]:
-        return []
+        return [], False
     # Intervals (lo, hi, grid interval) whose ends' choices differ.
     active = [
         (points[i], points[i + 1], int(i))
@@ -359,6 +363,7 @@ def switch_points(
     ]
     ends = {float(p): row for p, row in zip(points, at, strict=True)}
     found: dict[int, list[tuple[float, float]]] = {}
+    crowded: set[int] = set()
     while active:
         inner = []
         for lo, hi, _ in active:
@@ -377,6 +382,7 @@ def switch_points(
                     continue
                 n = len(found.get(i, ())) + kept.get(i, 0)
                 if n >= _MAX_SWITCHES:
+                    crowded.add(i)
                     break
                 if np.nextafter(np.asarray(a, dtype), np.asarray(b, dtype)) == b:
                     found.setdefault(i, []).append((float(a), float(b)))
@@ -384,7 +390,16 @@ def switch_points(
                     after.append((a, b, i))
                     kept[i] = kept.get(i, 0) + 1
         active = after
-    return [p for i in sorted(found) for pair in sorted(found[i]) for p in pair]
+    located = [p for i in sorted(found) for pair in sorted(found[i]) for p in pair]
+    # Where there are more switches than are located (a `floor` staircase),
+    # the map is also sampled densely: a jump back there larger than about
+    # 1/`_DENSE` of the interval's rise shows; a smaller one may not.
+    dense = [
+        np.linspace(float(points[i]), float(points[i + 1]), _DENSE + 1)[1:-1]
+        for i in sorted(crowded)
+    ]
+    extra = np.concatenate(dense).astype(dtype).tolist() if dense else []
+    return located + extra, bool(crowded)
 
 
 def _choices_on(
@@ -428,3 +443,5 @@ def _choices_on(
 _MAX_SWITCHES = 16
 # Each interval holding a switch is cut into this many pieces per round.
 _SPLIT = 16
+# Points sampled between two grid points with more switches than located.
+_DENSE = 1024
