@@ -371,23 +371,32 @@ def test_a_small_jump_of_a_solved_map_is_no_root(f, gap, on_image, x_on_image):
 
 
 @pytest.mark.parametrize(
-    "f, twice, once, x_once",
+    "f, twice, once, x_once, crowded",
     [
         # Drops by 0.5 at 3 (between the grid points 2 and 4): the values
         # in [2.5, 3) are taken on [2.5, 3) and on [3, 3.5).
-        (lambda x: x - 0.5 * jnp.floor(x / 3), 2.75, 3.75, 4.25),
-        (lambda x: x - 0.5 * (x // 3), 2.9, 3.75, 4.25),
-        (lambda x: x - 0.5 * jnp.sign(x - 3), 3.25, 6.0, 6.5),
-        (lambda x: x - 0.5 * jnp.ceil(x / 3), 5.0, 3.25, 4.25),
+        (lambda x: x - 0.5 * jnp.floor(x / 3), 2.75, 3.75, 4.25, True),
+        (lambda x: x - 0.5 * (x // 3), 2.9, 3.75, 4.25, True),
+        (lambda x: x - 0.5 * jnp.sign(x - 3), 3.25, 6.0, 6.5, False),
+        (lambda x: x - 0.5 * jnp.ceil(x / 3), 5.0, 3.25, 4.25, True),
     ],
     ids=["floor", "floor_divide", "sign", "ceil"],
 )
-def test_a_float_valued_step_between_grid_points_is_seen(f, twice, once, x_once):
+def test_a_float_valued_step_between_grid_points_is_seen(
+    f, twice, once, x_once, crowded
+):
     """`floor`, `ceil`, `round` and `sign` are discrete choices with a float
     result: a map built from them may drop between two grid points, where
     the monotonicity check does not see it. Only boolean and integer values
     were bisected for such switches, so `y` with two preimages came back as
-    one of them. Now their switches are located as a comparison's are."""
+    one of them. Now their switches are located as a comparison's are.
+    (`floor(x / 3)` switches more often between two grid points than they
+    are located, from about `2**6` on, where the map drops every 3 too: it
+    is refused there, since session 15; `sign` switches once.)"""
+    if crowded:
+        with pytest.raises(NotInvertibleError, match="not monotone"):
+            jaxinterp.inverse(f)(jnp.array([twice, once]))
+        return
     x = jaxinterp.inverse(f)(jnp.array([twice, once]))
     assert np.isnan(np.asarray(x[0])), x
     np.testing.assert_allclose(x[1], x_once, rtol=1e-6)
