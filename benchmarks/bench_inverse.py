@@ -211,6 +211,9 @@ def bench_blocks(quick: bool) -> None:
             None,
         ),
     }
+    if quick:  # (the suite's smoke test: one case of each kind)
+        del cases["elementwise solve (logit)"]
+        del cases["elementwise solve (softsign), one y off the image"]
     for name, (fn, hand, y, target) in cases.items():
         ours = jax.jit(jaxinterp.inverse(fn))
         ratio, in_steady = _ratios(ours, jax.jit(hand), (y,), quick)
