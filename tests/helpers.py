@@ -263,3 +263,32 @@ def plain_or_skip(what: str, fn: Callable[..., Any], *args: Any) -> Any:
         reason = f"plain JAX fails {what}: {type(err).__name__}"
         print(reason, str(err)[:200])
         pytest.skip(reason)
+
+
+def lower_factors(n: int, bound: float, diagonal: float) -> Any:
+    """A hypothesis strategy: `n x n` lower-triangular float32 matrices with
+    entries in `[-bound, bound]` below the diagonal and a diagonal of at
+    least `diagonal`."""
+    from hypothesis import strategies as st
+
+    return st.lists(
+        st.floats(-bound, bound, width=32), min_size=n * n, max_size=n * n
+    ).map(
+        lambda v: (
+            np.tril(np.reshape(np.asarray(v, np.float32), (n, n)), -1)
+            + np.diag(diagonal + np.abs(np.asarray(v[:n], np.float32)))
+        )
+    )
+
+
+def lower_coordinates_ildj(f: Callable[[Any], Any], x: Any) -> float:
+    """`-log|det J|` of `f` at `x` on the lower triangles of `x` and `f(x)`
+    (`jax.jacfwd` and `slogdet`)."""
+    n = x.shape[-1]
+    rows, cols = np.tril_indices(n)
+
+    def g(v: Any) -> Any:
+        return f(jnp.zeros((n, n), v.dtype).at[rows, cols].set(v))[rows, cols]
+
+    jac = np.asarray(jax.jacfwd(g)(x[rows, cols]), np.float64)
+    return float(-np.linalg.slogdet(jac)[1])
