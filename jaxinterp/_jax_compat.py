@@ -1469,3 +1469,27 @@ def triangular_solve_params(eqn: Any) -> TriangularSolveParams:
         bool(p["conjugate_a"]),
         bool(p["unit_diagonal"]),
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _broadcast_params(have: tuple[int, ...], dtype: Any, shape: tuple[int, ...]) -> Any:
+    """`broadcast_in_dim`'s parameters for `have -> shape` (same rank), as
+    `lax.broadcast_in_dim` stages them: the set of parameters has changed
+    across releases (`sharding` came in 0.4.36)."""
+    staged = jax.make_jaxpr(
+        lambda v: jax.lax.broadcast_in_dim(v, shape, tuple(range(len(shape))))
+    )(jax.ShapeDtypeStruct(have, dtype))
+    (eqn,) = staged.jaxpr.eqns
+    return eqn.primitive, dict(eqn.params)
+
+
+def broadcast_eqn(like: Any, operand: Any, shape: tuple[int, ...]) -> Any:
+    """A `broadcast_in_dim` equation widening `operand` (an atom of the same
+    rank as `shape`) to `shape`, with `like`'s source line and context (the
+    equation that broadcast it implicitly)."""
+    aval = operand.aval
+    prim, params = _broadcast_params(tuple(aval.shape), aval.dtype, tuple(shape))
+    out = Var(aval.update(shape=tuple(shape)))
+    return like.replace(
+        invars=[operand], outvars=[out], primitive=prim, params=dict(params)
+    )

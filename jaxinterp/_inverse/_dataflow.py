@@ -16,6 +16,7 @@ from typing import Any
 from .. import _jax_compat as compat
 from .._env import Env
 from . import _branches as br
+from ._implicit import explicit_broadcasts
 from ._rules import agree
 
 _Literal = compat.Literal
@@ -65,6 +66,8 @@ class SolveState:
         options: SolveOptions,
         seeds: Sequence[tuple[Any, list[Any]]] = (),
     ) -> None:
+        # (Operands `lax` broadcasts implicitly, broadcast explicitly.)
+        jaxpr = explicit_broadcasts(jaxpr)
         self.jaxpr = jaxpr
         self.eqns: list[compat.JaxprEqn] = jaxpr.eqns
         self.options = options

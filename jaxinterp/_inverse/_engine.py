@@ -104,6 +104,9 @@ class Solution:
             `False` makes the solved inputs NaN, but an enclosing loop that
             passes them on as a carry must know it: a later step could
             solve the carry again from a copy, see `_control_flow.py`).
+        jaxpr: the Jaxpr solved, to which the equation indices above
+            refer: the one given, with implicit broadcasts made explicit
+            (`_implicit.py`).
     """
 
     invals: list[Any]
@@ -118,6 +121,7 @@ class Solution:
     pieces: dict[Any, list[Any]] = dataclasses.field(default_factory=dict)
     chose: bool = False
     agreed: Any = True
+    jaxpr: Any = None
 
 
 class InverseWalker:
@@ -852,6 +856,7 @@ class InverseWalker:
             dict(st.pieces),
             bool(st.taint or st.piece_branch),
             _all_agreed(st),
+            jaxpr,
         )
         if strict:
             missing = [

@@ -127,7 +127,8 @@ def explain_inverse(
         ),
         "  outputs: " + ", ".join(names.typed(v) for v in jaxpr.outvars),
     ]
-    for i, eqn in enumerate(jaxpr.eqns):
+    # (The equations solved: implicit broadcasts written out, `_implicit.py`.)
+    for i, eqn in enumerate(sol.jaxpr.eqns):
         state = sol.status[i]
         outs = " ".join(names.typed(v) for v in eqn.outvars)
         ins = " ".join(names(v) for v in eqn.invars)

@@ -1,0 +1,91 @@
+"""Implicit broadcasts made explicit, before `inverse` reads a Jaxpr.
+
+`lax`'s n-ary elementwise primitives take operands of one rank whose sizes
+differ where one of them is 1: `jnp` stages `x * s` with `x: f32[4,3]` and
+`s: f32[3]` as `s' = broadcast_in_dim s` to `f32[1,3]`, then `mul x s'`,
+and `x[1:] + tanh(x[:1])` as an `add` of `f32[2]` and `f32[1]`. The
+inverse rules and blocks take operands of the result's shape (or scalars),
+so they refused such a `mul`: a batched affine layer with a per-feature
+scale, a coupling that shifts by a function of one element.
+
+`explicit_broadcasts` rewrites each such equation into a `broadcast_in_dim`
+of the smaller operand to the result's shape, then the same equation on
+operands of one shape. The new equations keep the original's source line,
+so messages still point at the user's code. Only the Jaxpr being solved
+is rewritten: the bodies of higher-order equations are rewritten when the
+engine solves them (`SolveState`), and a body run forwards keeps the
+implicit broadcast, which binds as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import _caches, _jax_compat as compat
+
+_Literal = compat.Literal
+
+# `lax`'s n-ary elementwise primitives (`broadcasting_shape_rule`): their
+# operands may differ in sizes of 1. (`select_n` and `clamp` take operands
+# of one shape or scalars.)
+_NARY = frozenset(
+    """
+    add sub mul div rem pow max min atan2 nextafter add_any complex
+    and or xor eq ne lt le gt ge shift_left shift_right_logical
+    shift_right_arithmetic igamma igammac igamma_grad_a random_gamma_grad
+    polygamma zeta
+    """.split()
+)
+
+_cache = _caches.Cache(1024, weak=True)
+
+
+def _broadcast_operand(v: Any, shape: tuple[int, ...]) -> bool:
+    """Whether operand `v` is broadcast implicitly to `shape`: of the same
+    rank, another shape, each size its own or 1."""
+    have = tuple(getattr(v.aval, "shape", ()))
+    return (
+        len(have) == len(shape)
+        and have != shape
+        and all(h in (1, s) for h, s in zip(have, shape, strict=True))
+    )
+
+
+def _needs_rewrite(eqn: Any) -> bool:
+    if eqn.primitive.name not in _NARY or len(eqn.outvars) != 1:
+        return False
+    aval = eqn.outvars[0].aval
+    shape = tuple(getattr(aval, "shape", ()))
+    if not shape or compat.has_explicit_axes(getattr(aval, "sharding", None)):
+        # (A result whose type carries a sharding keeps its equation: the
+        # broadcast would need that sharding in its parameters.)
+        return False
+    return any(_broadcast_operand(v, shape) for v in eqn.invars)
+
+
+def explicit_broadcasts(jaxpr: compat.Jaxpr) -> compat.Jaxpr:
+    """`jaxpr` with every implicit broadcast of an operand of its n-ary
+    elementwise equations written as a `broadcast_in_dim` (the same Jaxpr
+    if it has none). The invars, outvars and constvars are the same."""
+    if not any(_needs_rewrite(e) for e in jaxpr.eqns):
+        return jaxpr
+    hit = _cache.get(jaxpr)
+    if hit is not None:
+        return hit
+    eqns: list[Any] = []
+    for eqn in jaxpr.eqns:
+        if not _needs_rewrite(eqn):
+            eqns.append(eqn)
+            continue
+        shape = tuple(eqn.outvars[0].aval.shape)
+        invars = []
+        for v in eqn.invars:
+            if _broadcast_operand(v, shape):
+                wide = compat.broadcast_eqn(eqn, v, shape)
+                eqns.append(wide)
+                v = wide.outvars[0]
+            invars.append(v)
+        eqns.append(eqn.replace(invars=invars))
+    result = jaxpr.replace(eqns=eqns)
+    _cache.put(jaxpr, result)
+    return result
