@@ -409,3 +409,64 @@ def test_a_scatter_into_zeros_read_back_after_a_linear_solve():
     # A non-zero where the scatter leaves 0: off the image.
     off = filled(x).at[0, 2].set(0.01).T @ m.T
     assert jnp.all(jnp.isnan(inverse(f, example_args=(x,))(off)))
+
+
+# ---------------------------------------------------------------------------
+# Batches of matrices: `jnp.diagonal` of a batch is a gather of windows (the
+# batch axis whole), and `d[..., None, :]` broadcasts along the middle axis.
+
+
+def batched_transform_diagonal(m):
+    """TFP's `TransformDiagonal(Exp())` on a batch of matrices."""
+    d = jnp.exp(jnp.diagonal(m, axis1=-2, axis2=-1))
+    eye = jnp.eye(m.shape[-1], dtype=bool)
+    return jnp.where(eye, d[..., None, :], m)
+
+
+def batched_transform_diagonal_inv(y):
+    eye = jnp.eye(y.shape[-1], dtype=bool)
+    return jnp.where(eye, jnp.log(jnp.diagonal(y, axis1=-2, axis2=-1))[..., None, :], y)
+
+
+def batched_fill_scale_tril(x):
+    """TFP's `FillScaleTriL` on a batch of vectors."""
+    m = vec_to_tril(x)
+    d = jax.nn.softplus(jnp.diagonal(m, axis1=-2, axis2=-1)) + 1e-5
+    eye = jnp.eye(m.shape[-1], dtype=bool)
+    return jnp.where(eye, d[..., None, :], m)
+
+
+def batched_fill_scale_tril_inv(y):
+    r, c = jnp.tril_indices(y.shape[-1])
+    eye = jnp.eye(y.shape[-1], dtype=bool)
+    d = softplus_inv(jnp.diagonal(y, axis1=-2, axis2=-1) - 1e-5)
+    return jnp.where(eye, d[..., None, :], y)[..., r, c]
+
+
+def _batched_tril_ildj(f, x, rows_cols):
+    """`-slogdet` of the Jacobian of `x -> f(x)[..., r, c]`, whole batch."""
+    r, c = rows_cols
+    jac = jax.jacfwd(lambda v: f(v)[..., r, c])(x)
+    return -jnp.linalg.slogdet(jac.reshape(np.size(x), np.size(x)))[1]
+
+
+@pytest.mark.parametrize(("batch", "n"), [(1, 3), (3, 2)])
+def test_batched_triangular_bijectors(batch, n):
+    rng = np.random.RandomState(10 * batch + n)
+    x = jnp.asarray(rng.randn(batch, n * (n + 1) // 2).astype(np.float32))
+    y = batched_fill_scale_tril(x)
+    got, ildj = inverse_and_ildj(batched_fill_scale_tril, example_args=(x,))(y)
+    np.testing.assert_allclose(got, batched_fill_scale_tril_inv(y), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got, x, rtol=1e-4, atol=1e-4)
+    want = _batched_tril_ildj(batched_fill_scale_tril, x, np.tril_indices(n))
+    np.testing.assert_allclose(ildj, want, rtol=1e-4, atol=1e-4)
+
+    m = jnp.asarray(rng.randn(batch, n, n).astype(np.float32))
+    y = batched_transform_diagonal(m)
+    got, ildj = jax.jit(inverse_and_ildj(batched_transform_diagonal))(y)
+    np.testing.assert_allclose(got, batched_transform_diagonal_inv(y), rtol=1e-5)
+    jac = jax.jacfwd(batched_transform_diagonal)(m).reshape(m.size, m.size)
+    np.testing.assert_allclose(ildj, -jnp.linalg.slogdet(jac)[1], rtol=1e-5, atol=1e-5)
+    # Off the image (a diagonal entry that `exp` cannot give): NaN there.
+    off = inverse(batched_transform_diagonal)(y.at[0, 1, 1].set(-1.0))
+    assert np.isnan(off[0, 1, 1]) and not np.isnan(off[0, 0, 0])

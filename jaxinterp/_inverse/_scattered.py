@@ -21,9 +21,11 @@ The steps on partly known values are hooks of `_masked.step`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -41,22 +43,26 @@ def point_positions(
     indices: Any, dimension_numbers: Any, slice_sizes: Any, shape: Sequence[int]
 ) -> np.ndarray | None:
     """The flat operand position each element of a gather's result reads
-    (row-major), when the gather reads single elements at concrete indices;
-    else `None`. Raises `NotInvertibleError` for indices out of bounds or
-    repeated (the result then does not copy each element once)."""
+    (row-major), when its indices are concrete: for a gather of single
+    elements, and for one of slices (a batched `jnp.diagonal`, `m[:, rows,
+    cols]`) whose windows are in bounds and read each element at most once;
+    else `None`. Raises `NotInvertibleError` for single elements at indices
+    out of bounds or repeated (the result then does not copy each element
+    once)."""
+    if compat.is_tracer(indices) or np.ndim(indices) < 1:
+        return None
     dn = dimension_numbers
     rank = len(shape)
-    if (
-        compat.is_tracer(indices)
-        or tuple(dn.offset_dims)
-        or tuple(getattr(dn, "operand_batching_dims", ()))
-        or sorted(dn.collapsed_slice_dims) != list(range(rank))
-        or sorted(dn.start_index_map) != list(range(rank))
-        or any(int(s) != 1 for s in slice_sizes)
-        or np.ndim(indices) < 1
-        or np.shape(indices)[-1] != rank
-    ):
-        return None
+    points = (
+        not tuple(dn.offset_dims)
+        and not tuple(getattr(dn, "operand_batching_dims", ()))
+        and sorted(dn.collapsed_slice_dims) == list(range(rank))
+        and sorted(dn.start_index_map) == list(range(rank))
+        and all(int(s) == 1 for s in slice_sizes)
+        and np.shape(indices)[-1] == rank
+    )
+    if not points:
+        return _window_positions(indices, dn, slice_sizes, shape)
     coords = np.asarray(indices).reshape(-1, rank).astype(np.int64)
     placed = np.zeros_like(coords)
     placed[:, list(dn.start_index_map)] = coords
@@ -74,6 +80,31 @@ def point_positions(
         raise NotInvertibleError(
             "`gather` reads some elements more than once (repeated indices)"
         )
+    return flat
+
+
+def _window_positions(
+    indices: Any, dimension_numbers: Any, slice_sizes: Any, shape: Sequence[int]
+) -> np.ndarray | None:
+    """`point_positions` of a gather of slices: the gather itself run on the
+    operand's positions (`iota`), windows out of bounds filled with -1.
+    `None` where a window is out of bounds (clamped or filled: not a copy)
+    or an element is read twice."""
+    size = math.prod(shape)
+    if size >= 2**31:
+        return None
+    with jax.ensure_compile_time_eval():
+        where = lax.gather(
+            jnp.arange(size, dtype=jnp.int32).reshape(tuple(shape)),
+            jnp.asarray(indices),
+            dimension_numbers,
+            tuple(int(s) for s in slice_sizes),
+            mode=lax.GatherScatterMode.FILL_OR_DROP,
+            fill_value=-1,
+        )
+    flat = np.asarray(where).reshape(-1).astype(np.int64)
+    if np.any(flat < 0) or len(np.unique(flat)) != len(flat):
+        return None
     return flat
 
 

@@ -2,6 +2,7 @@
 
     python tests/peers/check_peers.py [--library tfp] [--only SUBSTRING]
                                       [--out report.json] [--timeout 120]
+                                      [--batch B]
 
 (`nox -s peers` installs the three libraries and runs it.) Not a pytest
 module: `tests/peers/conftest.py` keeps the default suite from collecting
@@ -47,6 +48,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import datetime
 import importlib.metadata
 import json
@@ -542,6 +544,18 @@ def run_case(case: Any, timeout: int) -> list[dict[str, Any]]:
 # --- driver --------------------------------------------------------------------
 
 
+def batched(case: Any, size: int) -> Any:
+    """`case` on a leading batch axis of `size` points: the library's own
+    forward, inverse and log-det take the batch (their parameters broadcast
+    against it); a bijector whose forward does not is skipped at setup."""
+
+    def sample(rng: np.random.Generator) -> Any:
+        points = [case.sample(rng) for _ in range(size)]
+        return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *points)
+
+    return dataclasses.replace(case, sample=sample)
+
+
 def load_cases(libraries: list[str]) -> tuple[list[Any], list[dict[str, Any]]]:
     """The cases of each library, or a record saying why a library is missing."""
     import importlib
@@ -670,6 +684,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--fail-on-wrong", action="store_true", help="exit 1 if any answer is wrong"
     )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=0,
+        metavar="B",
+        help="give each bijector a leading batch axis of B points (its parameters "
+        "then broadcast against the batch, as in a flow trained on batches)",
+    )
     args = parser.parse_args(argv)
     if args.summarize:
         with open(args.summarize) as fh:
@@ -683,6 +705,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{m['library']}: not checked ({m['error']})", file=sys.stderr)
     if args.only:
         cases = [c for c in cases if any(s in c.name for s in args.only)]
+    if args.batch:
+        cases = [batched(c, args.batch) for c in cases]
     start = time.time()
     records: list[dict[str, Any]] = []
     for i, case in enumerate(cases):
@@ -705,6 +729,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.time() - start, 1),
         "missing_libraries": missing,
         "bijectors": len(cases),
+        "batch": args.batch,
     }
     if os.path.dirname(args.out):
         os.makedirs(os.path.dirname(args.out), exist_ok=True)
