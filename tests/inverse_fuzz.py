@@ -748,7 +748,9 @@ def _known_side(
         if g.ch.boolean(0.3):
             # Sizes of 1 (and maybe fewer leading axes) that `lax` broadcasts
             # implicitly: a row, a column, a per-feature parameter.
-            a = a[tuple(slice(0, 1) if g.ch.boolean(0.5) else slice(None) for _ in shape)]
+            a = a[
+                tuple(slice(0, 1) if g.ch.boolean(0.5) else slice(None) for _ in shape)
+            ]
             while a.ndim and a.shape[0] == 1 and g.ch.boolean(0.5):
                 a = a[0]
         return _array_lit(a), None, a

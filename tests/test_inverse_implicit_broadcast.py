@@ -66,7 +66,9 @@ def test_a_batched_affine_layer_with_per_feature_parameters_is_inverted(
     x, s, t = _array(xs, (4, 3)), _array(scales, (3,)), _array(shifts, (3,))
     y = batched_affine(x, s, t)
     got, ildj = jaxinterp.inverse_and_ildj(batched_affine, argnums=0)(y, s, t)
-    np.testing.assert_allclose(got, batched_affine_inverse(y, s, t), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        got, batched_affine_inverse(y, s, t), rtol=1e-5, atol=1e-5
+    )
     want = ildj_reference(lambda x: batched_affine(x, s, t), got)
     np.testing.assert_allclose(ildj, want, rtol=1e-5, atol=1e-4)
 
@@ -94,7 +96,9 @@ def test_a_coupling_whose_conditioner_has_one_element_is_inverted(xs, a):
         pytest.param(lambda x, s: x / (1.0 + s * s), id="div"),
         pytest.param(lambda x, s: jnp.maximum(x, 0.2 * (s * s) * x), id="leaky"),
         pytest.param(lambda x, s: jnp.where(x > s, 2 * x - s, x), id="piecewise"),
-        pytest.param(lambda x, s: x / (1 + jnp.abs(x)) + 0.1 * (s * s) * x, id="solver"),
+        pytest.param(
+            lambda x, s: x / (1 + jnp.abs(x)) + 0.1 * (s * s) * x, id="solver"
+        ),
         pytest.param(lambda x, s: (x**3 + x) * (1.0 + s * s), id="cubic"),
     ],
 )
@@ -161,7 +165,9 @@ def test_a_refused_step_with_a_broadcast_operand_names_the_users_line():
         jaxinterp.inverse(f, argnums=0)(jnp.ones((4, 3)), jnp.ones((1, 3)))
     message = str(info.value)
     assert "Blocked at `rem`." in message
-    assert re.search(rf"`rem` at \S+:{line}:\d+ \(\S*f\): `rem` is not invertible", message), message
+    assert re.search(
+        rf"`rem` at \S+:{line}:\d+ \(\S*f\): `rem` is not invertible", message
+    ), message
 
 
 def test_explain_lists_the_broadcasts_written_out():
@@ -189,9 +195,13 @@ def test_the_rewrite_computes_what_the_program_computes(shape, data):
     """On random shapes and size-1 patterns: the rewritten Jaxpr gives the
     same results, has no implicit broadcast left, and keeps its signature."""
     shape = tuple(shape)
-    ones = [data.draw(st.lists(st.booleans(), min_size=len(shape), max_size=len(shape)))]
-    ones.append(data.draw(st.lists(st.booleans(), min_size=len(shape), max_size=len(shape))))
-    shapes = [tuple(1 if o else n for o, n in zip(m, shape)) for m in ones]
+    ones = [
+        data.draw(st.lists(st.booleans(), min_size=len(shape), max_size=len(shape)))
+    ]
+    ones.append(
+        data.draw(st.lists(st.booleans(), min_size=len(shape), max_size=len(shape)))
+    )
+    shapes = [tuple(1 if o else n for o, n in zip(m, shape, strict=True)) for m in ones]
     op = data.draw(st.sampled_from(_BINARY))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
     args = [jnp.asarray(rng.uniform(0.5, 2.0, size=s), jnp.float32) for s in shapes]

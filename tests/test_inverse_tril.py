@@ -456,7 +456,9 @@ def test_batched_triangular_bijectors(batch, n):
     x = jnp.asarray(rng.randn(batch, n * (n + 1) // 2).astype(np.float32))
     y = batched_fill_scale_tril(x)
     got, ildj = inverse_and_ildj(batched_fill_scale_tril, example_args=(x,))(y)
-    np.testing.assert_allclose(got, batched_fill_scale_tril_inv(y), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        got, batched_fill_scale_tril_inv(y), rtol=1e-4, atol=1e-5
+    )
     np.testing.assert_allclose(got, x, rtol=1e-4, atol=1e-4)
     want = _batched_tril_ildj(batched_fill_scale_tril, x, np.tril_indices(n))
     np.testing.assert_allclose(ildj, want, rtol=1e-4, atol=1e-4)

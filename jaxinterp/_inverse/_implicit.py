@@ -77,7 +77,7 @@ def explicit_broadcasts(jaxpr: compat.Jaxpr) -> compat.Jaxpr:
         if not _needs_rewrite(eqn):
             eqns.append(eqn)
             continue
-        shape = tuple(eqn.outvars[0].aval.shape)
+        shape = tuple(getattr(eqn.outvars[0].aval, "shape", ()))
         invars = []
         for v in eqn.invars:
             if _broadcast_operand(v, shape):
