@@ -350,3 +350,8 @@ BRANCH_AWARE = frozenset(
     )
     if p is not None
 )
+
+# Loops report the intervals of the values they solve (an elementwise solve
+# inside may determine a carry, see `_control_flow._carry_branches`) but take
+# none for their results: a choice they report was made inside their body.
+LOOPS = frozenset({compat.scan_p.name, compat.while_p.name})

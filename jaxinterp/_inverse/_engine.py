@@ -107,6 +107,12 @@ class Solution:
         jaxpr: the Jaxpr solved, to which the equation indices above
             refer: the one given, with implicit broadcasts made explicit
             (`_implicit.py`).
+        unique_choices: whether every choice behind `chose` is either the
+            preimage of an elementwise block solved numerically (the only
+            one where the solver answers, see `bl.SolverOrigin`) or given
+            by an enclosing equation (`out_branches`); true when nothing
+            was chosen. A loop passes such choices on as carries (see
+            `_control_flow.py`).
     """
 
     invals: list[Any]
@@ -122,6 +128,7 @@ class Solution:
     chose: bool = False
     agreed: Any = True
     jaxpr: Any = None
+    unique_choices: bool = True
 
 
 class InverseWalker:
@@ -623,6 +630,7 @@ class InverseWalker:
             if branch is not None:
                 st.piece_branch[v] = br.union(st.piece_branch.get(v), branch) or branch
                 st.chooser.setdefault(v, origin)
+                st.note_choice(origin)
             value = assemble(v.aval.shape, v.aval.dtype, have)
             if value is not None and overlapping(v.aval.shape, have):
                 # Pieces that cover some elements twice: they must agree.
@@ -662,7 +670,7 @@ class InverseWalker:
         tainted = chooses or bool(chosen_from)
         origin: Any = None
         if chooses:
-            origin = bl.SolverOrigin(st.eqns[block.top])
+            origin = bl.SolverOrigin(st.eqns[block.top], method)
         elif chosen_from:
             origin = st.chooser[chosen_from[0]]
         known = [env[v] for v in block.known]
@@ -857,6 +865,7 @@ class InverseWalker:
             bool(st.taint or st.piece_branch),
             _all_agreed(st),
             jaxpr,
+            unique_choices=not st.other_choice,
         )
         if strict:
             missing = [
