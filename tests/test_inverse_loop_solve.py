@@ -92,6 +92,12 @@ def reverse_scan(x):
     return lax.scan(body, x, jnp.arange(3.0, dtype=x.dtype), reverse=True)[0]
 
 
+def jit_body(x):
+    # The step under `jax.jit`: its rule reports the solve inside as such.
+    step = jax.jit(lambda c: c + 0.3 * jnp.tanh(c - 0.5))
+    return lax.scan(lambda c, _: (step(c), None), x, None, length=3)[0]
+
+
 def scan_with_ys(x):
     # Per-step outputs of the carry before each step, and a second carry
     # solved from them.
@@ -110,6 +116,7 @@ CASES = {
     "fori_loop_traced_count": (fori_traced_count, (3,)),
     "while_loop": (while_tanh, ()),
     "reverse_scan": (reverse_scan, ()),
+    "jit_body": (jit_body, ()),
 }
 
 
@@ -293,3 +300,18 @@ def test_a_solved_initial_carry_is_a_choice_outside_the_loop():
     x = jnp.array([-1.0, 0.0, 1.0])
     with pytest.raises(NotInvertibleError, match="a map inside `scan`"):
         jaxinterp.inverse(f, example_args=(x,))(f(x))
+
+
+def test_a_loop_inside_a_loop_body_is_refused():
+    # The inner loop's result is the outer carry, chosen in the step after:
+    # a `scan` takes no interval for its results (`_branches.LOOPS`).
+    def f(x):
+        def inner(c):
+            body = lambda d, _: (d + 0.3 * jnp.tanh(d), None)  # noqa: E731
+            return lax.scan(body, c, None, length=2)[0]
+
+        return lax.scan(lambda c, _: (inner(c), None), x, None, length=2)[0]
+
+    x = jnp.array([-1.0, 0.0, 1.0])
+    with pytest.raises(NotInvertibleError, match=re.escape(LOOP_CHOICE)):
+        jaxinterp.inverse(f)(f(x))

@@ -1023,3 +1023,15 @@ class SolverOrigin:
     def unique(self) -> bool:
         """Whether the solve's answer is the only preimage where it answers."""
         return self.method == ELEMENTWISE_SOLVE
+
+
+class UniqueInside:
+    """Stands for a call-like or loop equation whose rule reported values
+    chosen inside its body only by elementwise solves (`SolverOrigin.unique`),
+    in the engine's record of which step chose a preimage."""
+
+    unique = True
+
+    def __init__(self, eqn: Any) -> None:
+        self.primitive = eqn.primitive
+        self.source_info = eqn.source_info

@@ -50,11 +50,13 @@ def _invert_closed(
     *,
     want_ildj: bool = True,
     solvers: bool = True,
+    unique_out: list[bool] | None = None,
 ) -> tuple[list[Any], Any, list[br.Interval | None]]:
     """Solve `closed` for its unknown inputs.
 
     Returns (all invals, ildj, the principal-branch interval of each inval or
     `None`); `out_branches` gives those of the outvals (see `_branches.py`).
+    `unique_out`, if given, receives `Solution.unique_choices`.
     """
     sol = _walker.solve(
         compat.open_jaxpr(closed),
@@ -65,6 +67,8 @@ def _invert_closed(
         want_ildj=want_ildj,
         solvers=solvers,
     )
+    if unique_out is not None:
+        unique_out[:] = [sol.unique_choices]
     return sol.invals, sol.ildj, sol.branches
 
 
@@ -151,6 +155,7 @@ def _inline_body_rule(get_body: Callable[[dict[str, Any]], Any], what: str) -> A
     ) -> Any:
         if any(o is None for o in outvals):
             return None
+        unique: list[bool] = []
         try:
             solved, ildj, branches = _invert_closed(
                 get_body(params),
@@ -159,10 +164,11 @@ def _inline_body_rule(get_body: Callable[[dict[str, Any]], Any], what: str) -> A
                 ctx.result_branches,
                 want_ildj=ctx.want_ildj,
                 solvers=ctx.solvers,
+                unique_out=unique,
             )
         except NotInvertibleError as err:
             raise _with_context(what, err) from None
-        return solved, ildj, branches
+        return solved, ildj, branches, unique[0]
 
     return rule
 
@@ -330,10 +336,11 @@ def _jitted_inverse(
     wanted: bool,
     solvers: bool = True,
     shardings: tuple[Any, ...] | None = None,
-) -> tuple[Any, list[br.Interval | None]]:
+) -> tuple[Any, list[br.Interval | None], list[bool]]:
     """The inverse of a `jit` body as a `jax.jit` of (outvals, traced knowns),
-    and the list its first trace fills with the solved operands' branch
-    intervals (see `_branches.py`).
+    the list its first trace fills with the solved operands' branch
+    intervals (see `_branches.py`), and the one it fills with
+    `Solution.unique_choices`.
 
     `mask` marks the unknown operands; `baked` holds the concrete known ones
     (see `_split_known`). Such an inverse is specific to those values and is
@@ -353,13 +360,20 @@ def _jitted_inverse(
         return got
     body_ref = weakref.ref(closed)
     branches_in: list[br.Interval | None] = []
+    unique_in: list[bool] = []
 
     def inverse_body(outvals: list[Any], known: list[Any]) -> tuple[list[Any], Any]:
         body = body_ref()
         assert body is not None, "the jit body outlived its inverse"
         invals = _merge_known(mask, baked, known)
         solved, ildj, branches = _invert_closed(
-            body, invals, outvals, out_branches, want_ildj=wanted, solvers=solvers
+            body,
+            invals,
+            outvals,
+            out_branches,
+            want_ildj=wanted,
+            solvers=solvers,
+            unique_out=unique_in,
         )
         branches_in[:] = branches
         dtype = _ildj_dtype(outvals)
@@ -376,7 +390,7 @@ def _jitted_inverse(
     options: dict[str, Any] = {}
     if shardings is not None:
         options["out_shardings"] = (list(shardings), None)
-    got = (jax.jit(inverse_body, **options), branches_in)
+    got = (jax.jit(inverse_body, **options), branches_in, unique_in)
     if not baked:
         per_body[key] = got
     return got
@@ -420,7 +434,7 @@ def _jit_inverse(
     mask = tuple(v is None for v in invals)
     baked, known = _split_known(invals)
     out_branches = tuple(ctx.result_branches)
-    fn, branches = _jitted_inverse(
+    fn, branches, unique = _jitted_inverse(
         p.jaxpr,
         mask,
         p.name,
@@ -436,7 +450,7 @@ def _jit_inverse(
         raise _with_context(f"`jit` of `{p.name}`", err) from None
     it = iter(xs)
     solved = [next(it) if v is None else v for v in invals]
-    return solved, ildj, list(branches) or None
+    return solved, ildj, list(branches) or None, unique == [True]
 
 
 # ---------------------------------------------------------------------------
@@ -716,6 +730,7 @@ def _scan_inverse(
         [*consts, *solved_init, *solved_xs],
         jnp.sum(ildjs),
         branches if any(b is not None for b in branches) else None,
+        all(step_unique),
     )
 
 
@@ -848,4 +863,5 @@ def _while_inverse(
         [*cond_consts, *body_consts, *first],
         ildj,
         branches if any(b is not None for b in branches) else None,
+        all(undo_unique),
     )

@@ -440,6 +440,9 @@ class InverseWalker:
         if eqn.primitive.name in br.CLAMPS:
             st.methods[i] = "clamp"
         reported = res[2] if len(res) > 2 else None
+        # A call-like or loop rule says, fourth, whether its body chose only
+        # by elementwise solves (`Solution.unique_choices`).
+        inside: Any = bl.UniqueInside(eqn) if len(res) > 3 and res[3] is True else eqn
         st.ildj_terms.append(ildj)
         # After a completion, any step may turn the value chosen for the
         # discarded elements into NaN (`where(m, cosh(x), c)` completed with
@@ -471,7 +474,7 @@ class InverseWalker:
                 if reported is not None and reported[k] is not None:
                     got = br.union(got, reported[k])
                     if branch is None:
-                        origin = eqn
+                        origin = inside
                 if v in st.pieces and (got is not None or v in st.piece_branch):
                     raise rf.branch_clash(eqn, origin, v)
                 for p in st.pieces.pop(v, ()):
