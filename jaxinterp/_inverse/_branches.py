@@ -335,7 +335,9 @@ def describe(interval: Interval) -> str:
 
 # Rules of call-like primitives invert their body with the same engine and
 # hand it the intervals of their tainted results (`ctx.result_branches`);
-# each returns, as a third element, the intervals of its solved operands.
+# each returns, as a third element, the intervals of its solved operands
+# and, fourth, whether its body chose them only by elementwise solves
+# (`Solution.unique_choices`; loops return both too).
 BRANCH_AWARE = frozenset(
     p.name
     for p in (
