@@ -487,15 +487,26 @@ def test_blocks_inside_jit_scan_and_cond():
         _close(got_ildj, want, rtol=2e-3, atol=2e-3)
 
 
-def test_a_numerical_solve_may_not_determine_a_loop_carry():
-    # The solver returns one preimage; a loop's earlier steps could not check
-    # it against their image, so this is refused like a principal branch.
+def test_a_numerical_solve_may_determine_a_loop_carry():
+    # The solver answers only where the map is monotone, so its preimage is
+    # the only one: the step before takes it as given (session 16).
     def f(x):
         step = lambda c, _: (c / (1 + jnp.abs(c)) + 0.5, None)  # noqa: E731
         return lax.scan(step, x, None, length=2)[0]
 
+    x = jnp.linspace(-1, 1, 3)
+    _close(inverse(f)(f(x)), x, rtol=1e-5, atol=1e-5)
+
+    # A second constraint on that carry in the step before is still refused.
+    def g(x):
+        def step(c, _):
+            new = c / (1 + jnp.abs(c)) + 0.5
+            return new, jnp.exp(new)
+
+        return lax.scan(step, x, None, length=2)
+
     with pytest.raises(NotInvertibleError, match="determines a loop carry"):
-        inverse(f)(f(jnp.linspace(-1, 1, 3)))
+        inverse(g, example_args=(x,))(g(x))
 
 
 def test_float64(tmp_path):

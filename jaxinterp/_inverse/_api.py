@@ -486,7 +486,9 @@ def inverse(
           Newton's method safeguarded by bisection, to the dtype's precision.
           Its derivatives come from the implicit function theorem, not from
           the iterations. It returns one preimage, so a second output that
-          also constrains `x` is refused, as for a principal branch.
+          also constrains `x` is refused, as for a principal branch; being
+          the only preimage where it answers, it may determine a loop carry
+          (a principal branch may not).
 
         Either way an element with no preimage (a `y` outside the image, or
         at a jump of a discontinuous map) comes back as NaN, as does an element

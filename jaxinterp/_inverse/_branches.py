@@ -335,7 +335,9 @@ def describe(interval: Interval) -> str:
 
 # Rules of call-like primitives invert their body with the same engine and
 # hand it the intervals of their tainted results (`ctx.result_branches`);
-# each returns, as a third element, the intervals of its solved operands.
+# each returns, as a third element, the intervals of its solved operands
+# and, fourth, whether its body chose them only by elementwise solves
+# (`Solution.unique_choices`; loops return both too).
 BRANCH_AWARE = frozenset(
     p.name
     for p in (
@@ -350,3 +352,8 @@ BRANCH_AWARE = frozenset(
     )
     if p is not None
 )
+
+# Loops report the intervals of the values they solve (an elementwise solve
+# inside may determine a carry, see `_control_flow._carry_branches`) but take
+# none for their results: a choice they report was made inside their body.
+LOOPS = frozenset({compat.scan_p.name, compat.while_p.name})

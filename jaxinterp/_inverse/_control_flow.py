@@ -50,11 +50,13 @@ def _invert_closed(
     *,
     want_ildj: bool = True,
     solvers: bool = True,
+    unique_out: list[bool] | None = None,
 ) -> tuple[list[Any], Any, list[br.Interval | None]]:
     """Solve `closed` for its unknown inputs.
 
     Returns (all invals, ildj, the principal-branch interval of each inval or
     `None`); `out_branches` gives those of the outvals (see `_branches.py`).
+    `unique_out`, if given, receives `Solution.unique_choices`.
     """
     sol = _walker.solve(
         compat.open_jaxpr(closed),
@@ -65,18 +67,77 @@ def _invert_closed(
         want_ildj=want_ildj,
         solvers=solvers,
     )
+    if unique_out is not None:
+        unique_out[:] = [sol.unique_choices]
     return sol.invals, sol.ildj, sol.branches
 
 
-def _loop_branches(what: str, carry: Sequence[br.Interval | None]) -> None:
-    """Refuse a principal-branch choice for a loop carry: the next step back
-    would solve from it without knowing it may lie outside its image."""
-    if any(b is not None for b in carry):
-        raise NotInvertibleError(
-            f"inside the body of a {what}, a map that is not injective (its "
-            "principal branch) determines a loop carry; later steps could not "
-            "check the chosen branch against the rest of the loop"
+_LOOP_CHOICE = (
+    "inside the body of a {what}, a map that is not injective (its "
+    "principal branch) determines a loop carry; later steps could not "
+    "check the chosen branch against the rest of the loop"
+)
+
+# Passes over a loop body at most while its carries' intervals grow (see
+# `_carry_branches`); intervals only widen, to the whole real line.
+_MAX_PASSES = 4
+
+
+def _same_branches(
+    a: Sequence[br.Interval | None], b: Sequence[br.Interval | None]
+) -> bool:
+    """Whether two lists of intervals are equal (`ROUNDED` only to itself)."""
+    return all(
+        x is y
+        or (
+            x is not None
+            and y is not None
+            and x == y
+            and x is not br.ROUNDED
+            and y is not br.ROUNDED
         )
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def _carry_branches(
+    what: str,
+    got: Sequence[br.Interval | None],
+    given: Sequence[br.Interval | None],
+    unique: bool,
+) -> list[br.Interval | None] | None:
+    """The intervals to solve the loop body with again, or `None` once the
+    last pass found no carry outside those it was given.
+
+    The inverse of a loop solves its body once for every step, each time
+    from the carries the step after it solved. A carry chosen in one step
+    is given to the next step back, whose body must treat it as chosen by
+    an enclosing equation (`out_branches`): a second constraint on it there
+    is refused, as in a program without the loop. So the body is solved
+    again with the carries' intervals (`given`, one per carry) until the
+    carries it solves (`got`) lie in them; the last pass's loop stands.
+
+    Only choices of an elementwise solve are passed on (`unique`, see
+    `Solution.unique_choices`): where it answers, the map was checked
+    monotone, so its answer is the only preimage, and choosing it a step
+    early loses nothing. A principal branch or a rounding picks one preimage
+    among several, and the engine waits with such a choice until no exact
+    step is left (`_branches.py`); the loop's inverse could not wait for the
+    steps before (an earlier step's `ys` may pin the carry exactly), so it
+    refuses those.
+    """
+    if any(b is not None for b in got) and not unique:
+        raise NotInvertibleError(_LOOP_CHOICE.format(what=what))
+    widened = [br.union(g, b) for g, b in zip(given, got, strict=True)]
+    return None if _same_branches(widened, given) else widened
+
+
+def _loop_refusal(what: str, err: NotInvertibleError) -> NotInvertibleError:
+    """A body refused once solved from carries chosen in the step after."""
+    detail = getattr(err, "detail", None) or str(err)
+    return NotInvertibleError(
+        _LOOP_CHOICE.format(what=what) + f": solved from a carry so chosen, {detail}"
+    )
 
 
 def _with_context(what: str, err: NotInvertibleError) -> NotInvertibleError:
@@ -94,6 +155,7 @@ def _inline_body_rule(get_body: Callable[[dict[str, Any]], Any], what: str) -> A
     ) -> Any:
         if any(o is None for o in outvals):
             return None
+        unique: list[bool] = []
         try:
             solved, ildj, branches = _invert_closed(
                 get_body(params),
@@ -102,10 +164,11 @@ def _inline_body_rule(get_body: Callable[[dict[str, Any]], Any], what: str) -> A
                 ctx.result_branches,
                 want_ildj=ctx.want_ildj,
                 solvers=ctx.solvers,
+                unique_out=unique,
             )
         except NotInvertibleError as err:
             raise _with_context(what, err) from None
-        return solved, ildj, branches
+        return solved, ildj, branches, unique[0]
 
     return rule
 
@@ -273,10 +336,11 @@ def _jitted_inverse(
     wanted: bool,
     solvers: bool = True,
     shardings: tuple[Any, ...] | None = None,
-) -> tuple[Any, list[br.Interval | None]]:
+) -> tuple[Any, list[br.Interval | None], list[bool]]:
     """The inverse of a `jit` body as a `jax.jit` of (outvals, traced knowns),
-    and the list its first trace fills with the solved operands' branch
-    intervals (see `_branches.py`).
+    the list its first trace fills with the solved operands' branch
+    intervals (see `_branches.py`), and the one it fills with
+    `Solution.unique_choices`.
 
     `mask` marks the unknown operands; `baked` holds the concrete known ones
     (see `_split_known`). Such an inverse is specific to those values and is
@@ -296,13 +360,20 @@ def _jitted_inverse(
         return got
     body_ref = weakref.ref(closed)
     branches_in: list[br.Interval | None] = []
+    unique_in: list[bool] = []
 
     def inverse_body(outvals: list[Any], known: list[Any]) -> tuple[list[Any], Any]:
         body = body_ref()
         assert body is not None, "the jit body outlived its inverse"
         invals = _merge_known(mask, baked, known)
         solved, ildj, branches = _invert_closed(
-            body, invals, outvals, out_branches, want_ildj=wanted, solvers=solvers
+            body,
+            invals,
+            outvals,
+            out_branches,
+            want_ildj=wanted,
+            solvers=solvers,
+            unique_out=unique_in,
         )
         branches_in[:] = branches
         dtype = _ildj_dtype(outvals)
@@ -319,7 +390,7 @@ def _jitted_inverse(
     options: dict[str, Any] = {}
     if shardings is not None:
         options["out_shardings"] = (list(shardings), None)
-    got = (jax.jit(inverse_body, **options), branches_in)
+    got = (jax.jit(inverse_body, **options), branches_in, unique_in)
     if not baked:
         per_body[key] = got
     return got
@@ -363,7 +434,7 @@ def _jit_inverse(
     mask = tuple(v is None for v in invals)
     baked, known = _split_known(invals)
     out_branches = tuple(ctx.result_branches)
-    fn, branches = _jitted_inverse(
+    fn, branches, unique = _jitted_inverse(
         p.jaxpr,
         mask,
         p.name,
@@ -379,7 +450,7 @@ def _jit_inverse(
         raise _with_context(f"`jit` of `{p.name}`", err) from None
     it = iter(xs)
     solved = [next(it) if v is None else v for v in invals]
-    return solved, ildj, list(branches) or None
+    return solved, ildj, list(branches) or None, unique == [True]
 
 
 # ---------------------------------------------------------------------------
@@ -532,48 +603,83 @@ def _scan_inverse(
             final_ok = agrees if final_ok is None else final_ok & agrees
 
     # 2. The inverse: run the other way, solving each step.
-    step_branches: list[br.Interval | None] = []
+    def inverse_step_with(
+        given: Sequence[br.Interval | None],
+        step_branches: list[br.Interval | None],
+        step_unique: list[bool],
+    ) -> Callable[..., Any]:
+        # The intervals of the unknown carries given by the step after
+        # (`_carry_branches`); the known ones are not given.
+        out_branches = [
+            None if k else b for b, k in zip(given, c_known, strict=True)
+        ] + [None] * len(ys)
 
-    def inverse_step(
-        carry_next: list[Any], step: tuple[list[Any], list[Any], list[Any]]
-    ) -> tuple[list[Any], tuple[Any, ...]]:
-        y_t, kx_t, kc_t = step
-        invals_t = body_invals(kc_t, None, kx_t)
-        nxt = iter(carry_next)
-        outs_t = [None if k else next(nxt) for k in c_known] + list(y_t)
-        sol = _walker.solve(
-            body,
-            body_consts,
-            invals_t,
-            outs_t,
-            want_ildj=ctx.want_ildj,
-            solvers=ctx.solvers,
-        )
-        step_branches[:] = sol.branches
-        carry_in = sol.invals[n_consts : n_consts + n_carry]
-        carry = [c for c, k in zip(carry_in, c_known, strict=True) if not k]
-        x_t = [
-            x
-            for x, k in zip(sol.invals[n_consts + n_carry :], x_known, strict=True)
-            if not k
-        ]
-        ildj_t = jnp.asarray(sol.ildj).astype(dtype)
-        if sol.agreed is True:  # (nothing was determined twice)
-            return carry, (x_t, ildj_t)
-        return carry, (x_t, ildj_t, jnp.asarray(sol.agreed, bool))
+        def inverse_step(
+            carry_next: list[Any], step: tuple[list[Any], list[Any], list[Any]]
+        ) -> tuple[list[Any], tuple[Any, ...]]:
+            y_t, kx_t, kc_t = step
+            invals_t = body_invals(kc_t, None, kx_t)
+            nxt = iter(carry_next)
+            outs_t = [None if k else next(nxt) for k in c_known] + list(y_t)
+            sol = _walker.solve(
+                body,
+                body_consts,
+                invals_t,
+                outs_t,
+                out_branches=out_branches,
+                want_ildj=ctx.want_ildj,
+                solvers=ctx.solvers,
+            )
+            step_branches[:] = sol.branches
+            step_unique[:] = [sol.unique_choices]
+            carry_in = sol.invals[n_consts : n_consts + n_carry]
+            carry = [c for c, k in zip(carry_in, c_known, strict=True) if not k]
+            x_t = [
+                x
+                for x, k in zip(sol.invals[n_consts + n_carry :], x_known, strict=True)
+                if not k
+            ]
+            ildj_t = jnp.asarray(sol.ildj).astype(dtype)
+            if sol.agreed is True:  # (nothing was determined twice)
+                return carry, (x_t, ildj_t)
+            return carry, (x_t, ildj_t, jnp.asarray(sol.agreed, bool))
+
+        return inverse_step
 
     unknown_final = [f for f, k in zip(final, c_known, strict=True) if not k]
-    try:
-        carry0, (x_unknown, ildjs, *agreed) = lax.scan(
-            inverse_step,
-            unknown_final,
-            (ys, known_xs, kc_seq),
-            length=p.length,
-            reverse=not p.reverse,
+    given: list[br.Interval | None] = [None] * n_carry
+    for _ in range(_MAX_PASSES):
+        step_branches: list[br.Interval | None] = []
+        step_unique: list[bool] = []
+        try:
+            carry0, (x_unknown, ildjs, *agreed) = lax.scan(
+                inverse_step_with(given, step_branches, step_unique),
+                unknown_final,
+                (ys, known_xs, kc_seq),
+                length=p.length,
+                reverse=not p.reverse,
+            )
+        except NotInvertibleError as err:
+            if any(b is not None for b in given):
+                err = _loop_refusal("`scan`", err)
+            raise _with_context("the body of a `scan`", err) from None
+        try:
+            widened = _carry_branches(
+                "`scan`",
+                step_branches[n_consts : n_consts + n_carry],
+                given,
+                all(step_unique),
+            )
+        except NotInvertibleError as err:
+            raise _with_context("the body of a `scan`", err) from None
+        if widened is None:
+            break
+        given = widened
+    else:
+        raise _with_context(
+            "the body of a `scan`",
+            NotInvertibleError(_LOOP_CHOICE.format(what="`scan`")),
         )
-        _loop_branches("`scan`", step_branches[n_consts : n_consts + n_carry])
-    except NotInvertibleError as err:
-        raise _with_context("the body of a `scan`", err) from None
     # A step whose second constraints failed made its solved carry NaN; an
     # earlier step may solve that carry again from a copy in `ys` (where a
     # NaN on the known side is excused), so the failure is applied here.
@@ -610,14 +716,22 @@ def _scan_inverse(
         solved_init.append(v if v is not None else solved)
     solved_xs = [v if v is not None else next(x_it) for v in xs]
     # A branch chosen for an `xs` element: its interval is not tracked
-    # through the loop, so the whole real line.
-    branches: list[br.Interval | None] | None = None
-    if any(b is not None for b in step_branches[n_consts + n_carry :]):
-        branches = [None] * (n_consts + n_carry)
-        branches += [
-            None if b is None else br.REALS for b in step_branches[n_consts + n_carry :]
-        ]
-    return [*consts, *solved_init, *solved_xs], jnp.sum(ildjs), branches
+    # through the loop, so the whole real line; for an initial carry, its
+    # interval in the last pass (see `_carry_branches`).
+    carry_branches = [
+        b if v is None else None
+        for b, v in zip(step_branches[n_consts : n_consts + n_carry], init, strict=True)
+    ]
+    xs_branches = step_branches[n_consts + n_carry :]
+    branches: list[br.Interval | None] = [None] * n_consts
+    branches += carry_branches
+    branches += [None if b is None else br.REALS for b in xs_branches]
+    return (
+        [*consts, *solved_init, *solved_xs],
+        jnp.sum(ildjs),
+        branches if any(b is not None for b in branches) else None,
+        all(step_unique),
+    )
 
 
 @inverse_rules.register(compat.while_p)
@@ -685,27 +799,69 @@ def _while_inverse(
             agrees = agree_solved(got, want)
             final_ok = agrees if final_ok is None else final_ok & agrees
 
-    undo_branches: list[br.Interval | None] = []
+    def undo_with(
+        given: Sequence[br.Interval | None],
+        undo_branches: list[br.Interval | None],
+        undo_unique: list[bool],
+    ) -> Callable[..., Any]:
+        # The intervals of the carries given by the step after
+        # (`_carry_branches`).
+        def undo(_: Any, state: tuple[list[Any], Any]) -> tuple[list[Any], Any]:
+            carry, total = state
+            sol = _walker.solve(
+                body,
+                body_jconsts,
+                [*body_consts, *([None] * n_carry)],
+                carry,
+                out_branches=list(given),
+                want_ildj=ctx.want_ildj,
+                solvers=ctx.solvers,
+            )
+            undo_branches[:] = sol.branches[nb:]
+            undo_unique[:] = [sol.unique_choices]
+            return list(sol.invals[nb:]), total + jnp.asarray(sol.ildj).astype(dtype)
 
-    def undo(_: Any, state: tuple[list[Any], Any]) -> tuple[list[Any], Any]:
-        carry, total = state
-        sol = _walker.solve(
-            body,
-            body_jconsts,
-            [*body_consts, *([None] * n_carry)],
-            carry,
-            want_ildj=ctx.want_ildj,
-            solvers=ctx.solvers,
+        return undo
+
+    given: list[br.Interval | None] = [None] * n_carry
+    for _ in range(_MAX_PASSES):
+        undo_branches: list[br.Interval | None] = []
+        undo_unique: list[bool] = []
+        try:
+            first, ildj = lax.fori_loop(
+                0,
+                steps,
+                undo_with(given, undo_branches, undo_unique),
+                (last, jnp.zeros((), dtype)),
+            )
+        except NotInvertibleError as err:
+            if any(b is not None for b in given):
+                err = _loop_refusal("`while` loop", err)
+            raise _with_context("the body of a `while` loop", err) from None
+        try:
+            widened = _carry_branches(
+                "`while` loop", undo_branches, given, all(undo_unique)
+            )
+        except NotInvertibleError as err:
+            raise _with_context("the body of a `while` loop", err) from None
+        if widened is None:
+            break
+        given = widened
+    else:
+        raise _with_context(
+            "the body of a `while` loop",
+            NotInvertibleError(_LOOP_CHOICE.format(what="`while` loop")),
         )
-        undo_branches[:] = sol.branches[nb:]
-        return list(sol.invals[nb:]), total + jnp.asarray(sol.ildj).astype(dtype)
-
-    try:
-        first, ildj = lax.fori_loop(0, steps, undo, (last, jnp.zeros((), dtype)))
-        _loop_branches("`while` loop", undo_branches)
-    except NotInvertibleError as err:
-        raise _with_context("the body of a `while` loop", err) from None
     if final_ok is not None:
         first = [_nan_unless(final_ok, c) for c in first]
         ildj = _nan_unless(final_ok, ildj)
-    return [*cond_consts, *body_consts, *first], ildj
+    branches: list[br.Interval | None] = [None] * (nc + nb)
+    branches += [
+        b if v is None else None for b, v in zip(undo_branches, init, strict=True)
+    ]
+    return (
+        [*cond_consts, *body_consts, *first],
+        ildj,
+        branches if any(b is not None for b in branches) else None,
+        all(undo_unique),
+    )

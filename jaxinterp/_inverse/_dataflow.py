@@ -81,6 +81,10 @@ class SolveState:
         # enclosing equation, a `SolverOrigin` for a numerical solve).
         self.taint: dict[Any, br.Interval] = {}
         self.chooser: dict[Any, Any] = {}
+        # Whether some choice came from neither an elementwise solve (the
+        # only preimage where it answers) nor an enclosing equation (see
+        # `Solution.unique_choices`); `chooser` keeps one origin per value.
+        self.other_choice = False
         # Values known only in parts (see `_rules.Pieces`), and the interval
         # of the parts that came from a choice.
         self.pieces: dict[Any, list[Any]] = {}
@@ -260,6 +264,12 @@ class SolveState:
         if interval is not None:
             self.taint[v] = interval
             self.chooser[v] = origin
+            self.note_choice(origin)
+
+    def note_choice(self, origin: Any) -> None:
+        """Record that `origin` chose a value (see `other_choice`)."""
+        if origin is not None and getattr(origin, "unique", False) is not True:
+            self.other_choice = True
 
     def read(self, variables: Sequence[Any]) -> list[Any]:
         """Values of `variables` (literals included), `None` where unknown."""

@@ -107,6 +107,12 @@ class Solution:
         jaxpr: the Jaxpr solved, to which the equation indices above
             refer: the one given, with implicit broadcasts made explicit
             (`_implicit.py`).
+        unique_choices: whether every choice behind `chose` is either the
+            preimage of an elementwise block solved numerically (the only
+            one where the solver answers, see `bl.SolverOrigin`) or given
+            by an enclosing equation (`out_branches`); true when nothing
+            was chosen. A loop passes such choices on as carries (see
+            `_control_flow.py`).
     """
 
     invals: list[Any]
@@ -122,6 +128,7 @@ class Solution:
     chose: bool = False
     agreed: Any = True
     jaxpr: Any = None
+    unique_choices: bool = True
 
 
 class InverseWalker:
@@ -433,6 +440,9 @@ class InverseWalker:
         if eqn.primitive.name in br.CLAMPS:
             st.methods[i] = "clamp"
         reported = res[2] if len(res) > 2 else None
+        # A call-like or loop rule says, fourth, whether its body chose only
+        # by elementwise solves (`Solution.unique_choices`).
+        inside: Any = bl.UniqueInside(eqn) if len(res) > 3 and res[3] is True else eqn
         st.ildj_terms.append(ildj)
         # After a completion, any step may turn the value chosen for the
         # discarded elements into NaN (`where(m, cosh(x), c)` completed with
@@ -464,7 +474,7 @@ class InverseWalker:
                 if reported is not None and reported[k] is not None:
                     got = br.union(got, reported[k])
                     if branch is None:
-                        origin = eqn
+                        origin = inside
                 if v in st.pieces and (got is not None or v in st.piece_branch):
                     raise rf.branch_clash(eqn, origin, v)
                 for p in st.pieces.pop(v, ()):
@@ -623,6 +633,7 @@ class InverseWalker:
             if branch is not None:
                 st.piece_branch[v] = br.union(st.piece_branch.get(v), branch) or branch
                 st.chooser.setdefault(v, origin)
+                st.note_choice(origin)
             value = assemble(v.aval.shape, v.aval.dtype, have)
             if value is not None and overlapping(v.aval.shape, have):
                 # Pieces that cover some elements twice: they must agree.
@@ -662,7 +673,7 @@ class InverseWalker:
         tainted = chooses or bool(chosen_from)
         origin: Any = None
         if chooses:
-            origin = bl.SolverOrigin(st.eqns[block.top])
+            origin = bl.SolverOrigin(st.eqns[block.top], method)
         elif chosen_from:
             origin = st.chooser[chosen_from[0]]
         known = [env[v] for v in block.known]
@@ -857,6 +868,7 @@ class InverseWalker:
             bool(st.taint or st.piece_branch),
             _all_agreed(st),
             jaxpr,
+            unique_choices=not st.other_choice,
         )
         if strict:
             missing = [

@@ -145,7 +145,7 @@ def chooser_kind(origin: Any) -> str:
         return "enclosing"
     if isinstance(origin, bl.SolverOrigin):
         return "solver"
-    if origin.primitive.name in br.BRANCH_AWARE:
+    if origin.primitive.name in br.BRANCH_AWARE or origin.primitive.name in br.LOOPS:
         return "inside"
     if origin.primitive.name in br.ROUNDING:
         return "rounding"
