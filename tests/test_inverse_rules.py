@@ -731,7 +731,7 @@ def test_not_invertible_variants_say_why():
         lambda x: jnp.broadcast_to(x, (4, 2, 3)), x, lax.broadcast_in_dim_p, "copies"
     )
     _raises(lambda x: x[jnp.array([0, 0])], x, lax.gather_p, "not a permutation")
-    _raises(lambda x: x[jnp.array([1, 0]), :2], x, lax.gather_p, "whole slices")
+    _raises(lambda x: x[jnp.array([0, 0]), :2], x, lax.gather_p, "whole slices")
     _raises(
         lambda x: jnp.where(jnp.array([True, False, True]), x, 1.0),
         x,
@@ -748,6 +748,21 @@ def test_not_invertible_variants_say_why():
     )
     if hasattr(lax, "tile_p"):
         _raises(lambda x: jnp.tile(x, (2, 1)), x, lax.tile_p, "copies")
+
+
+def test_gather_of_part_windows_gives_the_elements_it_reads():
+    # Rows permuted and one column dropped: the rule recovers the four
+    # elements read and leaves the dropped column to the engine, which then
+    # says which elements nothing determines.
+    x = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    fn = lambda x: x[jnp.array([1, 0]), :2]  # noqa: E731
+    res = call_rule(_record(fn, x, lax.gather_p))
+    assert isinstance(res, PieceResult)
+    (piece,) = res.pieces
+    np.testing.assert_array_equal(piece.mask, [[True, True, False]] * 2)
+    np.testing.assert_array_equal(piece.value, x[:, :2].reshape(-1))
+    with pytest.raises(NotInvertibleError, match=re.escape("not (0, 2), (1, 2)")):
+        jaxinterp.inverse(fn, example_args=(x,))(fn(x))
 
 
 def test_triangular_solve_for_the_matrix_is_not_invertible():
