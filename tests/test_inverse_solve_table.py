@@ -262,7 +262,8 @@ def test_gathered_elements_take_their_known_operands_along(monkeypatch):
     # A known operand per element (traced: no table), under `vmap` with a
     # different number of undecided elements in each member, and `grad`.
     a = jnp.linspace(0.5, 2.0, N, dtype=jnp.float32)
-    ys = jnp.stack([_with_undecided(3, seed=1), _with_undecided(100, seed=2)])
+    # (The second member's 600 take three chunks of `N // 64`.)
+    ys = jnp.stack([_with_undecided(3, seed=1), _with_undecided(300, seed=2)])
     inv = jaxinterp.inverse(_scaled_softsign, argnums=0)
     batched = jax.jit(jax.vmap(inv, in_axes=(0, None)))
     got = np.asarray(batched(ys, a))

@@ -39,9 +39,11 @@ without a loop (one per Newton step: XLA's CPU code for one long fusion is
 several times slower per operation). Rounds of Newton steps, then the full
 search, run only if some element is left undecided, and then inside a loop
 of at most one step, so that they cost nothing otherwise (also under
-`vmap`), on the undecided elements gathered (`_compacted`) when they are
-few: one `y` off the image in 10^6 costs about 5x the first tier, not a
-search of every element (6.9 s for softsign before session 15). For
+`vmap`), on the undecided elements gathered with their known operands: up
+to 64 at once (`_compacted`), else 1/64 of the elements at a time in a loop
+(`_chunks`), so the program holds at most two copies of the later tiers. One
+`y` off the image in 10^6 costs about 3x the first tier, not a search of
+every element (6.9 s for softsign before session 15). For
 softsign on 10^6 elements the first tier is about 9x the closed form,
 against about 175x for the full search on every element.
 
@@ -215,9 +217,9 @@ def _find_roots(
        from the same start.
 
     The later tiers run on the elements the first left undecided, gathered
-    (`_compacted`: at most 64 of them, or at most 1/64 of the elements, else
-    all; not with `gather=False`, for a `g` whose constants hold a value per
-    element), with the results of the earlier tier kept where accepted
+    (`_compacted`: at most 64 of them, else 1/64 of the elements at a time,
+    `_chunks`; not with `gather=False`, for a `g` whose constants hold a
+    value per element), with the results of the earlier tier kept where accepted
     (`_lazily`); each computes what it needs (the start) itself: a value the
     first tier shared with it would be written to memory for every element,
     and work that XLA can move out of the lazy loop would run always.
@@ -307,21 +309,29 @@ def _lazily(
     test, which also reads `y` (XLA writes the mask it reduces to memory).
 
     With `known` (the operands of `g` besides `x`, each broadcastable to
-    `y`), `solve(y, *known)` runs on those elements only, gathered
-    (`_compacted`) when they are few: a `y` off the map's image in an array
-    of a million would otherwise cost a million full searches."""
+    `y`), `solve(y, *known)` runs on those elements only, gathered with
+    their known operands: up to `_FEW` at once (`_compacted`), else in
+    chunks of 1/`_FRACTION` of the elements (`_chunks`). A `y` off the
+    map's image in an array of a million would otherwise cost a million
+    full searches."""
 
     def exact(x: Any, y: Any) -> Any:
         need = jnp.isnan(x) & ~jnp.isnan(y)
         if known is None:
             return _once(jnp.any(need), x, y, lambda x, y: _fill(x, y, solve))
         count = jnp.sum(need, dtype=jnp.int32)
-        low = 0
-        for cap in _caps(y, known):
-            fits = (count > low) & (count <= cap)
-            x = _once(fits, x, y, functools.partial(_compacted, cap, solve, known))
-            low = cap
-        return _once(count > low, x, y, lambda x, y: _fill(x, y, solve, known))
+        caps = _caps(y, known)
+        if not caps:
+            return _once(count > 0, x, y, lambda x, y: _fill(x, y, solve, known))
+        # Few undecided elements: one gather of `_FEW`. More: chunks of the
+        # largest size, in a loop. The program holds at most two copies of
+        # the later tiers (each copy is most of the solver's compile time).
+        *few, cap = caps
+        if few:
+            (small,) = few
+            compact = functools.partial(_compacted, small, solve, known)
+            x = _once((count > 0) & (count <= small), x, y, compact)
+        return _chunks(count > (few[0] if few else 0), cap, solve, known, x, y)
 
     # A sum holding a NaN is NaN (so is one of inf and -inf: then the exact
     # test runs for nothing). Not a `max`: XLA's CPU reductions may drop
@@ -337,13 +347,15 @@ _FRACTION = 64
 
 
 def _caps(y: Any, known: Sequence[Any]) -> list[int]:
-    """How many undecided elements `_compacted` may gather, in increasing
-    order: none where the known operands do not broadcast to `y` or the
-    array is small (then all elements are solved)."""
+    """How many undecided elements `_compacted` and `_chunks` gather at
+    once, in increasing order: none where the known operands do not
+    broadcast to `y` or the array is small (then all elements are solved)."""
     shape = jnp.shape(y)
     if not all(_broadcasts(jnp.shape(k), shape) for k in known):
         return []
     size = math.prod(shape)
+    if size >= 2**31:  # (`_chunks` counts positions in int32)
+        return []
     return sorted({c for c in (_FEW, size // _FRACTION) if _FEW <= c <= size // 4})
 
 
@@ -363,9 +375,19 @@ def _compacted(
     """`x`, with `solve` run on the (at most `cap`) elements where `x` is NaN
     and `y` is not, gathered into an array of `cap` (the rest NaN), with
     the same elements of the known operands."""
-    shape = jnp.shape(y)
     flat_x, flat_y = jnp.ravel(x), jnp.ravel(y)
     index = _first(jnp.isnan(flat_x) & ~jnp.isnan(flat_y), cap)
+    return _gathered(index, solve, known, x, y)
+
+
+def _gathered(
+    index: Any, solve: Callable[..., Any], known: Sequence[Any], x: Any, y: Any
+) -> Any:
+    """`x`, with `solve` run on its elements at the flat positions `index`
+    (past the end: padding, solved as NaN and dropped), gathered with the
+    same elements of the known operands."""
+    shape = jnp.shape(y)
+    flat_x, flat_y = jnp.ravel(x), jnp.ravel(y)
     sub_y = flat_y.at[index].get(mode="fill", fill_value=jnp.nan)
     sub_known = [
         jnp.ravel(jnp.broadcast_to(k, shape)).at[index].get(mode="clip")
@@ -377,6 +399,39 @@ def _compacted(
     # element of a known operand and is dropped on the way back.)
     sub_x = solve(sub_y, *sub_known)
     return flat_x.at[index].set(sub_x, mode="drop").reshape(shape)
+
+
+def _chunks(
+    flag: Any,
+    cap: int,
+    solve: Callable[..., Any],
+    known: Sequence[Any],
+    x: Any,
+    y: Any,
+) -> Any:
+    """`x`, with `solve` run (if `flag`) on the elements where `x` is NaN and
+    `y` is not, `cap` at a time in row-major order (`_gathered`), in a
+    `while_loop`: one copy of `solve` for any number of them. Each round
+    starts past the last element the one before gathered, so elements left
+    NaN (a `y` off the image) are not taken again."""
+    size = math.prod(jnp.shape(y))
+    flat_y = jnp.ravel(y)
+    position = lax.iota(jnp.int32, size)
+
+    def waiting(x: Any, start: Any) -> Any:
+        return jnp.isnan(jnp.ravel(x)) & ~jnp.isnan(flat_y) & (position >= start)
+
+    def body(state: tuple[Any, Any]) -> tuple[Any, Any]:
+        start, x = state
+        index = _first(waiting(x, start), cap)
+        last = jnp.max(jnp.where(index < size, index, -1)).astype(jnp.int32)
+        return jnp.maximum(start, last + 1), _gathered(index, solve, known, x, y)
+
+    # (The state behind an optimisation barrier, as in `_once`: XLA must
+    # not inline or hoist the loop's work out of it.)
+    start = lax.optimization_barrier((jnp.int32(0), x))
+    _, x = lax.while_loop(lambda s: flag & jnp.any(waiting(s[1], s[0])), body, start)
+    return x
 
 
 # Elements per block where `_first` looks for blocks first.
