@@ -399,6 +399,23 @@ def _():
         raise AssertionError("the ildj of shards over different axes was not refused")
 
 
+@check("inverse_solve_in_shard_map")
+def _():
+    # The numerical solve in each shard's body, with few `y` off the image
+    # per shard (one gather) and many (gathered in chunks, `_solve._chunks`).
+    softsign = lambda v: v / (1 + jnp.abs(v))
+    f = jax.shard_map(softsign, mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+    y0 = softsign(jnp.linspace(-4.0, 4.0, 8 * 8192))
+    inv = jax.jit(jaxinterp.inverse(f))
+    for every in (400, 10):
+        y_v = y0.at[::every].set(2.0)
+        got = np.asarray(inv(y_v))
+        inside = np.abs(np.asarray(y_v)) < 1
+        np.testing.assert_array_equal(np.isnan(got), ~inside)
+        want = np.asarray(y_v / (1 - jnp.abs(y_v)))
+        np.testing.assert_allclose(got[inside], want[inside], rtol=2e-5, atol=1e-6)
+
+
 # Memory kinds of arrays spread over the mesh (`NamedSharding(...,
 # memory_kind=...)`): staged with `jax.make_jaxpr`'s types, staged apart when
 # only the memory differs, evaluated into the memories plain JAX uses.
@@ -491,6 +508,7 @@ def test_eight_devices(results):
         "inverse_jit_shardings",
         "inverse_shard_map",
         "inverse_shard_map_mixed_axes",
+        "inverse_solve_in_shard_map",
     ],
 )
 def test_multidevice(results, check):
