@@ -2377,7 +2377,9 @@ def _first_line(err: BaseException) -> str:
 
 def _attempt(fn: Callable[[], Any]) -> tuple[str, Any]:
     try:
-        return "ok", fn()
+        # (Waited for: an error of the compiled program, such as an XLA
+        # runtime check, is raised when its result is ready.)
+        return "ok", jax.block_until_ready(fn())
     except REFUSALS as err:
         return "refused", err
     except Exception as err:  # noqa: BLE001 - classifying every failure
@@ -2480,6 +2482,11 @@ def check_inverse(
 
     inv = make(jaxinterp.inverse_and_ildj)
     status, res = _attempt(lambda: inv(y, *known))
+    if status == "crash" and _attempt(lambda: jax.jit(f)(*args))[0] == "crash":
+        # Plain JAX fails to compile or run the program itself (found with
+        # `--seed 1717`, program 93: XLA's CPU FFT thunk rejects the layout
+        # its own compiler chose, under `jax.jit` of the forward program).
+        return Outcome("invalid", "plain_jit_fails", _first_line(res))
     if status == "crash":
         return Outcome(
             "crash", f"crash:{type(res).__name__}", _first_line(res), _error_prim(res)
