@@ -61,8 +61,9 @@ _SAME = frozenset({"copy", "copy_p", "transpose", "convert_element_type"})
 
 
 def gram_step(walker: Any, st: SolveState) -> bool:
-    """Solve one blocked `A @ A.T` (2-D, `A` lower triangular by
-    construction) for `A`'s source; whether one was found."""
+    """Solve one blocked `A @ A.T` (`A` lower triangular by construction;
+    with leading batch axes, `jnp.matmul` of a batch of matrices) for `A`'s
+    source; whether one was found."""
     for i in sorted(st.reasons, reverse=True):
         eqn: Any = st.eqns[i]
         if eqn.primitive is not lax.dot_general_p:
@@ -72,13 +73,21 @@ def gram_step(walker: Any, st: SolveState) -> bool:
         if out not in st.env or not _unknown(st, lhs) or not _unknown(st, rhs):
             continue
         (lc, rc), (lb, rb) = compat.dot_general_dimensions(eqn)
-        if lb or rb or len(lhs.aval.shape) != 2 or len(rhs.aval.shape) != 2:
+        nb = len(lb)  # leading batch axes, the same in both operands
+        batch = tuple(range(nb))
+        if (
+            tuple(lb) != batch
+            or tuple(rb) != batch
+            or len(lhs.aval.shape) != nb + 2
+            or len(rhs.aval.shape) != nb + 2
+            or len(lc) != 1
+        ):
             continue
         if not jnp.issubdtype(lhs.aval.dtype, jnp.floating):
             # Complex `L @ L.T` (no conjugate) is complex symmetric, which a
             # Cholesky factorization (Hermitian) does not factor.
             continue
-        if lhs.aval.shape[0] != lhs.aval.shape[1]:
+        if lhs.aval.shape[-2] != lhs.aval.shape[-1]:
             # `n x k`: the Cholesky factor is `n x n` (and `y` singular for
             # `k < n`): not this step's.
             continue
@@ -88,6 +97,8 @@ def gram_step(walker: Any, st: SolveState) -> bool:
         # the source: `A @ A.T` when the two agree.
         left = _contracted_last(perm_l, lc[0])
         if src_l is not src_r or left != _contracted_last(perm_r, rc[0]):
+            continue
+        if left[:nb] != batch:  # (a batch axis moved among the matrix axes)
             continue
         kind = _triangle_by_construction(walker, st, src_l, left)
         if kind is None:
@@ -102,13 +113,15 @@ def gram_step(walker: Any, st: SolveState) -> bool:
             # `A` upper triangular: with `P` the reversal, `P A P` is the
             # lower factor of `P y P` (`U^T U` of a lower `U`, as TFP's
             # `CholeskyToInvCholesky` takes it).
-            lower = lower[::-1, ::-1]
+            lower = lower[..., ::-1, ::-1]
         chol_factor = jnp.tril(lax.linalg.cholesky(lower, symmetrize_input=False))
-        factor = chol_factor[::-1, ::-1] if kind == ts.UPPER else chol_factor
+        factor = chol_factor[..., ::-1, ::-1] if kind == ts.UPPER else chol_factor
         # The product recomputed must give `y` (symmetric, and no NaN from a
         # matrix that is not positive definite); the step is then done, so
         # no rule solves one operand again from the other.
-        ok = agree_recomputed(lambda a: [a @ a.T], [factor], [y])
+        ok = agree_recomputed(
+            lambda a: [jnp.matmul(a, jnp.swapaxes(a, -1, -2))], [factor], [y]
+        )
         st.agreements.append((ok & ~jnp.any(jnp.isnan(factor)), eqn))
         # The source from `A`: undo the permutation.
         value = jnp.transpose(factor, tuple(int(k) for k in np.argsort(left)))
@@ -240,9 +253,12 @@ def _triangle_by_construction(
     (`jnp.nan_to_num`, `where(z > 0, z, 0)`) is no zero by construction."""
     solved = ts.solved_triangle(st, src)
     if solved is not None:
-        if perm == (0, 1):
+        nb = len(perm) - 2
+        if perm == tuple(range(nb + 2)):
             return solved
-        return ts.UPPER if solved == ts.LOWER else ts.LOWER
+        if perm == (*range(nb), nb + 1, nb):
+            return ts.UPPER if solved == ts.LOWER else ts.LOWER
+        return None
     p = st.producer.get(src)
     if p is None:
         return None
@@ -270,7 +286,7 @@ def _triangle_by_construction(
         above = np.triu(np.ones(value.shape, bool), 1)
         if not np.all(value[above] == 0):
             kinds = [k for k in kinds if k != ts.LOWER]
-        if not np.all(value[above.T] == 0):
+        if not np.all(value[np.swapaxes(above, -1, -2)] == 0):
             kinds = [k for k in kinds if k != ts.UPPER]
     return kinds[0] if kinds else None
 
