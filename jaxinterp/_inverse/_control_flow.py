@@ -145,6 +145,41 @@ def _with_context(what: str, err: NotInvertibleError) -> NotInvertibleError:
     return NotInvertibleError(f"inside {what}: {detail}")
 
 
+def _in_passes(
+    what: str,
+    n_carry: int,
+    attempt: Callable[..., Any],
+    carries: slice = slice(None),
+) -> tuple[Any, list[br.Interval | None], bool]:
+    """Build a loop's inverse until the carries' intervals settle.
+
+    `attempt(given, branches, unique)` builds the inverse loop with the
+    carries' intervals `given` and fills `branches` (the body's, `carries`
+    picking the carries among them) and `unique` as it traces the body.
+    Returns the last attempt's result, the body's branches and whether every
+    choice was unique (see `_carry_branches`).
+    """
+    where = f"the body of a {what}"
+    given: list[br.Interval | None] = [None] * n_carry
+    for _ in range(_MAX_PASSES):
+        branches: list[br.Interval | None] = []
+        unique: list[bool] = []
+        try:
+            result = attempt(given, branches, unique)
+        except NotInvertibleError as err:
+            if any(b is not None for b in given):
+                err = _loop_refusal(what, err)
+            raise _with_context(where, err) from None
+        try:
+            widened = _carry_branches(what, branches[carries], given, all(unique))
+        except NotInvertibleError as err:
+            raise _with_context(where, err) from None
+        if widened is None:
+            return result, branches, all(unique)
+        given = widened
+    raise _with_context(where, NotInvertibleError(_LOOP_CHOICE.format(what=what)))
+
+
 # ---------------------------------------------------------------------------
 # Call-like primitives: invert the body in place.
 
@@ -647,39 +682,23 @@ def _scan_inverse(
         return inverse_step
 
     unknown_final = [f for f, k in zip(final, c_known, strict=True) if not k]
-    given: list[br.Interval | None] = [None] * n_carry
-    for _ in range(_MAX_PASSES):
-        step_branches: list[br.Interval | None] = []
-        step_unique: list[bool] = []
-        try:
-            carry0, (x_unknown, ildjs, *agreed) = lax.scan(
-                inverse_step_with(given, step_branches, step_unique),
-                unknown_final,
-                (ys, known_xs, kc_seq),
-                length=p.length,
-                reverse=not p.reverse,
-            )
-        except NotInvertibleError as err:
-            if any(b is not None for b in given):
-                err = _loop_refusal("`scan`", err)
-            raise _with_context("the body of a `scan`", err) from None
-        try:
-            widened = _carry_branches(
-                "`scan`",
-                step_branches[n_consts : n_consts + n_carry],
-                given,
-                all(step_unique),
-            )
-        except NotInvertibleError as err:
-            raise _with_context("the body of a `scan`", err) from None
-        if widened is None:
-            break
-        given = widened
-    else:
-        raise _with_context(
-            "the body of a `scan`",
-            NotInvertibleError(_LOOP_CHOICE.format(what="`scan`")),
+
+    def attempt(
+        given: Sequence[br.Interval | None],
+        step_branches: list[br.Interval | None],
+        step_unique: list[bool],
+    ) -> Any:
+        return lax.scan(
+            inverse_step_with(given, step_branches, step_unique),
+            unknown_final,
+            (ys, known_xs, kc_seq),
+            length=p.length,
+            reverse=not p.reverse,
         )
+
+    (carry0, (x_unknown, ildjs, *agreed)), step_branches, unique = _in_passes(
+        "`scan`", n_carry, attempt, slice(n_consts, n_consts + n_carry)
+    )
     # A step whose second constraints failed made its solved carry NaN; an
     # earlier step may solve that carry again from a copy in `ys` (where a
     # NaN on the known side is excused), so the failure is applied here.
@@ -730,7 +749,7 @@ def _scan_inverse(
         [*consts, *solved_init, *solved_xs],
         jnp.sum(ildjs),
         branches if any(b is not None for b in branches) else None,
-        all(step_unique),
+        unique,
     )
 
 
@@ -823,35 +842,19 @@ def _while_inverse(
 
         return undo
 
-    given: list[br.Interval | None] = [None] * n_carry
-    for _ in range(_MAX_PASSES):
-        undo_branches: list[br.Interval | None] = []
-        undo_unique: list[bool] = []
-        try:
-            first, ildj = lax.fori_loop(
-                0,
-                steps,
-                undo_with(given, undo_branches, undo_unique),
-                (last, jnp.zeros((), dtype)),
-            )
-        except NotInvertibleError as err:
-            if any(b is not None for b in given):
-                err = _loop_refusal("`while` loop", err)
-            raise _with_context("the body of a `while` loop", err) from None
-        try:
-            widened = _carry_branches(
-                "`while` loop", undo_branches, given, all(undo_unique)
-            )
-        except NotInvertibleError as err:
-            raise _with_context("the body of a `while` loop", err) from None
-        if widened is None:
-            break
-        given = widened
-    else:
-        raise _with_context(
-            "the body of a `while` loop",
-            NotInvertibleError(_LOOP_CHOICE.format(what="`while` loop")),
+    def attempt(
+        given: Sequence[br.Interval | None],
+        undo_branches: list[br.Interval | None],
+        undo_unique: list[bool],
+    ) -> Any:
+        return lax.fori_loop(
+            0,
+            steps,
+            undo_with(given, undo_branches, undo_unique),
+            (last, jnp.zeros((), dtype)),
         )
+
+    (first, ildj), undo_branches, unique = _in_passes("`while` loop", n_carry, attempt)
     if final_ok is not None:
         first = [_nan_unless(final_ok, c) for c in first]
         ildj = _nan_unless(final_ok, ildj)
@@ -863,5 +866,5 @@ def _while_inverse(
         [*cond_consts, *body_consts, *first],
         ildj,
         branches if any(b is not None for b in branches) else None,
-        all(undo_unique),
+        unique,
     )
