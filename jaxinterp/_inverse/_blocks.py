@@ -772,24 +772,27 @@ def solve_linear(
     symmetric matrices (`lp.symmetric_basis`; method `SYMMETRIC_SOLVE`)."""
     jac, offset = linear_matrix(block, known)
     rhs = lp.flatten_values(block, ys) - offset
+    slack = lp.value_scales(block, ys)
     basis = lp.symmetric_basis(block, jac)
     if basis is not None:
         reduced = jac @ basis
         lp.check_rank(block, reduced)
-        v, ildj, ok = _least_squares(reduced, rhs)
+        v, ildj, ok = _least_squares(reduced, rhs, slack)
         u = basis @ v
         parts = _place(block, jnp.where(ok, u, jnp.nan))
         return (parts if len(parts) > 1 else parts[0]), ildj, SYMMETRIC_SOLVE
     lp.check_rank(block, jac)
-    u, ildj, ok = _least_squares(jac, rhs)
+    u, ildj, ok = _least_squares(jac, rhs, slack)
     parts = _place(block, jnp.where(ok, u, jnp.nan))
     return (parts if len(parts) > 1 else parts[0]), ildj, LINEAR_SOLVE
 
 
-def _least_squares(jac: Any, rhs: Any) -> tuple[Any, Any, Any]:
+def _least_squares(jac: Any, rhs: Any, slack: Any = 0.0) -> tuple[Any, Any, Any]:
     """`u` with `J u = rhs` (LU when square, else least squares), the ildj
     (`-log|det J|`, or `-0.5 log det(J^T J)`), and whether `J` has full
-    column rank and the residual is within rounding."""
+    column rank and the residual is within rounding (of `|J| |u| + |rhs|`
+    and of `slack`, each row's rounding made before, see
+    `lp.value_scales`)."""
     m, n = jac.shape
     eps = jnp.finfo(jnp.result_type(rhs)).eps
     full_rank: Any = True
@@ -805,7 +808,7 @@ def _least_squares(jac: Any, rhs: Any) -> tuple[Any, Any, Any]:
         ildj = -jnp.linalg.slogdet(jac)[1]
     else:
         u, ildj, full_rank = _nonsquare.least_squares(jac, rhs)
-    scale = jnp.abs(jac) @ jnp.abs(u) + jnp.abs(rhs)
+    scale = jnp.abs(jac) @ jnp.abs(u) + jnp.abs(rhs) + slack
     ok = full_rank & jnp.all(jnp.abs(jac @ u - rhs) <= 8 * n * eps * scale)
     return u, ildj, ok
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
+from ._rules import _largest
 
 if TYPE_CHECKING:
     from ._blocks import Block
@@ -55,6 +56,23 @@ def flatten_values(block: Block, ys: Sequence[Any]) -> Any:
     pieces = [p for y in ys for p in _real_parts(y)]
     for base, indices in block.parts.values():
         pieces.extend(_real_parts(jnp.ravel(base)[indices]))
+    return jnp.concatenate(pieces)
+
+
+def value_scales(block: Block, ys: Sequence[Any]) -> Any:
+    """For each element of `flatten_values`, the largest magnitude in the
+    value it comes from. A result solved by steps after the block carries
+    their rounding, which is relative to the value's largest element, not to
+    the element itself (a zero that a triangular solve recomputes as
+    `1e-8`): the residual check allows that much."""
+    pieces = [
+        jnp.full(p.shape, _largest(y), p.dtype) for y in ys for p in _real_parts(y)
+    ]
+    for base, indices in block.parts.values():
+        part = jnp.ravel(base)[indices]
+        pieces.extend(
+            jnp.full(p.shape, _largest(part), p.dtype) for p in _real_parts(part)
+        )
     return jnp.concatenate(pieces)
 
 
