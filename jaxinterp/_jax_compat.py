@@ -1450,6 +1450,12 @@ def transpose_permutation(eqn: Any) -> tuple[int, ...]:
     return tuple(params_of(eqn)["permutation"])
 
 
+def squeeze_dimensions(eqn: Any) -> tuple[int, ...]:
+    """A `squeeze` equation's removed axes of its operand, non-negative."""
+    rank = len(eqn.invars[0].aval.shape)
+    return tuple(sorted(int(k) % rank for k in params_of(eqn)["dimensions"]))
+
+
 class TriangularSolveParams(NamedTuple):
     left_side: bool
     lower: bool

@@ -80,9 +80,9 @@ def test_a_batch_of_factors_gives_each_its_principal_factor(f, data):
     # lower triangles; `U^T U` is that map of `L = U^T`, a permutation of
     # coordinates).
     n = data.draw(st.integers(1, 3))
-    # (A batch of one: `jnp.matmul` squeezes the batch axis away, through
-    # `squeeze` steps the Gram step does not follow yet.)
-    b = data.draw(st.integers(2, 3))
+    # (A batch of one: `jnp.matmul` squeezes the batch axis away and
+    # broadcasts the product back.)
+    b = data.draw(st.integers(1, 3))
     lower = jnp.stack([jnp.asarray(data.draw(_factors(n))) for _ in range(b)])
     x = lower if f is outer_batched else jnp.swapaxes(lower, -1, -2)
     y = f(x)
@@ -95,6 +95,19 @@ def test_a_batch_of_factors_gives_each_its_principal_factor(f, data):
     np.testing.assert_allclose(jitted, got, rtol=1e-5, atol=1e-5)
     off = y.at[0, 0, -1].add(0.5) if n > 1 else -y
     assert np.all(np.isnan(jaxinterp.inverse(f)(off)))
+
+
+@pytest.mark.parametrize("f", [outer_batched, outer_batched_upper])
+def test_a_batch_of_one_factor_is_its_principal_factor(f):
+    # `jnp.matmul` squeezes a batch of one and broadcasts the product back.
+    lower = jnp.array([[[1.2, 0.0, 0.0], [0.3, 0.8, 0.0], [-0.4, 0.1, 1.5]]])
+    x = lower if f is outer_batched else jnp.swapaxes(lower, -1, -2)
+    y = f(x)
+    got, ildj = jaxinterp.inverse_and_ildj(f)(y)
+    np.testing.assert_allclose(got, x, rtol=1e-5, atol=1e-5)
+    want = lower_coordinates_ildj(outer_tril, lower[0])
+    np.testing.assert_allclose(ildj, want, rtol=1e-4, atol=1e-4)
+    assert np.all(np.isnan(jaxinterp.inverse(f)(y.at[0, 0, 2].add(0.5))))
 
 
 def test_composes_with_vmap_and_grad():

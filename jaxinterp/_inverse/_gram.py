@@ -57,7 +57,7 @@ GRAM = "principal Cholesky factor"
 COMPLETED = mk.COMPLETED
 
 # Steps through which a value is the same matrix, possibly transposed.
-_SAME = frozenset({"copy", "copy_p", "transpose", "convert_element_type"})
+_SAME = frozenset({"copy", "copy_p", "transpose", "convert_element_type", "squeeze"})
 
 
 def gram_step(walker: Any, st: SolveState) -> bool:
@@ -75,37 +75,45 @@ def gram_step(walker: Any, st: SolveState) -> bool:
         (lc, rc), (lb, rb) = compat.dot_general_dimensions(eqn)
         nb = len(lb)  # leading batch axes, the same in both operands
         batch = tuple(range(nb))
-        if (
-            tuple(lb) != batch
-            or tuple(rb) != batch
-            or len(lhs.aval.shape) != nb + 2
-            or len(rhs.aval.shape) != nb + 2
-            or len(lc) != 1
-        ):
+        if tuple(lb) != batch or tuple(rb) != batch or len(lc) != 1:
             continue
         if not jnp.issubdtype(lhs.aval.dtype, jnp.floating):
             # Complex `L @ L.T` (no conjugate) is complex symmetric, which a
             # Cholesky factorization (Hermitian) does not factor.
             continue
-        if lhs.aval.shape[-2] != lhs.aval.shape[-1]:
-            # `n x k`: the Cholesky factor is `n x n` (and `y` singular for
-            # `k < n`): not this step's.
+        n = lhs.aval.shape[lc[0]]
+        # (`n x k`, `k != n`: the Cholesky factor is `n x n`, and `y`
+        # singular for `k < n`: not this step's.)
+        axes_l = _matrix_axes(lhs, nb, lc[0], n)
+        axes_r = _matrix_axes(rhs, nb, rc[0], n)
+        if axes_l is None or axes_r is None:
             continue
         src_l, perm_l = _source(st, lhs)
         src_r, perm_r = _source(st, rhs)
-        # Each operand with its contracted axis last, as a permutation of
-        # the source: `A @ A.T` when the two agree.
-        left = _contracted_last(perm_l, lc[0])
-        if src_l is not src_r or left != _contracted_last(perm_r, rc[0]):
+        # Each operand with its contracted axis last, as axes of the source:
+        # `A @ A.T` when the two agree.
+        left = _contracted_last(tuple(perm_l[k] for k in axes_l), axes_l.index(lc[0]))
+        right = _contracted_last(tuple(perm_r[k] for k in axes_r), axes_r.index(rc[0]))
+        if src_l is not src_r or left != right:
             continue
-        if left[:nb] != batch:  # (a batch axis moved among the matrix axes)
+        # Size-1 axes of the source not among these (squeezed away, or a
+        # free axis of the product: `jnp.matmul` of a batch of one), taken
+        # as leading batch axes.
+        squeezed = tuple(k for k in range(len(src_l.aval.shape)) if k not in left)
+        left = squeezed + left
+        nb = len(left) - 2
+        if left[:nb] != tuple(range(nb)):  # (a batch axis among the matrix axes)
             continue
         kind = _triangle_by_construction(walker, st, src_l, left)
         if kind is None:
             continue
         # (Reads the lower triangle only: the recomputed product checks the
         # upper one.)
-        y = st.env[out]
+        # (The product's axes: its batch, then one matrix axis of each
+        # operand, and size-1 axes.)
+        y = jnp.reshape(
+            st.env[out], tuple(src_l.aval.shape[k] for k in left[:-1]) + (n,)
+        )
         # From the lower triangle alone (also in its derivative: the ildj's
         # coordinates are the ones the inverse reads).
         lower = jnp.tril(y) + jnp.swapaxes(jnp.tril(y, -1), -1, -2)
@@ -214,9 +222,27 @@ def _unknown(st: SolveState, v: Any) -> bool:
     return type(v) is not _Literal and v not in st.env and v not in st.pieces
 
 
+def _matrix_axes(v: Any, nb: int, contracted: int, n: int) -> tuple[int, ...] | None:
+    """The axes of a `dot_general` operand `v` that hold its batch of
+    `n x n` matrices (the batch, the one free axis of size `n` and the
+    contracted one, in order), or `None` unless its other axes are of size
+    1."""
+    shape = v.aval.shape
+    free = [k for k in range(nb, len(shape)) if k != contracted]
+    sized = [k for k in free if shape[k] != 1]
+    if n != 1 and (len(sized) != 1 or shape[sized[0]] != n):
+        return None
+    if not free:
+        return None
+    matrix = sized[0] if sized else free[-1]
+    return (*range(nb), *sorted((matrix, contracted)))
+
+
 def _source(st: SolveState, v: Any) -> tuple[Any, tuple[int, ...]]:
-    """The value `v` copies (through copies, transposes and conversions to
-    the same dtype), and the permutation of its axes that gives `v`."""
+    """The value `v` copies (through copies, transposes, squeezes and
+    conversions to the same dtype), and for each of `v`'s axes the source's
+    axis it is: a permutation of the source's axes, less any size-1 axes
+    squeezed away (`jnp.matmul` squeezes a batch of one)."""
     perm = tuple(range(len(v.aval.shape)))
     while True:
         p = st.producer.get(v)
@@ -233,6 +259,11 @@ def _source(st: SolveState, v: Any) -> tuple[Any, tuple[int, ...]]:
             # v = transpose(u, t): v's axis k is u's axis t[k].
             t = compat.transpose_permutation(eqn)
             perm = tuple(t[k] for k in perm)
+        elif name == "squeeze":
+            # v = squeeze(u, d): v's axis k is u's k-th axis not in d.
+            dropped = compat.squeeze_dimensions(eqn)
+            kept = [k for k in range(len(u.aval.shape)) if k not in dropped]
+            perm = tuple(kept[k] for k in perm)
         v = u
 
 
