@@ -86,6 +86,28 @@ def test_the_inverse_is_the_cholesky_factor_of_the_inverse(data):
     np.testing.assert_allclose(ildj, lower_coordinates_ildj(f, x), rtol=1e-3, atol=1e-3)
 
 
+def inv_chol_batched(x):  # as TFP on a batch: the identity broadcast by a product
+    eye = _eye(x)[None] * jnp.ones(x.shape[:-2] + (1, 1), x.dtype)
+    u = jax.scipy.linalg.solve_triangular(x, eye, lower=True)
+    return jnp.linalg.cholesky(jnp.matmul(jnp.swapaxes(u, -1, -2), u))
+
+
+@FEW
+@given(data=st.data())
+def test_a_batch_gives_each_member_its_factor(data):
+    n = data.draw(st.integers(1, 3))
+    b = data.draw(st.integers(1, 3))
+    x = jnp.stack([jnp.asarray(data.draw(_factors(n))) for _ in range(b)])
+    y = inv_chol_batched(x)
+    got, ildj = jaxinterp.inverse_and_ildj(inv_chol_batched)(y)
+    np.testing.assert_allclose(got, jax.vmap(hand_inverse)(y), rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(got, x, rtol=2e-3, atol=2e-3)
+    members = [lower_coordinates_ildj(inv_chol_scipy, m) for m in x]
+    np.testing.assert_allclose(ildj, sum(members), rtol=1e-3, atol=1e-3)
+    off = y.at[0, 0, 0].set(-1.0)
+    assert np.all(np.isnan(jaxinterp.inverse(inv_chol_batched)(off)[0]))
+
+
 @pytest.mark.parametrize("name", sorted(MAPS))
 def test_each_spelling_is_inverted(name):
     f = MAPS[name]

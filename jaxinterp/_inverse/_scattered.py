@@ -128,6 +128,8 @@ def step(walker: InverseWalker, st: SolveState, i: int) -> bool | None:
         return _gather(st, i, **eqn.params)
     if eqn.primitive is lax.broadcast_in_dim_p:
         return _broadcast(st, i, **eqn.params)
+    if eqn.primitive.name in _RELAYOUTS and len(eqn.invars) == 1:
+        return _relaid(st, i)
     if eqn.primitive is compat.cond_p:
         k = compat.cond_platform_branch(eqn)
         if k is None:
@@ -142,6 +144,28 @@ def step(walker: InverseWalker, st: SolveState, i: int) -> bool | None:
             )
         return progress
     return None
+
+
+# Steps that keep the elements and their row-major order, changing only the
+# shape.
+_RELAYOUTS = frozenset({"reshape", "squeeze", "expand_dims"})
+
+
+def _relaid(st: SolveState, i: int) -> bool:
+    """A reshape (or squeeze) whose result is partly known: its operand
+    there."""
+    from . import _masked as mk
+
+    eqn: Any = st.eqns[i]
+    (x,), (out,) = eqn.invars, eqn.outvars
+    if type(x) is compat.Literal or mk.known(st, x):
+        return False
+    new = mk.mask(st, out).reshape(-1) & ~mk.mask(st, x).reshape(-1)
+    if not new.any():
+        return False
+    value = mk.gather(mk.value(st, out), np.flatnonzero(new))
+    mk.add_piece(st, x, new.reshape(mk.shape_of(x)), value, i, True)
+    return True
 
 
 def _gather(
