@@ -1972,7 +1972,9 @@ def _negative_diagonal(vs: list[Any]) -> bool:
 @_op("gram_factor", ["dot_general", "select_n", "transpose"], 1)
 def _gram_factor(g: _Gen) -> Stmt | None:
     """`L @ L.T` of a factor lower triangular by construction (`_gram.py`),
-    written the ways users write it; a batched one (3-D) must be refused."""
+    written the ways users write it, also on a batch (3-D: two members
+    holding the factor twice, or a batch of one, which `jnp.matmul`
+    squeezes)."""
     v = g.pick(lambda v: len(v.shape) == 2 and v.shape[0] == v.shape[1] >= 2)
     if v is None:
         return None
@@ -1985,7 +1987,7 @@ def _gram_factor(g: _Gen) -> Stmt | None:
     known = _array_lit(lower + np.diag(np.round(rng.uniform(0.6, 1.5, n), 2)))
     branchy: Callable[[list[Any]], bool] | None = _negative_diagonal
     guard = lambda vs: _diag_ok(vs[0])  # noqa: E731
-    form = g.ch.integer(0, 8)
+    form = g.ch.integer(0, 9)
     if form == 0:
         expr = f"{gram}(jnp.tril({{0}}))"
     elif form == 1:
@@ -2004,11 +2006,13 @@ def _gram_factor(g: _Gen) -> Stmt | None:
         branchy, guard = None, lambda vs: _amax(vs[0]) < 4
     elif form == 7:  # plus a known matrix
         expr = f"(lambda L: L @ L.T + {known})(jnp.tril({{0}}))"
-    else:  # batched: refused, never answered
+    elif form == 8:  # a batch of two holding the factor twice
         expr = (
             "(lambda L: L @ jnp.swapaxes(L, -1, -2))"
             "(jnp.tril(jnp.stack([{0}, 2.0 * {0}])))"
         )
+    else:  # a batch of one
+        expr = "(lambda L: jnp.matmul(L, jnp.swapaxes(L, -1, -2)))(jnp.tril({0}[None]))"
     return Stmt("gram_factor", (v.name,), expr, guard=guard, branchy=branchy)
 
 
