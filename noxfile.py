@@ -169,3 +169,12 @@ def peers(session: nox.Session) -> None:
     session.install("-e", ".", *PEER_LIBRARIES)
     out = os.path.join(".nox", "peers.json")
     session.run("python", "tests/peers/check_peers.py", "--out", out, *session.posargs)
+
+
+@nox.session(python="3.12")
+def bench_peers(session: nox.Session) -> None:
+    """Time `inverse` against the peer libraries' own inverses where it solves
+    numerically (`benchmarks/peers_solver.py`; `-- --sizes 10000 --only
+    Softsign`). Not part of `nox -s bench`: it installs the peers."""
+    session.install("-e", ".", *PEER_LIBRARIES)
+    session.run("python", "benchmarks/peers_solver.py", *session.posargs)

@@ -1,0 +1,114 @@
+"""The elementwise solver against the libraries' own inverses.
+
+Every NumPyro, distrax and TFP bijector of the peers harness
+(`tests/peers/`) that `inverse` solves numerically (`explain_inverse` names
+an "elementwise solve"), timed compiled on `n` elements against the
+library's own inverse, compiled, in the same process: the issue's target is
+a ratio of at most 3. Needs the peers libraries (`nox -s bench_peers`).
+
+    python benchmarks/peers_solver.py [--sizes 100000 1000000] [--only NAME]
+
+Each figure is the minimum over `--repeat` calls (after a warm-up call) of
+`block_until_ready`, the two sides alternated; the ratio is ours over the
+library's. The `y` are the forward map of points drawn from each case's own
+sampler, tiled to `n` elements (the cases' parameters broadcast along the
+last axis).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "peers"))
+
+import jaxinterp  # noqa: E402
+
+
+def solver_cases(only: list[str]) -> list:
+    from check_peers import load_cases
+
+    cases, _ = load_cases(["numpyro", "distrax", "tfp"])
+    picked = []
+    for case in cases:
+        if only and not any(o in case.name for o in only):
+            continue
+        try:
+            x = case.sample(np.random.default_rng(0))
+            text = str(jaxinterp.explain_inverse(case.forward, x))
+        except Exception:  # noqa: BLE001 - a case that does not trace
+            continue
+        if "elementwise solve" in text and case.inverse is not None:
+            picked.append(case)
+    return picked
+
+
+def tiled(case, n: int):
+    """`n` elements: the case's sample tiled along a new leading axis (and
+    jittered a little, so that the elements differ), or `None` when the
+    forward map does not take a batch."""
+    x = np.asarray(case.sample(np.random.default_rng(1)), np.float32)
+    copies = max(1, n // x.size)
+    rng = np.random.default_rng(2)
+    big = np.tile(x[None], (copies,) + (1,) * x.ndim)
+    big = big * (1 + 1e-3 * rng.uniform(-1, 1, big.shape)).astype(np.float32)
+    try:
+        return jax.block_until_ready(jax.jit(case.forward)(jnp.asarray(big)))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def best(f, y, repeat: int) -> float:
+    jax.block_until_ready(f(y))
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        jax.block_until_ready(f(y))
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--only", action="append", default=[])
+    args = parser.parse_args(argv)
+    print(f"JAX {jax.__version__} on {jax.devices()[0].platform}")
+    print("| library | bijector | n | ours, ms | library's, ms | ratio |")
+    print("|---|---|---|---|---|---|")
+    for case in solver_cases(args.only):
+        for n in args.sizes:
+            y = tiled(case, n)
+            if y is None:
+                print(f"| {case.library} | {case.name} | {n} | (no batch) | | |")
+                continue
+            ours = jax.jit(jaxinterp.inverse(case.forward))
+            theirs = jax.jit(case.inverse)
+            got = np.asarray(ours(y))
+            want = np.asarray(theirs(y))
+            ok = np.isfinite(got).mean()
+            a, b = [], []
+            for _ in range(3):
+                a.append(best(ours, y, args.repeat))
+                b.append(best(theirs, y, args.repeat))
+            t_ours, t_lib = min(a), min(b)
+            err = float(np.nanmax(np.abs(got - want) / (1 + np.abs(want))))
+            print(
+                f"| {case.library} | {case.name} | {n} | {1e3 * t_ours:.3f} | "
+                f"{1e3 * t_lib:.3f} | {t_ours / t_lib:.2f} |"
+                + (f" (finite {ok:.3f}, err {err:.1e})" if ok < 1 or err > 1e-3 else ""),
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
