@@ -33,6 +33,14 @@ SCALES = jnp.array([1, 2, 3, 4.0])
 M = jnp.array([[0.85, 0.09, -0.17], [-0.19, 1.18, -0.33], [-0.18, -0.01, 0.98]])
 
 
+def _padded(x):
+    return jnp.full((5,), 0.0).at[jnp.array([1, 2, 3])].set(x)
+
+
+def _fraction(v):
+    return v / (3.08 - v)
+
+
 def _filled(x):
     v = jnp.zeros((3, 3)).at[jnp.array([1])].set(x)
     return jnp.concatenate([jnp.full((3, 2), 2.0), v], axis=1)
@@ -53,6 +61,13 @@ REDUNDANT = {
     "one call reading x twice": (
         lambda x: jax.jit(lambda a, b: (2 * a, jnp.exp(b)))(x, x),
         (2,),
+    ),
+    # A quotient of a value with constant zeros solved again for its
+    # denominator: `0 / 0` there, an element left undetermined (its ildj
+    # term was NaN, and made the whole ildj NaN).
+    "copies and a fraction of a scatter": (
+        lambda x: (jnp.broadcast_to(x, (2, 3)), _fraction(_padded(x))),
+        (3,),
     ),
 }
 
@@ -83,6 +98,7 @@ READS = {
     "twice the same": [0, 1],
     "scaled copies": [0, 1],
     "one call reading x twice": [0, 1],
+    "copies and a fraction of a scatter": [0, 1, 2],
     "exp of a padding": [0, 1],
     "matrix after a padding": None,
     "padding after a matrix": [0, 1],

@@ -329,8 +329,13 @@ def _compile(
             staged.fn_name,
             completed=_gram.COMPLETED in sol.methods.values(),
         )
-        if whole is not None:  # (NaN where the steps' ildj is)
-            ildj = jnp.where(jnp.isnan(ildj), jnp.nan, whole)
+        if whole is not None:
+            # (Not NaN where the steps' ildj is: with more results than
+            # unknowns, a step may solve a value the program also computes
+            # from others, and an element it leaves undetermined (`0 / 0`,
+            # excused by the agreement checks) makes its term NaN. A `y` off
+            # the image makes `x` NaN, below.)
+            ildj = whole
         # An element with no preimage (NaN) leaves the log-det undefined.
         lost = [
             jnp.any(jnp.isnan(x))
