@@ -154,6 +154,24 @@ def test_one_far_element_among_many_reaches_the_later_tiers():
     assert np.isnan(np.asarray(_solve._fast(softsign, y)))[12345]
 
 
+def test_a_block_with_a_custom_jvp_call_solves_its_later_tiers_whole():
+    # `jnp.logaddexp` is a `custom_jvp` function, bound whole with a body
+    # typed at the elements' shape: its undecided elements (`y` off the
+    # image) are not gathered apart (that raised "select cases must have
+    # the same shapes"), and the rest is unchanged.
+    def smooth_softsign(x):
+        return x / (1.0 + jnp.logaddexp(x, -x))
+
+    x = jnp.linspace(-3, 3, 400, dtype=jnp.float32)
+    y = smooth_softsign(x).at[::50].set(1.5)
+    got = jaxinterp.inverse(smooth_softsign)(y)
+    off = np.zeros(400, bool)
+    off[::50] = True
+    assert np.all(np.isnan(got[off]))
+    np.testing.assert_allclose(got[~off], x[~off], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(smooth_softsign(got[~off]), y[~off], rtol=1e-6)
+
+
 def test_outside_the_image_is_nan_in_every_tier():
     y = jnp.array([0.5, 1.5, -2.0, 0.999, jnp.nan])
     got = jax.jit(lambda y: _solve._find_roots(softsign, y))(y)

@@ -855,6 +855,21 @@ def _uniform(block: Block, known: Sequence[Any], shape: tuple[int, ...]) -> bool
     return all(_same_for_every_element(k, shape) for k in values)
 
 
+def _replays_at_any_shape(eqns: Sequence[Any]) -> bool:
+    """Whether `Block.run` of `eqns` works on operands of another shape:
+    elementwise primitives, and `jit` calls of them (run equation by
+    equation); not a call bound whole (its body is typed at the shape it was
+    traced at) nor a step with a shape among its parameters."""
+    for eqn in eqns:
+        if eqn.primitive is compat.jit_p:
+            body = compat.jit_params(eqn.params).jaxpr
+            if not _replays_at_any_shape(compat.open_jaxpr(body).eqns):
+                return False
+        elif eqn.primitive.name not in _ELEMENTWISE:
+            return False
+    return True
+
+
 def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
     """`x` by the elementwise solver (NaN where no root is found). A map that
     turns (`_solve.monotone_on_grid`) is not injective: refused now when its
@@ -868,6 +883,10 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
     inside = all(
         _same_for_every_element(k, jnp.shape(y)) for k in _constants(block.eqns)
     )
+    # The undecided elements are solved apart, gathered, only where the
+    # block's equations run at any shape (not a call whose body is typed at
+    # the elements' shape, a `custom_jvp` function's).
+    gather = inside and _replays_at_any_shape(block.eqns)
     if not any(compat.is_tracer(k) for k in known) and not compat.in_manual_body():
         shape, dtype = jnp.shape(y), jnp.result_type(y)
         uniform = _uniform(block, known, tuple(shape))
@@ -895,7 +914,7 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
             # Some bodies stage even here (a `custom_jvp` on older JAX): the
             # check then runs with the solve, NaN where the map turns.
             return _solve.solver(
-                block.g, choices=choices, uniform=inside, gather=inside
+                block.g, choices=choices, uniform=inside, gather=gather
             )(y, *known)
         if not ok.all():
             # It turns: inverted where `y` has one preimage (`_turning.py`),
@@ -922,7 +941,7 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
                     f"some values more than once{every} and has no inverse"
                 )
             x = _solve.solver(
-                block.g, check_grid=False, choices=choices, gather=inside
+                block.g, check_grid=False, choices=choices, gather=gather
             )(y, *known)
             ok_y = found.single(y) & found.holds(y, x)
             return jnp.where(ok_y, x, jnp.asarray(jnp.nan, jnp.result_type(x)))
@@ -936,7 +955,7 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
         except jax.errors.TracerArrayConversionError:
             table = None  # (a body that stages even here: no table)
         return _solve.solver(
-            block.g, check_grid=False, table=table, choices=choices, gather=inside
+            block.g, check_grid=False, table=table, choices=choices, gather=gather
         )(y, *known)
     # Inside a `shard_map` body the solver's trial values vary as the
     # unknown does in the Jaxpr, so the block's equations replay as typed.
@@ -949,7 +968,7 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
             uniform=inside,
         )(y, *known)
     # (The undecided elements gathered: not inside a `shard_map` body, above.)
-    return _solve.solver(block.g, choices=choices, uniform=inside, gather=inside)(
+    return _solve.solver(block.g, choices=choices, uniform=inside, gather=gather)(
         y, *known
     )
 
