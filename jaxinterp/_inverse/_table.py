@@ -40,8 +40,10 @@ _EXPONENTS = 32
 _SAMPLE_BITS = 7
 _SAMPLE_RANGE = 40
 # Below this many elements a call of the solver is cheap without a table
-# (and sampling would take several calls of the map).
-MIN_SIZE = 1 << 14
+# (and sampling would take many calls of the map). At 10^4 elements the
+# table made TFP's `Invert(Sigmoid())` 21x faster (1.82 to 0.085 ms) for
+# 0.3 to 0.9 s more of the first call (docs/benchmarks.md, session 18).
+MIN_SIZE = 1 << 12
 # Gaps between samples more than a cell apart in `y` are split (`_refinements`):
 # each into at most `_SPLITS` parts, at most `_MAX_EXTRA` new points a round.
 _SPLITS = 64
