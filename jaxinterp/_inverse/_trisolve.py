@@ -123,7 +123,7 @@ def _run_constant_steps(eqns: Sequence[Any], env: dict[Any, Any]) -> None:
     """Add to `env` the results of the first-order steps whose operands all
     have concrete values there (small ones: a squeezed identity matrix)."""
     for e in eqns:
-        if compat.sub_jaxprs(e) or not e.outvars:
+        if compat.sub_jaxprs(e) or not e.outvars or e.effects:
             continue
         if any(math.prod(o.aval.shape) > _CONSTANT_STEP_SIZE for o in e.outvars):
             continue
