@@ -128,7 +128,7 @@ def step(walker: InverseWalker, st: SolveState, i: int) -> bool | None:
         return _gather(st, i, **eqn.params)
     if eqn.primitive is lax.broadcast_in_dim_p:
         return _broadcast(st, i, **eqn.params)
-    if eqn.primitive.name in _RELAYOUTS and len(eqn.invars) == 1:
+    if relayout(eqn):
         return _relaid(st, i)
     if eqn.primitive is compat.cond_p:
         k = compat.cond_platform_branch(eqn)
@@ -147,8 +147,19 @@ def step(walker: InverseWalker, st: SolveState, i: int) -> bool | None:
 
 
 # Steps that keep the elements and their row-major order, changing only the
-# shape.
+# shape (a `reshape` without a transposition first).
 _RELAYOUTS = frozenset({"reshape", "squeeze", "expand_dims"})
+
+
+def relayout(eqn: Any) -> bool:
+    """Whether `eqn` keeps its one operand's elements in row-major order,
+    changing only the shape."""
+    if eqn.primitive.name not in _RELAYOUTS or len(eqn.invars) != 1:
+        return False
+    return (
+        eqn.primitive.name != "reshape"
+        or compat.params_of(eqn).get("dimensions") is None
+    )
 
 
 def _relaid(st: SolveState, i: int) -> bool:

@@ -28,7 +28,7 @@ from jax import lax
 from jax.extend.core import primitives as jex_prims
 
 from .. import _jax_compat as compat
-from . import _masked as mk
+from . import _masked as mk, _scattered
 from ._dataflow import SolveState
 
 _Literal = compat.Literal
@@ -113,7 +113,11 @@ def _adds_leading_axes(eqn: Any) -> bool:
     if eqn.primitive is lax.broadcast_in_dim_p:
         dims = compat.params_of(eqn).get("broadcast_dimensions", ())
         return tuple(int(d) for d in dims) == tuple(range(extra, len(after)))
-    return eqn.primitive is lax.reshape_p and all(d == 1 for d in after[:extra])
+    return (
+        _scattered.relayout(eqn)
+        and eqn.primitive is lax.reshape_p
+        and all(d == 1 for d in after[:extra])
+    )
 
 
 _CONSTANT_STEP_SIZE = 1 << 16
@@ -133,11 +137,6 @@ def _run_constant_steps(eqns: Sequence[Any], env: dict[Any, Any]) -> None:
         with jax.ensure_compile_time_eval():
             outs = compat.bind_eqn(e.primitive, values, compat.params_of(e))
         env.update(zip(e.outvars, outs, strict=True))
-
-
-# Steps that keep the elements and their row-major order, changing only the
-# shape.
-_RELAYOUTS = frozenset({"reshape", "squeeze", "expand_dims"})
 
 
 def unread_by_solve(st: SolveState, eqn: Any, v: Any, mask: np.ndarray) -> Any:
@@ -168,7 +167,7 @@ def unread_by_solve(st: SolveState, eqn: Any, v: Any, mask: np.ndarray) -> Any:
             if len(users) != 1:
                 return None
             (user,) = users
-            if user.primitive.name not in _RELAYOUTS or len(user.invars) != 1:
+            if not _scattered.relayout(user):
                 break
             # (A squeeze of a batch of one, as `solve_triangular` takes it.)
             inner = user.outvars[0]
