@@ -20,7 +20,14 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
     "section, lines",
     [
         ("tracing", ["chain of 1000 equations: ratio", "wide graph", "first call"]),
-        ("blocks", ["elementwise solve (softsign)", "piecewise (leaky ReLU)"]),
+        (
+            "blocks",
+            [
+                "piecewise, linear-fractional cases (softsign)",
+                "elementwise solve (softsign as",
+                "piecewise (leaky ReLU)",
+            ],
+        ),
     ],
 )
 def test_bench_inverse_section_runs(section, lines):

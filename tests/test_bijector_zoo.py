@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -206,7 +207,7 @@ ZOO = [
         lambda y: jnp.where(y >= 0, y / 1.5, y / 0.5),
         -3,
         3,
-        SOLVE,  # each case uses `x` twice: no formula
+        PIECEWISE,  # each case uses `x` twice, linear-fractional
     ),
     Bijector(
         "signed_log1p",
@@ -240,7 +241,7 @@ ZOO = [
         lambda y: y / (1 - jnp.abs(y)),
         -5,
         5,
-        SOLVE,
+        PIECEWISE,  # `|x|` a case split, each case linear-fractional
     ),
     Bijector(
         "logit", lambda x: jnp.log(x) - jnp.log1p(-x), jax.nn.sigmoid, 0.02, 0.98, SOLVE
@@ -306,6 +307,14 @@ def _reference_x(b: Bijector, x: Any, y: Any) -> Any:
 
 def _slogdet_ildj(f, x):
     return -jnp.linalg.slogdet(jax.jacfwd(f)(x))[1]
+
+
+def _method(fn, x):
+    """The one method `explain_inverse` names for `fn`'s equations."""
+    report = jaxinterp.explain_inverse(fn, x)
+    methods = set(re.findall(r"\[inverted\] .*\(([a-z -]+)\)$", report, re.M))
+    assert len(methods) == 1, report
+    return methods.pop()
 
 
 def _close(actual, expected, rtol=2e-4, atol=2e-5):
@@ -437,30 +446,46 @@ def test_a_constant_branch_gives_nan_not_a_number():
 
 
 def test_solvers_off_refuses_with_the_line():
-    def softsign(x):
-        return x / (1 + jnp.abs(x))
+    def softsign_plus_linear(x):  # no formula: a numerical solve
+        return x / (1 + jnp.abs(x)) + 0.1 * x
 
-    line = softsign.__code__.co_firstlineno + 1
+    line = softsign_plus_linear.__code__.co_firstlineno + 1
     with pytest.raises(NotInvertibleError) as info:
-        inverse(softsign, solvers=False)(jnp.ones(3) * 0.5)
+        inverse(softsign_plus_linear, solvers=False)(jnp.ones(3) * 0.5)
     message = str(info.value)
     assert f"test_bijector_zoo.py:{line}" in message, message
     assert "numerical solvers are off (`solvers=False`)" in message, message
 
 
 def test_solvers_off_keeps_exact_piecewise_inverses():
-    b = ZOO[[b.name for b in ZOO].index("softplus_threshold")]
-    x = b.sample()
-    _close(inverse(b.forward, solvers=False)(b.forward(x)), x)
+    # Softsign's `|x|` is a case split, each case linear-fractional.
+    for name in ("softplus_threshold", "softsign"):
+        b = ZOO[[b.name for b in ZOO].index(name)]
+        x = b.sample()
+        _close(inverse(b.forward, solvers=False)(b.forward(x)), x)
+        assert _method(b.forward, x) == "piecewise", name
 
 
 def test_a_second_output_constraining_a_solved_value_is_refused():
     def f(x):
-        return x / (1 + jnp.abs(x)), jnp.sum(x)
+        return x / (1 + jnp.abs(x)) + 0.1 * x, jnp.sum(x)
 
     x = jnp.linspace(-2, 2, 5)
     with pytest.raises(NotInvertibleError, match="numerical solver"):
         inverse(f, example_args=(x,))(f(x))
+
+
+def test_a_second_output_of_an_exactly_inverted_value_is_checked():
+    # Softsign's inverse is a formula, not one preimage chosen among
+    # several: a second output of the same value is checked against it.
+    def f(x):
+        return x / (1 + jnp.abs(x)), jnp.sum(x)
+
+    x = jnp.linspace(-2, 2, 5)
+    y, total = f(x)
+    _close(inverse(f, example_args=(x,))((y, total)), x)
+    got = inverse(f, example_args=(x,))((y, total + 1.0))
+    assert np.isnan(np.asarray(got)).all(), got
 
 
 def test_blocks_inside_jit_scan_and_cond():
@@ -489,9 +514,10 @@ def test_blocks_inside_jit_scan_and_cond():
 
 def test_a_numerical_solve_may_determine_a_loop_carry():
     # The solver answers only where the map is monotone, so its preimage is
-    # the only one: the step before takes it as given (session 16).
+    # the only one: the step before takes it as given (session 16). (Softsign
+    # through `c * sign(c)`: with `|c|` it has a formula.)
     def f(x):
-        step = lambda c, _: (c / (1 + jnp.abs(c)) + 0.5, None)  # noqa: E731
+        step = lambda c, _: (c / (1 + c * jnp.sign(c)) + 0.5, None)  # noqa: E731
         return lax.scan(step, x, None, length=2)[0]
 
     x = jnp.linspace(-1, 1, 3)
@@ -500,7 +526,7 @@ def test_a_numerical_solve_may_determine_a_loop_carry():
     # A second constraint on that carry in the step before is still refused.
     def g(x):
         def step(c, _):
-            new = c / (1 + jnp.abs(c)) + 0.5
+            new = c / (1 + c * jnp.sign(c)) + 0.5
             return new, jnp.exp(new)
 
         return lax.scan(step, x, None, length=2)

@@ -198,6 +198,10 @@ class Site:
 
     key: Any  # sites with one key (one `select_n` predicate) agree
     n_cases: int
+    # Whether the cases agree where they meet (`|u|` at `u == 0`): a
+    # candidate is then judged by mapping back alone, not by the case its
+    # point picks (within rounding of the kink it may pick the other).
+    continuous: bool = False
 
 
 # Where an equation sits: its position in the block, then in each `jit` body.
@@ -321,9 +325,12 @@ class Block:
             if site is not None and selected is not None:
                 selected.setdefault(site.key, _picked(eqn.primitive.name, ins))
             if site is not None and choice is not None:
-                offset = 1 if eqn.primitive.name == "select_n" else 0
-                # (A scalar operand of `max` stands for the whole result.)
-                picked = ins[choice[site.key] + offset]
+                if eqn.primitive.name == "abs":
+                    picked = ins[0] if choice[site.key] == 0 else -ins[0]
+                else:
+                    offset = 1 if eqn.primitive.name == "select_n" else 0
+                    # (A scalar operand of `max` stands for the whole result.)
+                    picked = ins[choice[site.key] + offset]
                 outs = [jnp.broadcast_to(picked, eqn.outvars[0].aval.shape)]
             elif eqn.primitive is compat.jit_p:
                 body = compat.jit_params(eqn.params).jaxpr
@@ -361,6 +368,10 @@ def _picked(name: str, ins: Sequence[Any]) -> Any:
     """Which operand (case) a piecewise equation picks, as int32."""
     if name == "select_n":
         return lax.convert_element_type(ins[0], jnp.int32)
+    if name == "abs":
+        # (At 0 both cases give the same value; NaN picks neither.)
+        (u,) = ins
+        return jnp.where(u >= 0, 0, jnp.where(u < 0, 1, -1)).astype(jnp.int32)
     a, b = ins
     first = a >= b if name == "max" else a <= b
     return jnp.where(first, 0, 1).astype(jnp.int32)
@@ -596,8 +607,9 @@ def _sites(
     keys: dict[Any, Any],
 ) -> None:
     """Record in `found` the sites among `eqns` (and in their `jit` bodies):
-    the `select_n`s whose predicate, and the `max`es and `min`s whose
-    operands, depend on the unknown (`unknown`: the variables that do).
+    the `select_n`s whose predicate, and the `max`es, `min`s and `abs`es
+    whose operands, depend on the unknown (`unknown`: the variables that
+    do).
 
     Sites whose predicate is one value share a key, also across `jit` bodies
     (`keys` maps a body's inputs to the keys of the operands they stand for):
@@ -613,6 +625,9 @@ def _sites(
             found[here] = Site(keys.get(which, which), len(eqn.invars) - 1)
         elif name in ("max", "min") and any(depends):
             found[here] = Site(here, 2)
+        elif name == "abs" and depends[0] and _floating(eqn.invars[0]):
+            # `|u|` is `u` where `u >= 0`, else `-u`: two cases.
+            found[here] = Site(here, 2, continuous=True)
         elif eqn.primitive is compat.jit_p and any(depends):
             body = compat.jit_params(eqn.params).jaxpr.jaxpr
             inner = {v for v, d in zip(body.invars, depends, strict=True) if d}
@@ -624,6 +639,10 @@ def _sites(
             _sites(body.eqns, inner, here, found, inner_keys)
         if any(depends):
             unknown.update(eqn.outvars)
+
+
+def _floating(v: Any) -> bool:
+    return jnp.issubdtype(v.aval.dtype, jnp.floating)
 
 
 def _case_choices(block: Block) -> list[dict[Any, int]] | None:
@@ -648,13 +667,19 @@ def solve_piecewise(
     invert: Callable[[Any, Sequence[Any], Any], Any | None],
 ) -> Any | None:
     """`x` by inverting each case exactly (`invert(closed, invals, y)` runs
-    the engine on a Jaxpr), or `None` if some case has no formula."""
+    the engine on a Jaxpr), or `None` if some case has no formula.
+
+    `invert` gives the case's candidate, or `(candidate, flat)` where
+    `flat` marks elements at which the case is constant at `y` (every point
+    of its region a preimage: NaN there)."""
     choices = _case_choices(block)
     if not block.sites or choices is None:
         return None
+    continuous = {site.key for site in block.sites.values() if site.continuous}
     x_spec = jax.ShapeDtypeStruct(block.x.aval.shape, block.x.aval.dtype)
     specs = [jax.ShapeDtypeStruct(jnp.shape(k), jnp.result_type(k)) for k in known]
     candidates = []
+    flat = jnp.zeros(jnp.shape(y), bool)
     for choice in choices:
 
         def case(x: Any, *kn: Any, choice: dict[Any, int] = choice) -> Any:
@@ -664,11 +689,15 @@ def solve_piecewise(
         x_c = invert(closed, [None, *known], y)
         if x_c is None:
             return None
+        if isinstance(x_c, tuple):
+            x_c, flat_c = x_c
+            flat = flat | flat_c
         selected: dict[Any, Any] = {}
         y_c = block.run(x_c, known, selected=selected)[block.y]
         consistent = jnp.ones(jnp.shape(y), bool)
         for key, picked in selected.items():
-            consistent = consistent & (picked == choice[key])
+            if key not in continuous:
+                consistent = consistent & (picked == choice[key])
         # ... and a preimage: the block maps it back to `y` (within rounding).
         consistent = consistent & maps_back(block, x_c, y_c, y, known)
         candidates.append((x_c, consistent & ~jnp.isnan(x_c)))
@@ -683,7 +712,7 @@ def solve_piecewise(
     ambiguous = jnp.zeros(jnp.shape(y), bool)
     for x_c, ok in candidates:
         ambiguous = ambiguous | (ok & ~(jnp.abs(x_c - x) <= tol))
-    return jnp.where(found & ~ambiguous, x, jnp.nan)
+    return jnp.where(found & ~ambiguous & ~flat, x, jnp.nan)
 
 
 def maps_back(block: Block, x: Any, y_x: Any, y: Any, known: Sequence[Any]) -> Any:

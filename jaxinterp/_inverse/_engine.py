@@ -831,7 +831,11 @@ class InverseWalker:
             blocks=False,
         )
         x = sol.invals[0]
-        if x is None or sol.branches[0] is not None:
+        if x is None:
+            # A case that uses its unknown twice may be linear-fractional
+            # (softsign's `x / (1 + x)` once `|x|` is a case).
+            return fr.solve_case(closed, invals[1:], y)
+        if sol.branches[0] is not None:
             return None
         return x
 

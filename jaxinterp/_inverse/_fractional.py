@@ -240,3 +240,35 @@ def solve(block: Any, y: Any, known: Sequence[Any]) -> Any | None:
     x = invert(frac, y)
     ok = bl.maps_back(block, x, block.g(x, *known), y, known)
     return jnp.where(ok, x, jnp.asarray(jnp.nan, jnp.result_type(x)))
+
+
+def solve_case(closed: Any, known: Sequence[Any], y: Any) -> tuple[Any, Any] | None:
+    """One case of a piecewise block (`closed`: a Jaxpr of `x, *known`) by
+    the formula, or `None` if the case is not linear-fractional in `x`.
+
+    Returns `(x, flat)`: `flat` marks the elements where the case is a
+    constant map that takes the value `y`, so that every point of its region
+    is a preimage (the caller's answer is NaN there: no single preimage);
+    `x` is NaN where the case is constant."""
+    jaxpr = compat.open_jaxpr(closed)
+    x_var, *known_vars = jaxpr.invars
+    if degrees(jaxpr.eqns, x_var) is None:
+        return None
+    consts = list(compat.jaxpr_consts(closed))
+    frac = coefficients(
+        jaxpr.eqns,
+        x_var,
+        [*jaxpr.constvars, *known_vars],
+        [*consts, *known],
+    )
+    a, b, c, d = frac
+    dtype = jnp.result_type(y)
+    x = invert(frac, y)
+    # A constant case (`x + -x`, a ratio of proportional polynomials) takes
+    # one value, `a / c` or `b / d`, on its whole region.
+    constant = a * d - b * c == 0
+    value = jnp.where(c != 0, a / jnp.where(c != 0, c, 1), b / jnp.where(d != 0, d, 1))
+    eps, tiny = jnp.finfo(dtype).eps, jnp.finfo(dtype).tiny
+    takes = jnp.abs(y - value) <= 16 * eps * jnp.abs(value) + 16 * tiny
+    flat = constant & ((c != 0) | (d != 0)) & takes
+    return x, jnp.broadcast_to(flat, jnp.shape(y))

@@ -1,0 +1,147 @@
+"""`|u|` as a case split of the piecewise method, each case linear-fractional.
+
+Softsign, `x / (1 + |x|)`, uses its unknown twice; with `|x|` read as `x`
+where `x >= 0` and `-x` elsewhere, each case is a Möbius map with an exact
+inverse (session 19; before, the numerical solver answered). These tests
+check the answers against hand-written inverses, and that maps which are not
+injective give NaN where a value has several preimages, never one of them.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import jaxinterp
+from jaxinterp import inverse, inverse_and_ildj
+
+
+def _explained(fn, *args, argnums=None):
+    return jaxinterp.explain_inverse(fn, *args, argnums=argnums)
+
+
+def _slogdet_ildj(fn, x):
+    return -jnp.linalg.slogdet(jax.jacfwd(fn)(x))[1]
+
+
+_FLOAT = st.floats(-3.0, 3.0, allow_nan=False, width=32)
+
+
+def _kinked(x, a, b, s):
+    return a * x + b * jnp.abs(x - s)
+
+
+def _kinked_cases(y, a, b, s):
+    """Both cases' solutions of `a x + b |x - s| = y`, each where it lies in
+    its case's region (NaN elsewhere)."""
+    upper = (y + b * s) / (a + b)  # x >= s
+    lower = (y - b * s) / (a - b)  # x < s
+    upper = np.where(upper >= s, upper, np.nan)
+    lower = np.where(lower < s, lower, np.nan)
+    return upper, lower
+
+
+@given(
+    a=st.floats(0.5, 2.0),
+    ratio=st.floats(-0.9, 0.9),
+    s=_FLOAT,
+    xs=st.lists(_FLOAT, min_size=1, max_size=6),
+)
+def test_an_injective_kink_is_inverted_exactly(a, ratio, s, xs):
+    b = ratio * a  # |b| < |a|: both slopes of one sign, injective
+    x = jnp.asarray(xs, jnp.float32)
+    f = lambda t: _kinked(t, a, b, s)  # noqa: E731
+    y = f(x)
+    got, ildj = inverse_and_ildj(f)(y)
+    upper, lower = _kinked_cases(np.asarray(y, np.float64), a, b, s)
+    want = np.where(np.isnan(upper), lower, upper)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # (At the kink itself the slope is one-sided, either side's.)
+    if np.all(np.abs(np.asarray(x) - s) > 1e-3):
+        np.testing.assert_allclose(ildj, _slogdet_ildj(f, x), rtol=1e-4, atol=1e-4)
+    assert "(piecewise)" in _explained(f, x)
+    np.testing.assert_allclose(jax.jit(inverse(f))(y), got, rtol=1e-6, atol=1e-6)
+
+
+@given(
+    a=st.floats(0.5, 2.0),
+    ratio=st.floats(1.2, 3.0),
+    sign=st.sampled_from([1.0, -1.0]),
+    s=_FLOAT,
+    xs=st.lists(_FLOAT, min_size=1, max_size=6),
+)
+def test_a_kink_that_folds_gives_nan_where_a_value_has_two_preimages(
+    a, ratio, sign, s, xs
+):
+    b = sign * ratio * a  # |b| > |a|: slopes of opposite signs, a fold
+    x = jnp.asarray(xs, jnp.float32)
+    f = lambda t: _kinked(t, a, b, s)  # noqa: E731
+    y = f(x)
+    got = np.asarray(inverse(f)(y))
+    upper, lower = _kinked_cases(np.asarray(y, np.float64), a, b, s)
+    apart = np.abs(upper - lower) > 1e-3
+    # Every `y` was taken; where it has two preimages apart the answer is
+    # NaN, and any answer given is a preimage (the tip of the fold, whose
+    # value has one).
+    assert np.isnan(got[apart]).all(), (got, upper, lower)
+    answered = ~np.isnan(got)
+    np.testing.assert_allclose(
+        f(jnp.asarray(got[answered])), y[answered], rtol=1e-5, atol=1e-5
+    )
+    np.testing.assert_allclose(got[answered], s, rtol=1e-4, atol=1e-4)
+
+
+@given(
+    scale=st.floats(0.1, 10.0),
+    xs=st.lists(st.floats(-50.0, 50.0, width=32), min_size=1, max_size=8),
+)
+def test_scaled_softsign_against_its_closed_form_with_jit_and_grad(scale, xs):
+    def softsign(x, c):
+        return x / (c + jnp.abs(x))
+
+    x = jnp.asarray(xs, jnp.float32)
+    y = softsign(x, scale)
+    hand = lambda t, c: c * t / (1 - jnp.abs(t))  # noqa: E731
+    inv = jax.jit(inverse(softsign, argnums=0))
+    np.testing.assert_allclose(inv(y, scale), hand(y, scale), rtol=2e-5, atol=1e-5)
+    # d x / d y and d x / d c, through the formula.
+    got = jax.grad(lambda t, c: jnp.sum(inv(t, c)), argnums=(0, 1))(y, scale)
+    want = jax.grad(lambda t, c: jnp.sum(hand(t, c)), argnums=(0, 1))(y, scale)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-3, atol=1e-3)
+
+
+def test_softsign_is_exact_and_outside_its_image_is_nan():
+    softsign = lambda x: x / (1 + jnp.abs(x))  # noqa: E731
+    x = jnp.linspace(-20.0, 20.0, 9)
+    report = _explained(softsign, x)
+    assert "(piecewise)" in report and "elementwise solve" not in report, report
+    got = inverse(softsign, solvers=False)(jnp.array([0.5, -0.75, 1.0, -2.0, 0.0]))
+    np.testing.assert_allclose(got[:2], [1.0, -3.0], rtol=1e-6)
+    assert np.isnan(np.asarray(got[2:4])).all(), got
+    assert float(got[4]) == 0.0
+
+
+def test_a_constant_case_gives_nan_on_its_value_not_one_preimage():
+    # `x + |x|` is 0 for every x <= 0: y = 0 has no single preimage.
+    f = lambda x: x + jnp.abs(x)  # noqa: E731
+    got = np.asarray(inverse(f)(jnp.array([0.0, 3.0, -1.0])))
+    assert np.isnan(got[0]) and np.isnan(got[2]), got
+    np.testing.assert_allclose(got[1], 1.5)
+
+
+@pytest.mark.parametrize("c", [1.0, 0.5])
+def test_a_case_constant_only_for_some_known_value_is_checked_when_traced(c):
+    # With `c == 1`, the case `x < 0` of `x + c |x|` is constant (0): the
+    # check runs on the traced coefficients, under `jax.jit`.
+    f = lambda x, c: x + c * jnp.abs(x)  # noqa: E731
+    inv = jax.jit(inverse(f, argnums=0))
+    got = np.asarray(inv(jnp.array([0.0, 3.0, -1.0]), c))
+    np.testing.assert_allclose(got[1], 3.0 / (1 + c), rtol=1e-6)
+    if c == 1.0:
+        assert np.isnan(got[[0, 2]]).all(), got
+    else:  # slopes 1.5 and 0.5: injective
+        np.testing.assert_allclose(got[[0, 2]], [0.0, -2.0], rtol=1e-6)
