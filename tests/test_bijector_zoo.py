@@ -244,7 +244,12 @@ ZOO = [
         PIECEWISE,  # `|x|` a case split, each case linear-fractional
     ),
     Bijector(
-        "logit", lambda x: jnp.log(x) - jnp.log1p(-x), jax.nn.sigmoid, 0.02, 0.98, SOLVE
+        "logit",
+        lambda x: jnp.log(x) - jnp.log1p(-x),
+        jax.nn.sigmoid,
+        0.02,
+        0.98,
+        FRACTIONAL,  # log(x / (1 - x)): the logarithm of a Möbius map
     ),
     Bijector(  # the pole at 1 is past the solver's first steps (NumPyro's
         "logit_ratio",  # `SigmoidTransform().inv` is `jax.scipy.special.logit`)

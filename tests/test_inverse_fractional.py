@@ -3,6 +3,7 @@ from a value known in pieces.
 
 * `y = (a x + b) / (c x + d)` written with `x` in several places is inverted
   by the formula `x = (b - d y) / (c y - a)` (`_inverse/_fractional.py`),
+  and so is its logarithm (logit, `log(x) - log1p(-x)`) at `e^y`,
   not by the numerical solver: exact, available with `solvers=False`, and
   not a choice of preimage, so a later constraint on the same value is
   checked instead of refused. Compared with hand-written inverses and with
@@ -46,6 +47,28 @@ FRACTIONAL = {
         lambda y: (1 - 4 * y) / (y - jnp.array([1.0, 2.0, 3.0])),
         (-2.0, 3.0),
     ),
+    # Logarithms of linear-fractional maps (session 19).
+    "logit": (lambda x: jnp.log(x) - jnp.log1p(-x), jax.nn.sigmoid, (0.015625, 0.984375)),
+    "2 atanh as log1p(x) - log1p(-x)": (
+        lambda x: jnp.log1p(x) - jnp.log1p(-x),
+        lambda y: jnp.tanh(y / 2),
+        (-0.875, 0.875),
+    ),
+    "-logit": (
+        lambda x: -(jnp.log(x) - jnp.log1p(-x)),
+        lambda y: jax.nn.sigmoid(-y),
+        (0.015625, 0.984375),
+    ),
+    "a log ratio plus a known value": (
+        lambda x: jnp.log(x + 2.0) - jnp.log(x + 0.5) + 1.0,
+        lambda y: (2.0 - 0.5 * jnp.exp(y - 1.0)) / (jnp.exp(y - 1.0) - 1.0),
+        (-0.375, 3.0),
+    ),
+    "exp of a log difference": (
+        lambda x: jnp.exp(jnp.log(x) - jnp.log1p(x)),
+        lambda y: y / (1 - y),
+        (0.125, 4.0),
+    ),
 }
 
 
@@ -83,6 +106,58 @@ def test_a_linear_fractional_block_is_inverted_by_its_formula(name, data):
     grad = jax.grad(lambda y: jnp.sum(jaxinterp.inverse(f)(y)))(y)
     slope = jnp.diagonal(jax.jacfwd(f)(x))
     np.testing.assert_allclose(grad, 1 / slope, rtol=1e-3)
+
+
+def test_logit_is_inverted_across_its_whole_float32_image():
+    """`e^y` or `e^-y`, by the sign of `y`: neither overflows, and the
+    answer matches `sigmoid` from `-80` (a subnormal-free tail) to the
+    largest `y` float32's logit takes; past it, NaN."""
+
+    def logit(x):
+        return jnp.log(x) - jnp.log1p(-x)
+
+    y = jnp.concatenate([jnp.linspace(-80.0, 16.0, 97), jnp.array([16.5])])
+    got = jaxinterp.inverse(logit)(y)
+    np.testing.assert_allclose(got, jax.nn.sigmoid(y), rtol=4e-6)
+    assert "(linear-fractional formula)" in jaxinterp.explain_inverse(logit, got)
+    # Larger than any logit of a float32 below 1: off the image.
+    assert np.isnan(np.asarray(jaxinterp.inverse(logit)(jnp.array([20.0, 100.0])))).all()
+
+
+def test_logit_in_float64():
+    from helpers import run_python
+
+    out = run_python(
+        """
+import jax, jax.numpy as jnp
+import jaxinterp
+logit = lambda x: jnp.log(x) - jnp.log1p(-x)
+y = jnp.linspace(-700.0, 36.0, 200)
+assert y.dtype == jnp.float64
+got, ildj = jaxinterp.inverse_and_ildj(logit)(y)
+want = jax.nn.sigmoid(y)
+print(float(jnp.max(jnp.abs(got - want) / want)))
+x = jnp.linspace(1e-3, 1 - 1e-3, 7)
+_, ildj = jaxinterp.inverse_and_ildj(logit)(logit(x))
+print(float(abs(ildj + jnp.linalg.slogdet(jax.jacfwd(logit)(x))[1])))
+""",
+        env={"JAX_ENABLE_X64": "1"},
+    )
+    err_x, err_ildj = map(float, out.split())
+    assert err_x < 1e-14 and err_ildj < 1e-10, out
+
+
+def test_a_logarithm_scaled_or_added_to_a_fraction_goes_to_the_solver():
+    # `2 log x` (a square) and `log x + x` have no linear-fractional form.
+    # (A scale of the whole logarithm, `2 logit(x)`, is undone first.)
+    for f in (
+        lambda x: 2.0 * jnp.log(x) - jnp.log1p(-x),
+        lambda x: jnp.log(x) + x,
+    ):
+        x = jnp.array([0.2, 0.5, 0.7])
+        text = str(jaxinterp.explain_inverse(f, x))
+        assert "linear-fractional" not in text, text
+        np.testing.assert_allclose(jaxinterp.inverse(f)(f(x)), x, rtol=1e-5)
 
 
 def test_explain_names_the_linear_fractional_formula():

@@ -31,7 +31,9 @@ def softsign(x):
 
 
 def logit(x):  # defined on (0, 1) only: Newton steps leave the domain
-    return jnp.log(x) - jnp.log1p(-x)
+    # (`x * sign(x)`, not `x`, in the second term: written so, logit is not
+    # the logarithm of a linear-fractional map, which has a formula.)
+    return jnp.log(x) - jnp.log1p(-x * jnp.sign(x))
 
 
 def cubic(x):

@@ -38,7 +38,9 @@ def falling(x):  # decreasing: the table is read off reversed samples
 
 
 def logit(x):  # defined on (0, 1) only
-    return jnp.log(x) - jnp.log1p(-x)
+    # (`x * sign(x)`, not `x`, in the second term: written so, logit is not
+    # the logarithm of a linear-fractional map, which has a formula.)
+    return jnp.log(x) - jnp.log1p(-x * jnp.sign(x))
 
 
 def sinh_arcsinh(x):

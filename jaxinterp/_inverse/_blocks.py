@@ -9,10 +9,12 @@ unknown ancestors are all elementwise operations (of the same shape as `y`) of
 one unknown value `x`. Then `y = g(x)` elementwise, and it is solved:
 
 - **piecewise**, exactly: for each combination of the cases the block's
-  `select_n`s (with a predicate that depends on `x`), `max`es and `min`s can
-  take, the block with those cases fixed is inverted by the engine (formulas
-  only); an element keeps the candidate whose predicates select the cases it
-  was solved with. No candidate: NaN (`y` outside the image); two different
+  `select_n`s (with a predicate that depends on `x`), `max`es, `min`s and
+  `abs`es (`u` or `-u`) can take, the block with those cases fixed is
+  inverted by the engine (formulas only, a linear-fractional case too:
+  softsign's `x / (1 +- x)`); an element keeps the candidate whose
+  predicates select the cases it was solved with (for `abs`, whose cases
+  meet, any candidate that maps back). No candidate: NaN (`y` outside the image); two different
   ones: NaN (the map is not injective there).
 - **elementwise solve**, numerically (`_solve.py`), when some case has no
   formula. The solver returns one preimage, so the engine treats it like a

@@ -11,8 +11,16 @@ instead of refused.
 The block's equations are walked with every value held as a pair of
 polynomials of degree at most one in `x` (numerator, denominator), with the
 known operands' values as coefficients; a step that would raise a degree
-above one, or that is not arithmetic (`exp`, `abs`, a comparison), means the
-block is not linear-fractional and the other methods are tried. The
+above one, or that is not arithmetic (`exp` of `x`, `abs`, a comparison),
+means the block is not linear-fractional and the other methods are tried.
+
+A value may also be the logarithm of such a fraction (session 19): `log`
+and `log1p` of a fraction, sums and differences of logarithms (a product or
+quotient of fractions, if its degrees stay at most one), a known value added
+(`log(R) + k = log(R e^k)`), `neg`, and `exp` back to a fraction. Logit,
+`log(x) - log1p(-x) = log(x / (1 - x))`, is one: `y = log(R(x))` is solved
+as `R(x) = e^y`, with `e^-y` in the formula where `y > 0` so that neither
+exponential overflows. The
 polynomials are never simplified, so the coefficients found describe the
 same function as the program wherever the program's own divisions are
 defined; the solution is checked by mapping it back (NaN where it does not
@@ -21,8 +29,9 @@ reproduce `y`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
@@ -37,15 +46,21 @@ LINEAR_FRACTIONAL = "linear-fractional formula"
 # Steps that pass their one operand through unchanged as a value of `x`.
 _PASS = frozenset({"convert_element_type", "copy", "copy_p", "reduce_precision"})
 
-# (numerator degree, denominator degree) of a value in the block.
-Degrees = tuple[int, int]
+# LOG_FORMULA: the block's result is the logarithm of a linear-fractional
+# map (`explain_inverse` names both "linear-fractional formula").
+
+# (numerator degree, denominator degree, whether the value is the logarithm
+# of that fraction) of a value in the block.
+Degrees = tuple[int, int, bool]
+
+_KNOWN: Degrees = (0, 0, False)
 
 
 def degrees(eqns: Sequence[Any], x: Any) -> Degrees | None:
     """The degrees of the block's last result as a fraction of polynomials
-    in `x`, or `None` if some step is not rational of degree at most one in
-    each part."""
-    return _degrees_of(eqns, {x: (1, 0)}, None)
+    in `x` (or the logarithm of one), or `None` if some step is not rational
+    of degree at most one in each part."""
+    return _degrees_of(eqns, {x: (1, 0, False)}, None)
 
 
 def _degrees_of(
@@ -60,16 +75,16 @@ def _degrees_of(
         if not any(unknown):
             continue  # known values only: a known result
         ins = [
-            env[v] if u else (0, 0) for v, u in zip(eqn.invars, unknown, strict=True)
+            env[v] if u else _KNOWN for v, u in zip(eqn.invars, unknown, strict=True)
         ]
         got = _step_degrees(eqn, ins, unknown)
-        if got is None or max(got) > 1:
+        if got is None or max(got[:2]) > 1:
             return None
         env.update(dict.fromkeys(eqn.outvars, got))
         last = got
     if out is None:
         return last
-    return env.get(out, (0, 0)) if type(out) is not _Literal else (0, 0)
+    return env.get(out, _KNOWN) if type(out) is not _Literal else _KNOWN
 
 
 def _step_degrees(
@@ -82,25 +97,54 @@ def _step_degrees(
             return None
         inner = {v: d for v, d, u in zip(body.invars, ins, unknown, strict=True) if u}
         return _degrees_of(body.eqns, inner, body.outvars[0])
-    if name in _PASS or name == "neg":
+    if name in _PASS:
         if name == "convert_element_type" and not _floating_eqn(eqn):
             return None
         return ins[0]
+    if name == "neg":
+        n, d, log = ins[0]
+        return (d, n, True) if log else ins[0]  # -log R = log(1 / R)
     if name == "broadcast_in_dim":
-        return ins[0] if ins[0] == (0, 0) else None
+        return ins[0] if ins[0] == _KNOWN else None
+    if any(log for _, _, log in ins):
+        return _log_step_degrees(name, ins, unknown)
+    if name in ("log", "log1p"):
+        n, d, _ = ins[0]
+        return (max(n, d), d, True) if name == "log1p" else (n, d, True)
     if name in ("add", "sub", "add_any"):
-        (n1, d1), (n2, d2) = ins
+        (n1, d1, _), (n2, d2, _) = ins
         if d1 and d2:
             return None  # two denominators: degree two in general
         d = max(d1, d2)
-        return (max(n1 + d2, n2 + d1), d)
+        return (max(n1 + d2, n2 + d1), d, False)
     if name == "mul":
-        (n1, d1), (n2, d2) = ins
-        return (n1 + n2, d1 + d2)
+        (n1, d1, _), (n2, d2, _) = ins
+        return (n1 + n2, d1 + d2, False)
     if name == "div":
-        (n1, d1), (n2, d2) = ins
-        return (n1 + d2, d1 + n2)
+        (n1, d1, _), (n2, d2, _) = ins
+        return (n1 + d2, d1 + n2, False)
     return None
+
+
+def _log_step_degrees(
+    name: str, ins: Sequence[Degrees], unknown: Sequence[bool]
+) -> Degrees | None:
+    """A step with a logarithm among its operands: the others known or
+    logarithms too."""
+    if name == "exp":
+        n, d, _ = ins[0]
+        return (n, d, False)
+    if name not in ("add", "sub", "add_any"):
+        return None
+    if not all(log or not u for (_, _, log), u in zip(ins, unknown, strict=True)):
+        return None  # a logarithm plus a fraction: no formula
+    (n1, d1, _), (n2, d2, _) = ins
+    if name == "sub":
+        n2, d2 = d2, n2
+    # The product of the two fractions: one factor of each part constant.
+    if (n1 and n2) or (d1 and d2):
+        return None
+    return (n1 + n2, d1 + d2, True)
 
 
 def _floating_eqn(eqn: Any) -> bool:
@@ -112,12 +156,18 @@ def _floating_eqn(eqn: Any) -> bool:
 Fraction = tuple[Any, Any, Any, Any]  # (a, b, c, d): (a x + b) / (c x + d)
 
 
+class _Log(NamedTuple):
+    """The logarithm of the fraction `frac`."""
+
+    frac: Fraction
+
+
 def coefficients(
     eqns: Sequence[Any], x: Any, known_vars: Sequence[Any], known: Sequence[Any]
-) -> Fraction:
-    """`(a, b, c, d)` with the block's last result `(a x + b) / (c x + d)`,
-    each computed from the known values (call after `degrees` accepted the
-    block)."""
+) -> Fraction | _Log:
+    """`(a, b, c, d)` with the block's last result `(a x + b) / (c x + d)`
+    (or its logarithm, a `_Log`), each computed from the known values (call
+    after `degrees` accepted the block)."""
     env: dict[Any, Any] = dict(zip(known_vars, known, strict=True))
     zero, one = jnp.zeros((), x.aval.dtype), jnp.ones((), x.aval.dtype)
     frac: dict[Any, Fraction] = {x: (one, zero, zero, one)}
@@ -170,18 +220,23 @@ def _value_of(f: Fraction) -> Any:
     return f[1] / f[3]
 
 
-def _fraction_step(name: str, ins: Sequence[Fraction]) -> Fraction:
-    """One arithmetic step on fractions `(a x + b) / (c x + d)`. The degree
-    check (`degrees`) has made sure no product below has a nonzero `x^2`
-    term by construction (one factor of each product is a constant
-    polynomial)."""
-    if name in _PASS:
+def _fraction_step(name: str, ins: Sequence[Any]) -> Any:
+    """One arithmetic step on fractions `(a x + b) / (c x + d)` (and their
+    logarithms, `_Log`s). The degree check (`degrees`) has made sure no
+    product below has a nonzero `x^2` term by construction (one factor of
+    each product is a constant polynomial)."""
+    if name in _PASS or name == "broadcast_in_dim":
         return ins[0]
+    if any(isinstance(v, _Log) for v in ins):
+        return _log_step(name, ins)
+    if name == "log":
+        return _Log(ins[0])
+    if name == "log1p":
+        a, b, c, d = ins[0]
+        return _Log((a + c, b + d, c, d))
     if name == "neg":
         a, b, c, d = ins[0]
         return (-a, -b, c, d)
-    if name == "broadcast_in_dim":
-        return ins[0]
     if name in ("add", "sub", "add_any"):
         (a1, b1, c1, d1), (a2, b2, c2, d2) = ins
         sign = -1 if name == "sub" else 1
@@ -199,6 +254,31 @@ def _fraction_step(name: str, ins: Sequence[Fraction]) -> Fraction:
         (a1, b1, c1, d1), (a2, b2, c2, d2) = ins
         return (*_poly_mul((a1, b1), (c2, d2)), *_poly_mul((c1, d1), (a2, b2)))
     raise AssertionError(name)  # excluded by `degrees`
+
+
+def _log_step(name: str, ins: Sequence[Any]) -> Any:
+    """A step on logarithms of fractions, and known values (fractions with
+    constant parts: `(0, k, 0, 1)`)."""
+    if name == "exp":
+        return ins[0].frac
+    if name == "neg":
+        a, b, c, d = ins[0].frac
+        return _Log((c, d, a, b))
+    # add, sub, add_any: a product (or quotient) of fractions, a known value
+    # `k` a factor `e^k`.
+    factors = []
+    for i, v in enumerate(ins):
+        if isinstance(v, _Log):
+            f = v.frac
+        else:
+            e = jnp.exp(_value_of(v))
+            one = jnp.ones_like(e)
+            f = (jnp.zeros_like(e), e, jnp.zeros_like(e), one)
+        if name == "sub" and i == 1:
+            f = (f[2], f[3], f[0], f[1])
+        factors.append(f)
+    (a1, b1, c1, d1), (a2, b2, c2, d2) = factors
+    return _Log((*_poly_mul((a1, b1), (a2, b2)), *_poly_mul((c1, d1), (c2, d2))))
 
 
 def _poly_mul(p: tuple[Any, Any], q: tuple[Any, Any]) -> tuple[Any, Any]:
@@ -229,15 +309,51 @@ def invert(frac: Fraction, y: Any) -> Any:
     return jnp.where(bad, jnp.asarray(jnp.nan, dtype), x).astype(dtype)
 
 
+def invert_log(frac: Fraction, y: Any) -> Any:
+    """`x` with `log((a x + b) / (c x + d)) == y`: the fraction's inverse at
+    `w = e^y`, written with `v = e^-y` (numerator and denominator divided
+    by `w`) where `y > 0`, so that no exponential overflows. Where
+    `|y| < log 2` the exponential is written `1 + m` with `m` from `expm1`,
+    so that a small `y` keeps its digits where the terms of `1` cancel
+    (`log1p(x) - log1p(-x)` near 0); elsewhere `e^-|y|` itself, so that a
+    tiny one is not lost next to 1 (logit at `y = -80`)."""
+    a, b, c, d = frac
+    dtype = jnp.result_type(y)
+    large = y > 0
+    t = jnp.where(large, -y, y)  # -|y|, with the derivative of each side
+    e, m = jnp.exp(t), jnp.expm1(t)  # w (or v = 1 / w), and w - 1
+    small = t > -math.log(2.0)
+    # (b - d w, c w - a), or with v: (b v - d, c - a v).
+    num = jnp.where(
+        small,
+        jnp.where(large, (b - d) + b * m, (b - d) - d * m),
+        jnp.where(large, b * e - d, b - d * e),
+    )
+    den = jnp.where(
+        small,
+        jnp.where(large, (c - a) - a * m, (c - a) + c * m),
+        jnp.where(large, c - a * e, c * e - a),
+    )
+    bad = (a * d - b * c == 0) | (den == 0)
+    x = num / jnp.where(bad, 1, den)
+    return jnp.where(bad, jnp.asarray(jnp.nan, dtype), x).astype(dtype)
+
+
+def _invert_any(frac: Fraction | _Log, y: Any) -> Any:
+    if isinstance(frac, _Log):
+        return invert_log(frac.frac, y)
+    return invert(frac, y)
+
+
 def solve(block: Any, y: Any, known: Sequence[Any]) -> Any | None:
-    """`x` for an elementwise block linear-fractional in its unknown (NaN
-    where there is no single preimage, or where the program's own evaluation
-    at the solution does not give `y` back within rounding), or `None` if the
-    block is not linear-fractional."""
+    """`x` for an elementwise block linear-fractional in its unknown, or the
+    logarithm of such a map (NaN where there is no single preimage, or where
+    the program's own evaluation at the solution does not give `y` back
+    within rounding), or `None` if the block is neither."""
     if degrees(block.eqns, block.x) is None:
         return None
     frac = coefficients(block.eqns, block.x, block.known, known)
-    x = invert(frac, y)
+    x = _invert_any(frac, y)
     ok = bl.maps_back(block, x, block.g(x, *known), y, known)
     return jnp.where(ok, x, jnp.asarray(jnp.nan, jnp.result_type(x)))
 
@@ -255,19 +371,21 @@ def solve_case(closed: Any, known: Sequence[Any], y: Any) -> tuple[Any, Any] | N
     if degrees(jaxpr.eqns, x_var) is None:
         return None
     consts = list(compat.jaxpr_consts(closed))
-    frac = coefficients(
+    got = coefficients(
         jaxpr.eqns,
         x_var,
         [*jaxpr.constvars, *known_vars],
         [*consts, *known],
     )
-    a, b, c, d = frac
+    x = _invert_any(got, y)
+    a, b, c, d = got.frac if isinstance(got, _Log) else got
     dtype = jnp.result_type(y)
-    x = invert(frac, y)
     # A constant case (`x + -x`, a ratio of proportional polynomials) takes
-    # one value, `a / c` or `b / d`, on its whole region.
+    # one value, `a / c` or `b / d` (or its logarithm), on its whole region.
     constant = a * d - b * c == 0
     value = jnp.where(c != 0, a / jnp.where(c != 0, c, 1), b / jnp.where(d != 0, d, 1))
+    if isinstance(got, _Log):
+        value = jnp.log(value)
     eps, tiny = jnp.finfo(dtype).eps, jnp.finfo(dtype).tiny
     takes = jnp.abs(y - value) <= 16 * eps * jnp.abs(value) + 16 * tiny
     flat = constant & ((c != 0) | (d != 0)) & takes
