@@ -48,7 +48,11 @@ FRACTIONAL = {
         (-2.0, 3.0),
     ),
     # Logarithms of linear-fractional maps (session 19).
-    "logit": (lambda x: jnp.log(x) - jnp.log1p(-x), jax.nn.sigmoid, (0.015625, 0.984375)),
+    "logit": (
+        lambda x: jnp.log(x) - jnp.log1p(-x),
+        jax.nn.sigmoid,
+        (0.015625, 0.984375),
+    ),
     "2 atanh as log1p(x) - log1p(-x)": (
         lambda x: jnp.log1p(x) - jnp.log1p(-x),
         lambda y: jnp.tanh(y / 2),
@@ -121,7 +125,8 @@ def test_logit_is_inverted_across_its_whole_float32_image():
     np.testing.assert_allclose(got, jax.nn.sigmoid(y), rtol=4e-6)
     assert "(linear-fractional formula)" in jaxinterp.explain_inverse(logit, got)
     # Larger than any logit of a float32 below 1: off the image.
-    assert np.isnan(np.asarray(jaxinterp.inverse(logit)(jnp.array([20.0, 100.0])))).all()
+    off = jaxinterp.inverse(logit)(jnp.array([20.0, 100.0]))
+    assert np.isnan(np.asarray(off)).all()
 
 
 def test_logit_in_float64():

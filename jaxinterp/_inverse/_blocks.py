@@ -14,8 +14,8 @@ one unknown value `x`. Then `y = g(x)` elementwise, and it is solved:
   inverted by the engine (formulas only, a linear-fractional case too:
   softsign's `x / (1 +- x)`); an element keeps the candidate whose
   predicates select the cases it was solved with (for `abs`, whose cases
-  meet, any candidate that maps back). No candidate: NaN (`y` outside the image); two different
-  ones: NaN (the map is not injective there).
+  meet, any candidate that maps back). No candidate: NaN (`y` outside the
+  image); two different ones: NaN (the map is not injective there).
 - **elementwise solve**, numerically (`_solve.py`), when some case has no
   formula. The solver returns one preimage, so the engine treats it like a
   principal-branch choice: a second constraint on `x` is refused.
