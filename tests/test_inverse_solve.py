@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 import jaxinterp
 from jaxinterp._inverse import _solve
@@ -394,3 +394,33 @@ def test_the_solvers_quotient_is_div_with_the_same_derivatives(a, b, da, db):
     hess = jax.hessian(_solve.quotient, argnums=(0, 1))(a, b)
     ref = jax.hessian(jax.lax.div, argnums=(0, 1))(a, b)
     np.testing.assert_allclose(np.array(hess), np.array(ref), rtol=1e-4, atol=1e-6)
+
+
+@settings(max_examples=10)
+@given(
+    s=st.floats(-2.0, 2.0, width=32),
+    c=st.floats(-2.0, 2.0, width=32),
+    xs=st.lists(st.floats(0.015625, 3.0, width=32), min_size=1, max_size=4),
+)
+def test_a_root_at_the_edge_of_a_constant_stretch_is_nan(s, c, xs):
+    # `relu(u) + relu(u)**2 + c` is `c` for every `u <= 0`: a root found at
+    # the corner (slope 1 on its right) is one of a stretch of preimages.
+    # (Session 19; before, the solver answered the corner.)
+    def f(x):
+        u = jnp.maximum(x - s, 0.0)
+        return u + u * u + c
+
+    x = s + jnp.asarray(xs, jnp.float32)
+    y = jnp.concatenate([f(x), jnp.array([c, c - 1.0], jnp.float32)])
+    got = np.asarray(jaxinterp.inverse(f)(y))
+    assert "(elementwise solve)" in str(jaxinterp.explain_inverse(f, y))
+    np.testing.assert_allclose(got[:-2], x, rtol=1e-4, atol=1e-4)
+    assert np.isnan(got[-2:]).all(), got
+
+
+def test_the_edge_of_a_plateau_through_sign_is_nan():
+    # `x + x sign(x)` is `2x` for `x > 0` and 0 for `x <= 0`.
+    f = lambda x: x + x * jnp.sign(x)  # noqa: E731
+    got = np.asarray(jax.jit(jaxinterp.inverse(f))(jnp.array([0.0, 2.0, -1.0])))
+    assert np.isnan(got[[0, 2]]).all(), got
+    np.testing.assert_allclose(got[1], 1.0, rtol=1e-6)

@@ -901,10 +901,34 @@ def _replays_at_any_shape(eqns: Sequence[Any]) -> bool:
     return True
 
 
+# Steps at which a map may have a corner: on one side of it the map may be
+# constant (`relu(x) + relu(x)**2` for `x <= 0`).
+_CORNERS = frozenset("max min abs sign select_n clamp floor ceil round rem".split())
+
+
+def _has_corners(eqns: Sequence[Any]) -> bool:
+    return any(
+        eqn.primitive.name in _CORNERS
+        or (eqn.primitive is compat.jit_p and _has_corners(_body_jaxprs(eqn).eqns))
+        for eqn in eqns
+    )
+
+
 def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
     """`x` by the elementwise solver (NaN where no root is found). A map that
     turns (`_solve.monotone_on_grid`) is not injective: refused now when its
-    known operands are constants, else NaN where it turns."""
+    known operands are constants, else NaN where it turns. A map with
+    corners is NaN where its root lies at the edge of a stretch on which it
+    is constant (`_solve.edge_of_plateau`): every point of the stretch is a
+    preimage too."""
+    x = _solve_numerically(block, y, known)
+    if _has_corners(block.eqns):
+        edge = _solve.edge_of_plateau(lambda u: block.g(u, *known), x)
+        x = jnp.where(edge, jnp.asarray(jnp.nan, jnp.result_type(x)), x)
+    return x
+
+
+def _solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
 
     def choices(x: Any, *known: Any) -> list[Any]:
         return block.discrete(x, known)

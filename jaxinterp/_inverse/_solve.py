@@ -874,6 +874,24 @@ def _accept(g: Callable[[Any], Any], y: Any, x: Any, at: Any, slope: Any) -> Any
     return _close(y, x, at, slope), _single(g, x, at, slope == 0)
 
 
+def edge_of_plateau(g: Callable[[Any], Any], x: Any) -> Any:
+    """Per element, whether `x` is the end of a stretch on which `g` is
+    constant: `g(x)` is repeated exactly at `x - d` or at `x + d` (`d =
+    sqrt(eps) max(|x|, 1)`) while `g` moves beyond rounding on the other
+    side. At such a corner (`relu(x) + relu(x)**2` at 0) the slope is not 0,
+    so `_single`'s plateau test, and for a steep map its neighbours, pass it,
+    yet every point of the stretch shares `g(x)`. A smooth map is constant
+    on no stretch, unless it rounds to one (a sigmoid at 1): flat on both
+    sides, or moving on both, it is left to the other tests."""
+    finfo = jnp.finfo(jnp.result_type(x))
+    eps, tiny = finfo.eps, finfo.tiny
+    d = jnp.sqrt(eps) * jnp.maximum(jnp.abs(x), 1.0)
+    at, below, above = g(x), g(x - d), g(x + d)
+    noise = 4 * eps * jnp.abs(at) + tiny
+    moves_below, moves_above = jnp.abs(below - at) > noise, jnp.abs(above - at) > noise
+    return ((below == at) & moves_above) | ((above == at) & moves_below)
+
+
 def _single(g: Callable[[Any], Any], x: Any, at: Any, flat: Any) -> Any:
     """Per element, for a candidate `x` with `g(x) = at`, and `flat` where
     `g'(x) == 0`: whether no other `x` nearby shares `at`: not on a plateau
