@@ -148,3 +148,18 @@ def test_a_case_constant_only_for_some_known_value_is_checked_when_traced(c):
         assert np.isnan(got[[0, 2]]).all(), got
     else:  # slopes 1.5 and 0.5: injective
         np.testing.assert_allclose(got[[0, 2]], [0.0, -2.0], rtol=1e-6)
+
+
+def test_softsign_near_its_kink_has_no_false_nan():
+    # Near 0 the other case's candidate (`y / (1 - y)` for a negative `y`)
+    # maps back within rounding too: only the case read at (or within a few
+    # ulps of) the candidate may answer, else the two look like two
+    # preimages. A sweep over 35 decades each side, and 10^6 points on
+    # [-4, 4] (which gave 3 NaN next to 0 before the fix).
+    softsign = lambda x: x / (1 + jnp.abs(x))  # noqa: E731
+    tiny = jnp.logspace(-36.0, -0.5, 2001, dtype=jnp.float32)
+    y = jnp.concatenate([tiny, -tiny, softsign(jnp.linspace(-4.0, 4.0, 10**6))])
+    got = np.asarray(jax.jit(inverse(softsign))(y))
+    want = np.asarray(y / (1 - jnp.abs(y)))
+    assert not np.isnan(got).any(), y[np.isnan(got)]
+    np.testing.assert_allclose(got, want, rtol=4e-6, atol=0)

@@ -14,7 +14,7 @@ one unknown value `x`. Then `y = g(x)` elementwise, and it is solved:
   inverted by the engine (formulas only, a linear-fractional case too:
   softsign's `x / (1 +- x)`); an element keeps the candidate whose
   predicates select the cases it was solved with (for `abs`, whose cases
-  meet, any candidate that maps back). No candidate: NaN (`y` outside the
+  meet, there or a few ulps either side). No candidate: NaN (`y` outside the
   image); two different ones: NaN (the map is not injective there).
 - **elementwise solve**, numerically (`_solve.py`), when some case has no
   formula. The solver returns one preimage, so the engine treats it like a
@@ -201,8 +201,8 @@ class Site:
     key: Any  # sites with one key (one `select_n` predicate) agree
     n_cases: int
     # Whether the cases agree where they meet (`|u|` at `u == 0`): a
-    # candidate is then judged by mapping back alone, not by the case its
-    # point picks (within rounding of the kink it may pick the other).
+    # candidate within rounding of the kink may pick the other case, so the
+    # case is also read a few ulps either side of it.
     continuous: bool = False
 
 
@@ -696,10 +696,23 @@ def solve_piecewise(
             flat = flat | flat_c
         selected: dict[Any, Any] = {}
         y_c = block.run(x_c, known, selected=selected)[block.y]
+        # Where cases meet (`|u|` at `u == 0`), a point a few ulps from the
+        # kink may pick the other case: the case is checked a step of 16
+        # ulps either side too.
+        nearby: list[dict[Any, Any]] = []
+        if continuous:
+            finfo = jnp.finfo(jnp.result_type(y))
+            step = 16 * finfo.eps * jnp.maximum(jnp.abs(x_c), finfo.tiny)
+            for side in (x_c - step, x_c + step):
+                nearby.append({})
+                block.run(side, known, selected=nearby[-1])
         consistent = jnp.ones(jnp.shape(y), bool)
         for key, picked in selected.items():
-            if key not in continuous:
-                consistent = consistent & (picked == choice[key])
+            agrees = picked == choice[key]
+            if key in continuous:
+                for near in nearby:
+                    agrees = agrees | (near[key] == choice[key])
+            consistent = consistent & agrees
         # ... and a preimage: the block maps it back to `y` (within rounding).
         consistent = consistent & maps_back(block, x_c, y_c, y, known)
         candidates.append((x_c, consistent & ~jnp.isnan(x_c)))
