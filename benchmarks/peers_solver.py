@@ -7,6 +7,7 @@ library's own inverse, compiled, in the same process: the issue's target is
 a ratio of at most 3. Needs the peers libraries (`nox -s bench_peers`).
 
     python benchmarks/peers_solver.py [--sizes 100000 1000000] [--only NAME]
+        [--method piecewise --method "linear-fractional formula"]
 
 Each figure is the minimum over `--repeat` calls (after a warm-up call) of
 `block_until_ready`, the two sides alternated; the ratio is ours over the
@@ -32,9 +33,12 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "peers"))
 import jaxinterp  # noqa: E402
 
 
-def solver_cases(only: list[str]) -> list:
+def solver_cases(only: list[str], methods: list[str] | None = None) -> list:
+    """The cases whose inverse `explain_inverse` reports with one of
+    `methods` (by default the numerical solve)."""
     from check_peers import load_cases
 
+    methods = methods or ["elementwise solve"]
     cases, _ = load_cases(["numpyro", "distrax", "tfp"])
     picked = []
     for case in cases:
@@ -45,7 +49,8 @@ def solver_cases(only: list[str]) -> list:
             text = str(jaxinterp.explain_inverse(case.forward, x))
         except Exception:  # noqa: BLE001 - a case that does not trace
             continue
-        if "elementwise solve" in text and case.inverse is not None:
+        named = any(f"({m})" in text for m in methods)
+        if named and case.inverse is not None:
             picked.append(case)
     return picked
 
@@ -80,11 +85,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--only", action="append", default=[])
+    parser.add_argument(
+        "--method",
+        action="append",
+        default=[],
+        help="time the cases inverted by this method instead (explain_inverse's"
+        " name: 'piecewise', 'linear-fractional formula'); repeatable",
+    )
     args = parser.parse_args(argv)
     print(f"JAX {jax.__version__} on {jax.devices()[0].platform}")
     print("| library | bijector | n | ours, ms | library's, ms | ratio |")
     print("|---|---|---|---|---|---|")
-    for case in solver_cases(args.only):
+    for case in solver_cases(args.only, args.method):
         for n in args.sizes:
             y = tiled(case, n)
             if y is None:
