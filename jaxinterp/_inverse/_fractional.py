@@ -20,8 +20,9 @@ quotient of fractions, if its degrees stay at most one), a known value added
 (`log(R) + k = log(R e^k)`), `neg`, and `exp` back to a fraction. Logit,
 `log(x) - log1p(-x) = log(x / (1 - x))`, is one: `y = log(R(x))` is solved
 as `R(x) = e^y`, with `e^-y` in the formula where `y > 0` so that neither
-exponential overflows. The
-polynomials are never simplified, so the coefficients found describe the
+exponential overflows.
+
+The polynomials are never simplified, so the coefficients found describe the
 same function as the program wherever the program's own divisions are
 defined; the solution is checked by mapping it back (NaN where it does not
 reproduce `y`).
@@ -45,9 +46,6 @@ LINEAR_FRACTIONAL = "linear-fractional formula"
 
 # Steps that pass their one operand through unchanged as a value of `x`.
 _PASS = frozenset({"convert_element_type", "copy", "copy_p", "reduce_precision"})
-
-# LOG_FORMULA: the block's result is the logarithm of a linear-fractional
-# map (`explain_inverse` names both "linear-fractional formula").
 
 # (numerator degree, denominator degree, whether the value is the logarithm
 # of that fraction) of a value in the block.
@@ -302,8 +300,13 @@ def invert(frac: Fraction, y: Any) -> Any:
     takes (`c y == a`)."""
     a, b, c, d = frac
     dtype = jnp.result_type(y)
-    num = b - d * y
-    den = c * y - a
+    return _quotient(frac, b - d * y, c * y - a, dtype)
+
+
+def _quotient(frac: Fraction, num: Any, den: Any, dtype: Any) -> Any:
+    """`num / den`, NaN where the map `frac` is constant (`a d == b c`) or
+    `den` is 0."""
+    a, b, c, d = frac
     bad = (a * d - b * c == 0) | (den == 0)
     x = num / jnp.where(bad, 1, den)
     return jnp.where(bad, jnp.asarray(jnp.nan, dtype), x).astype(dtype)
@@ -334,9 +337,7 @@ def invert_log(frac: Fraction, y: Any) -> Any:
         jnp.where(large, (c - a) - a * m, (c - a) + c * m),
         jnp.where(large, c - a * e, c * e - a),
     )
-    bad = (a * d - b * c == 0) | (den == 0)
-    x = num / jnp.where(bad, 1, den)
-    return jnp.where(bad, jnp.asarray(jnp.nan, dtype), x).astype(dtype)
+    return _quotient(frac, num, den, dtype)
 
 
 def _invert_any(frac: Fraction | _Log, y: Any) -> Any:
