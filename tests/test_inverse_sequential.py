@@ -246,6 +246,25 @@ def test_not_injective_is_refused_or_nan():
     assert bool(jnp.all(jnp.isnan(got)))
 
 
+def test_a_corner_into_a_flat_stretch_is_nan():
+    # y_1 = h(x_1) + tanh(x_0) with h = relu + relu^2: every x_1 <= 0 is a
+    # preimage of the same y (the solver's root would sit at the corner, 0).
+    # NaN there and inside the stretch; exact elsewhere.
+    w = jnp.array([[0.0, 0.0], [1.0, 0.0]], jnp.float32)
+
+    def f(x):
+        r = jax.nn.relu(x)
+        return r + r**2 + w @ jnp.tanh(x)
+
+    assert "(sequential solve)" in jaxinterp.explain_inverse(f, jnp.ones(2))
+    inv = jaxinterp.inverse(f)
+    for flat in ([1.0, 0.0], [1.0, -0.5], [0.5, -1e-3]):
+        got = inv(f(jnp.array(flat, jnp.float32)))
+        assert bool(jnp.isnan(got[1])), (flat, got)
+    x = jnp.array([1.0, 0.25], jnp.float32)
+    np.testing.assert_allclose(inv(f(x)), x, rtol=1e-6)
+
+
 def test_not_triangular_is_refused():
     # Every result depends on every coordinate: no triangular order.
     w = jnp.array([[0.0, 0.5], [0.5, 0.0]], jnp.float32)

@@ -695,7 +695,7 @@ def solve_piecewise(
             x_c, flat_c = x_c
             flat = flat | flat_c
         selected: dict[Any, Any] = {}
-        y_c = block.run(x_c, known, selected=selected)[block.y]
+        block.run(x_c, known, selected=selected)
         # Where cases meet (`|u|` at `u == 0`), a point a few ulps from the
         # kink may pick the other case: the case is checked a step of 16
         # ulps either side too.
@@ -713,8 +713,6 @@ def solve_piecewise(
                 for near in nearby:
                     agrees = agrees | (near[key] == choice[key])
             consistent = consistent & agrees
-        # ... and a preimage: the block maps it back to `y` (within rounding).
-        consistent = consistent & maps_back(block, x_c, y_c, y, known)
         candidates.append((x_c, consistent & ~jnp.isnan(x_c)))
     dtype = jnp.result_type(y)
     x = jnp.full(jnp.shape(y), jnp.nan, dtype)
@@ -727,7 +725,12 @@ def solve_piecewise(
     ambiguous = jnp.zeros(jnp.shape(y), bool)
     for x_c, ok in candidates:
         ambiguous = ambiguous | (ok & ~(jnp.abs(x_c - x) <= tol))
-    return jnp.where(found & ~ambiguous & ~flat, x, jnp.nan)
+    # The answer must be a preimage: the block maps it back to `y` (within
+    # rounding). Checked once, on the candidate kept: a candidate of another
+    # case that picks its own case but does not map back can only make the
+    # answer NaN (ambiguous), never another number.
+    back = maps_back(block, x, block.g(x, *known), y, known)
+    return jnp.where(found & ~ambiguous & ~flat & back, x, jnp.nan)
 
 
 def maps_back(block: Block, x: Any, y_x: Any, y: Any, known: Sequence[Any]) -> Any:
