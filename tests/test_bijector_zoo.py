@@ -160,7 +160,8 @@ ZOO = [
         CLAMP,
     ),
     # Piecewise: a formula chosen by a predicate of the unknown.
-    Bijector("stable_sigmoid", _stable_sigmoid, special.logit, -6, 6, SOLVE),
+    # Each case linear-fractional in `e^x` (or `e^-x`).
+    Bijector("stable_sigmoid", _stable_sigmoid, special.logit, -6, 6, PIECEWISE),
     Bijector(
         "softplus_threshold",
         lambda x: jnp.where(x > 3.0, x, jnp.log1p(jnp.exp(x))),
@@ -266,7 +267,9 @@ ZOO = [
         lambda y: y + jnp.log(-jnp.expm1(-y)),
         -4,
         4,
-        SOLVE,
+        # One site (`max(x, 0)` and `|x|` both split at `x >= 0`); each case
+        # linear-fractional in `e^-x` or a chain.
+        PIECEWISE,
     ),
     Bijector(
         "inverse_softplus",
@@ -274,7 +277,7 @@ ZOO = [
         jax.nn.softplus,
         0.1,
         5,
-        SOLVE,
+        FRACTIONAL,  # log((1 - s) / s) with s = e^-x
     ),
     Bijector(
         "symlog",

@@ -26,6 +26,7 @@ The block's ildj is `-sum(log|g'(x)|)`, `g'` by forward-mode differentiation.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Callable, Container, Sequence
@@ -200,10 +201,6 @@ class Site:
 
     key: Any  # sites with one key (one `select_n` predicate) agree
     n_cases: int
-    # Whether the cases agree where they meet (`|u|` at `u == 0`): a
-    # candidate within rounding of the kink may pick the other case, so the
-    # case is also read a few ulps either side of it.
-    continuous: bool = False
 
 
 # Where an equation sits: its position in the block, then in each `jit` body.
@@ -325,7 +322,7 @@ class Block:
             here = (*path, k)
             site = self.sites.get(here)
             if site is not None and selected is not None:
-                selected.setdefault(site.key, _picked(eqn.primitive.name, ins))
+                selected.setdefault(site.key, (eqn.primitive.name, ins))
             if site is not None and choice is not None:
                 if eqn.primitive.name == "abs":
                     picked = ins[0] if choice[site.key] == 0 else -ins[0]
@@ -366,17 +363,20 @@ class Block:
         return self.run(x, known)[self.y]
 
 
-def _picked(name: str, ins: Sequence[Any]) -> Any:
-    """Which operand (case) a piecewise equation picks, as int32."""
+def _picks(name: str, ins: Sequence[Any], case: int) -> Any:
+    """Where a piecewise equation with operands `ins` picks `case` (NaN
+    picks no case of `|u|`)."""
     if name == "select_n":
-        return lax.convert_element_type(ins[0], jnp.int32)
+        which = ins[0]
+        if which.dtype == jnp.bool_:
+            return which if case else ~which
+        return which == case
     if name == "abs":
-        # (At 0 both cases give the same value; NaN picks neither.)
         (u,) = ins
-        return jnp.where(u >= 0, 0, jnp.where(u < 0, 1, -1)).astype(jnp.int32)
+        return u >= 0 if case == 0 else u < 0
     a, b = ins
     first = a >= b if name == "max" else a <= b
-    return jnp.where(first, 0, 1).astype(jnp.int32)
+    return first if case == 0 else ~first
 
 
 def find_block(
@@ -626,10 +626,11 @@ def _sites(
             which = eqn.invars[0]
             found[here] = Site(keys.get(which, which), len(eqn.invars) - 1)
         elif name in ("max", "min") and any(depends):
-            found[here] = Site(here, 2)
+            found[here] = Site(_threshold_key(eqn, keys) or here, 2)
         elif name == "abs" and depends[0] and _floating(eqn.invars[0]):
             # `|u|` is `u` where `u >= 0`, else `-u`: two cases.
-            found[here] = Site(here, 2, continuous=True)
+            u = eqn.invars[0]
+            found[here] = Site(("ge", keys.get(u, u), 0.0), 2)
         elif eqn.primitive is compat.jit_p and any(depends):
             body = compat.jit_params(eqn.params).jaxpr.jaxpr
             inner = {v for v, d in zip(body.invars, depends, strict=True) if d}
@@ -643,23 +644,70 @@ def _sites(
             unknown.update(eqn.outvars)
 
 
+def _threshold_key(eqn: Any, keys: dict[Any, Any]) -> Any:
+    """The key of `max(u, c)` (`min(u, c)`) with a scalar literal `c`: it
+    picks `u` exactly where `u >= c` (`u <= c`), as `|u|` picks `u` where
+    `u >= 0`, so that `max(x, 0) + log1p(exp(-|x|))` has one site, not two
+    whose mixed cases no `x` picks."""
+    u, c = eqn.invars
+    if type(u) is _Literal or type(c) is not _Literal or np.ndim(c.val) != 0:
+        return None
+    direction = "ge" if eqn.primitive.name == "max" else "le"
+    return (direction, keys.get(u, u), float(c.val))
+
+
 def _floating(v: Any) -> bool:
     return jnp.issubdtype(v.aval.dtype, jnp.floating)
+
+
+_BOOLEAN: dict[str, Callable[..., bool]] = {
+    "or": lambda a, b: a or b,
+    "and": lambda a, b: a and b,
+    "not": lambda a: not a,
+}
+
+
+def _derived_keys(block: Block, keys: dict[Any, int]) -> dict[Any, Any]:
+    """Keys that are a boolean function of other keys (`jnp.where(small |
+    large, 1, x)` beside `jnp.where(small, ...)` and `jnp.where(large, ...)`):
+    their equations, in program order. Their case follows from the others',
+    so that no choice of cases is counted that no `x` can make (a constant
+    case there would mark its value NaN)."""
+    derived: dict[Any, Any] = {}
+    for eqn in block.eqns:
+        out = eqn.outvars[0]
+        if (
+            out in keys
+            and keys[out] == 2
+            and eqn.primitive.name in _BOOLEAN
+            and all(
+                type(v) is not _Literal and (v in derived or keys.get(v) == 2)
+                for v in eqn.invars
+            )
+        ):
+            derived[out] = eqn
+    return derived
 
 
 def _case_choices(block: Block) -> list[dict[Any, int]] | None:
     keys: dict[Any, int] = {}
     for site in block.sites.values():
         keys.setdefault(site.key, site.n_cases)
+    derived = _derived_keys(block, keys)
+    free = {k: n for k, n in keys.items() if k not in derived}
     count = 1
-    for n in keys.values():
+    for n in free.values():
         count *= n
     if count > MAX_CASES:
         return None
-    return [
-        dict(zip(keys, combo, strict=True))
-        for combo in itertools.product(*(range(n) for n in keys.values()))
-    ]
+    choices = []
+    for combo in itertools.product(*(range(n) for n in free.values())):
+        choice = dict(zip(free, combo, strict=True))
+        for out, eqn in derived.items():
+            value = _BOOLEAN[eqn.primitive.name](*(bool(choice[v]) for v in eqn.invars))
+            choice[out] = int(value)
+        choices.append(choice)
+    return choices
 
 
 def solve_piecewise(
@@ -677,7 +725,6 @@ def solve_piecewise(
     choices = _case_choices(block)
     if not block.sites or choices is None:
         return None
-    continuous = {site.key for site in block.sites.values() if site.continuous}
     x_spec = jax.ShapeDtypeStruct(block.x.aval.shape, block.x.aval.dtype)
     specs = [jax.ShapeDtypeStruct(jnp.shape(k), jnp.result_type(k)) for k in known]
     candidates = []
@@ -687,57 +734,86 @@ def solve_piecewise(
         def case(x: Any, *kn: Any, choice: dict[Any, int] = choice) -> Any:
             return block.run(x, kn, choice=choice)[block.y]
 
-        closed = jax.make_jaxpr(case)(x_spec, *specs)
+        # (Without the steps this case does not use: the predicates.)
+        closed = compat.dce_closed_jaxpr(jax.make_jaxpr(case)(x_spec, *specs))
         x_c = invert(closed, [None, *known], y)
         if x_c is None:
             return None
         if isinstance(x_c, tuple):
             x_c, flat_c = x_c
             flat = flat | flat_c
-        selected: dict[Any, Any] = {}
-        block.run(x_c, known, selected=selected)
-        # Where cases meet (`|u|` at `u == 0`), a point a few ulps from the
-        # kink may pick the other case: the case is checked a step of 16
-        # ulps either side too.
-        nearby: list[dict[Any, Any]] = []
-        if continuous:
-            finfo = jnp.finfo(jnp.result_type(y))
-            step = 16 * finfo.eps * jnp.maximum(jnp.abs(x_c), finfo.tiny)
-            for side in (x_c - step, x_c + step):
-                nearby.append({})
-                block.run(side, known, selected=nearby[-1])
-        consistent = jnp.ones(jnp.shape(y), bool)
-        for key, picked in selected.items():
-            agrees = picked == choice[key]
-            if key in continuous:
-                for near in nearby:
-                    agrees = agrees | (near[key] == choice[key])
-            consistent = consistent & agrees
-        candidates.append((x_c, consistent & ~jnp.isnan(x_c)))
+        candidates.append(x_c)
+    # Per candidate, how many sites pick its case at it (-1 if it is NaN).
+    scores = [
+        _agreeing(block, x_c, known, choice)
+        for x_c, choice in zip(candidates, choices, strict=True)
+    ]
+    n_keys = len({site.key for site in block.sites.values()})
+    oks = [score == n_keys for score in scores]
     dtype = jnp.result_type(y)
     x = jnp.full(jnp.shape(y), jnp.nan, dtype)
     found = jnp.zeros(jnp.shape(y), bool)
-    for x_c, ok in reversed(candidates):
+    for x_c, ok in reversed(list(zip(candidates, oks, strict=True))):
         x = jnp.where(ok, x_c, x)
         found = found | ok
-    eps = jnp.finfo(dtype).eps
-    tol = 8 * eps * jnp.maximum(jnp.abs(x), jnp.finfo(dtype).tiny)
+    # Where cases meet (`|u|` at `u == 0`, a threshold `x < t`), a candidate
+    # within rounding of the edge may pick the other case, and then no
+    # candidate picks its own. There the candidate with the most sites
+    # agreeing is kept; whether it is a preimage (within rounding: a jump of
+    # the program that rounding hides), the check of the answer below
+    # decides.
+    # (With one site, that is the first candidate that is not NaN.)
+    best_score = functools.reduce(jnp.maximum, scores)
+    best = jnp.full(jnp.shape(y), jnp.nan, dtype)
+    for x_c, score in reversed(list(zip(candidates, scores, strict=True))):
+        if n_keys == 1:
+            best = jnp.where(jnp.isnan(x_c), best, x_c)
+        else:
+            best = jnp.where(score == best_score, x_c, best)
+    x = jnp.where(found, x, best)
+    finfo = jnp.finfo(dtype)
+    slope = _solve.derivative(block.g, x, known)
+    steep = jnp.isfinite(slope) & (slope != 0)
+    # Candidates within rounding of each other are one preimage: a few ulps
+    # of `x`, or as far as rounding of `y` moves it (`16 eps |y| / |g'(x)|`:
+    # at a jump of the program that rounding hides, two cases' candidates).
+    moved = 16 * finfo.eps * jnp.abs(y) / jnp.where(steep, jnp.abs(slope), 1)
+    tol = 8 * finfo.eps * jnp.maximum(jnp.abs(x), finfo.tiny) + jnp.where(
+        steep, moved, 0
+    )
     ambiguous = jnp.zeros(jnp.shape(y), bool)
-    for x_c, ok in candidates:
+    for x_c, ok in zip(candidates, oks, strict=True):
         ambiguous = ambiguous | (ok & ~(jnp.abs(x_c - x) <= tol))
     # The answer must be a preimage: the block maps it back to `y` (within
     # rounding). Checked once, on the candidate kept: a candidate of another
     # case that picks its own case but does not map back can only make the
     # answer NaN (ambiguous), never another number.
-    back = maps_back(block, x, block.g(x, *known), y, known)
-    return jnp.where(found & ~ambiguous & ~flat & back, x, jnp.nan)
+    back = maps_back(block, x, block.g(x, *known), y, known, slope)
+    return jnp.where(~ambiguous & ~flat & back, x, jnp.nan)
 
 
-def maps_back(block: Block, x: Any, y_x: Any, y: Any, known: Sequence[Any]) -> Any:
+def _agreeing(
+    block: Block, x: Any, known: Sequence[Any], choice: dict[Any, int]
+) -> Any:
+    """How many site keys pick their case of `choice` at `x` (int32; -1
+    where `x` is NaN)."""
+    selected: dict[Any, Any] = {}
+    block.run(x, known, selected=selected)
+    count = sum(
+        _picks(name, ins, choice[key]).astype(jnp.int32)
+        for key, (name, ins) in selected.items()
+    )
+    return jnp.where(jnp.isnan(x), -1, count)
+
+
+def maps_back(
+    block: Block, x: Any, y_x: Any, y: Any, known: Sequence[Any], slope: Any = None
+) -> Any:
     """Where `g(x) = y_x` is `y` within rounding (of `y`, and of `x` through
-    `g'(x)`)."""
+    `g'(x)`, `slope` if given)."""
     eps = jnp.finfo(jnp.result_type(y)).eps
-    slope = _solve.derivative(block.g, x, known)
+    if slope is None:
+        slope = _solve.derivative(block.g, x, known)
     scale = jnp.abs(y) + jnp.abs(x * jnp.where(jnp.isfinite(slope), slope, 0.0))
     return (
         jnp.abs(y_x - y) <= 16 * eps * scale + 16 * jnp.finfo(jnp.result_type(y)).tiny

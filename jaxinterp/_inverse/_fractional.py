@@ -53,12 +53,27 @@ Degrees = tuple[int, int, bool]
 
 _KNOWN: Degrees = (0, 0, False)
 
+# The variable the fractions are polynomials in: `x` itself (0), or `s =
+# e^x` (1) or `s = e^-x` (-1), with `x` then the logarithm `log s` or
+# `log(1 / s)`; `SUBSTITUTIONS` is the order they are tried in.
+SUBSTITUTIONS = (0, 1, -1)
+_START: dict[int, Degrees] = {0: (1, 0, False), 1: (1, 0, True), -1: (0, 1, True)}
 
-def degrees(eqns: Sequence[Any], x: Any) -> Degrees | None:
+
+def degrees(eqns: Sequence[Any], x: Any, sign: int = 0) -> Degrees | None:
     """The degrees of the block's last result as a fraction of polynomials
-    in `x` (or the logarithm of one), or `None` if some step is not rational
-    of degree at most one in each part."""
-    return _degrees_of(eqns, {x: (1, 0, False)}, None)
+    in `x` (or in `e^(sign x)`; or the logarithm of one), or `None` if some
+    step is not rational of degree at most one in each part."""
+    return _degrees_of(eqns, {x: _START[sign]}, None)
+
+
+def substitution(eqns: Sequence[Any], x: Any) -> int | None:
+    """The first of `SUBSTITUTIONS` in which the block is linear-fractional
+    (or the logarithm of such a map), or `None`."""
+    for sign in SUBSTITUTIONS:
+        if degrees(eqns, x, sign) is not None:
+            return sign
+    return None
 
 
 def _degrees_of(
@@ -132,6 +147,9 @@ def _log_step_degrees(
     if name == "exp":
         n, d, _ = ins[0]
         return (n, d, False)
+    if name == "expm1":  # R - 1
+        n, d, _ = ins[0]
+        return (max(n, d), d, False)
     if name not in ("add", "sub", "add_any"):
         return None
     if not all(log or not u for (_, _, log), u in zip(ins, unknown, strict=True)):
@@ -161,14 +179,24 @@ class _Log(NamedTuple):
 
 
 def coefficients(
-    eqns: Sequence[Any], x: Any, known_vars: Sequence[Any], known: Sequence[Any]
+    eqns: Sequence[Any],
+    x: Any,
+    known_vars: Sequence[Any],
+    known: Sequence[Any],
+    sign: int = 0,
 ) -> Fraction | _Log:
-    """`(a, b, c, d)` with the block's last result `(a x + b) / (c x + d)`
-    (or its logarithm, a `_Log`), each computed from the known values (call
-    after `degrees` accepted the block)."""
+    """`(a, b, c, d)` with the block's last result `(a s + b) / (c s + d)`
+    (or its logarithm, a `_Log`), `s` being `x` or `e^(sign x)`, each
+    computed from the known values (call after `degrees` accepted the block
+    with this `sign`)."""
     env: dict[Any, Any] = dict(zip(known_vars, known, strict=True))
     zero, one = jnp.zeros((), x.aval.dtype), jnp.ones((), x.aval.dtype)
-    frac: dict[Any, Fraction] = {x: (one, zero, zero, one)}
+    start: Any = (one, zero, zero, one)  # s
+    if sign == 1:
+        start = _Log(start)  # x = log s
+    elif sign == -1:
+        start = _Log((zero, one, one, zero))  # x = log(1 / s)
+    frac: dict[Any, Any] = {x: start}
     return _walk(eqns, env, frac)
 
 
@@ -259,6 +287,9 @@ def _log_step(name: str, ins: Sequence[Any]) -> Any:
     constant parts: `(0, k, 0, 1)`)."""
     if name == "exp":
         return ins[0].frac
+    if name == "expm1":
+        a, b, c, d = ins[0].frac
+        return (a - c, b - d, c, d)
     if name == "neg":
         a, b, c, d = ins[0].frac
         return _Log((c, d, a, b))
@@ -312,16 +343,42 @@ def _quotient(frac: Fraction, num: Any, den: Any, dtype: Any) -> Any:
     return jnp.where(bad, jnp.asarray(jnp.nan, dtype), x).astype(dtype)
 
 
-def invert_log(frac: Fraction, y: Any) -> Any:
-    """`x` with `log((a x + b) / (c x + d)) == y`: the fraction's inverse at
-    `w = e^y`, written with `v = e^-y` (numerator and denominator divided
-    by `w`) where `y > 0`, so that no exponential overflows. Where
-    `|y| < log 2` the exponential is written `1 + m` with `m` from `expm1`,
-    so that a small `y` keeps its digits where the terms of `1` cancel
-    (`log1p(x) - log1p(-x)` near 0); elsewhere `e^-|y|` itself, so that a
-    tiny one is not lost next to 1 (logit at `y = -80`)."""
+class _Parts(NamedTuple):
+    """The root `s = num / den` of `R(s) = y` (or `log R(s) = y`), with
+    `diff = num - den` written without cancellation, and `log|num|`,
+    `log|den|` where an exponential in them underflows."""
+
+    num: Any
+    den: Any
+    diff: Any
+    log_num: Any
+    log_den: Any
+
+
+def _safe_log_abs(v: Any) -> Any:
+    # (The `where` keeps a zero's infinite derivative out of gradients.)
+    return jnp.log(jnp.abs(jnp.where(v == 0, 1, v)))
+
+
+def _parts(frac: Fraction, y: Any) -> _Parts:
+    """`R(s) = y`: `(b - d y) / (c y - a)`."""
     a, b, c, d = frac
-    dtype = jnp.result_type(y)
+    num, den = b - d * y, c * y - a
+    return _Parts(
+        num, den, (a + b) - (c + d) * y, _safe_log_abs(num), _safe_log_abs(den)
+    )
+
+
+def _log_parts(frac: Fraction, y: Any) -> _Parts:
+    """`log R(s) = y`: the fraction's inverse at `w = e^y`, written with `v =
+    e^-y` (numerator and denominator divided by `w`) where `y > 0`, so that
+    no exponential overflows. Where `|y| < log 2` the exponential is
+    written `1 + m` with `m` from `expm1`, so that a small `y` keeps its
+    digits where the terms of `1` cancel (`log1p(x) - log1p(-x)` near 0);
+    elsewhere `e^-|y|` itself, so that a tiny one is not lost next to 1
+    (logit at `y = -80`); a part that is a multiple of it has its logarithm
+    from `-|y|` (no underflow)."""
+    a, b, c, d = frac
     large = y > 0
     t = jnp.where(large, -y, y)  # -|y|, with the derivative of each side
     e, m = jnp.exp(t), jnp.expm1(t)  # w (or v = 1 / w), and w - 1
@@ -337,13 +394,57 @@ def invert_log(frac: Fraction, y: Any) -> Any:
         jnp.where(large, (c - a) - a * m, (c - a) + c * m),
         jnp.where(large, c - a * e, c * e - a),
     )
-    return _quotient(frac, num, den, dtype)
+    diff = jnp.where(
+        small,
+        jnp.where(large, (a + b - c - d) + (a + b) * m, (a + b - c - d) - (c + d) * m),
+        jnp.where(large, (a + b) * e - (c + d), (a + b) - (c + d) * e),
+    )
+    # The part with no constant term: `k e`, of logarithm `log|k| - |y|`.
+    num_free, num_k = jnp.where(large, -d, b), jnp.where(large, b, -d)
+    den_free, den_k = jnp.where(large, c, -a), jnp.where(large, -a, c)
+    log_num = jnp.where(
+        ~small & (num_free == 0), _safe_log_abs(num_k) + t, _safe_log_abs(num)
+    )
+    log_den = jnp.where(
+        ~small & (den_free == 0), _safe_log_abs(den_k) + t, _safe_log_abs(den)
+    )
+    return _Parts(num, den, diff, log_num, log_den)
 
 
-def _invert_any(frac: Fraction | _Log, y: Any) -> Any:
-    if isinstance(frac, _Log):
-        return invert_log(frac.frac, y)
-    return invert(frac, y)
+def invert_log(frac: Fraction, y: Any) -> Any:
+    """`x` with `log((a x + b) / (c x + d)) == y` (see `_log_parts`)."""
+    got = _log_parts(frac, y)
+    return _quotient(frac, got.num, got.den, jnp.result_type(y))
+
+
+def _log_of_root(frac: Fraction, got: _Parts, dtype: Any) -> Any:
+    """`log s` for the root `s = num / den` (`s = e^(sign x)`): `log1p(diff /
+    den)` where `s` is within `[1/2, 3/2]` (a small `x` keeps its digits),
+    else `log|num| - log|den|`; NaN where `s <= 0` (no `x` maps there) or
+    the map is constant."""
+    a, b, c, d = frac
+    num, den = got.num, got.den
+    positive = ((num > 0) & (den > 0)) | ((num < 0) & (den < 0))
+    bad = (a * d - b * c == 0) | ~positive
+    safe_den = jnp.where(bad, 1, den)
+    near = jnp.abs(got.diff) <= 0.5 * jnp.abs(safe_den)
+    out = jnp.where(
+        near,
+        jnp.log1p(jnp.where(near, got.diff, 0) / safe_den),
+        got.log_num - got.log_den,
+    )
+    return jnp.where(bad, jnp.asarray(jnp.nan, dtype), out).astype(dtype)
+
+
+def _invert_any(frac: Fraction | _Log, y: Any, sign: int = 0) -> Any:
+    """`x` from `y` for the block's fraction (or its logarithm) in `x` (`sign
+    == 0`) or in `s = e^(sign x)`, `x = sign * log s`."""
+    log = isinstance(frac, _Log)
+    f = frac.frac if isinstance(frac, _Log) else frac
+    if sign == 0:
+        return invert_log(f, y) if log else invert(f, y)
+    got = _log_parts(f, y) if log else _parts(f, y)
+    return sign * _log_of_root(f, got, jnp.result_type(y))
 
 
 def solve(block: Any, y: Any, known: Sequence[Any]) -> Any | None:
@@ -351,10 +452,11 @@ def solve(block: Any, y: Any, known: Sequence[Any]) -> Any | None:
     logarithm of such a map (NaN where there is no single preimage, or where
     the program's own evaluation at the solution does not give `y` back
     within rounding), or `None` if the block is neither."""
-    if degrees(block.eqns, block.x) is None:
+    sign = substitution(block.eqns, block.x)
+    if sign is None:
         return None
-    frac = coefficients(block.eqns, block.x, block.known, known)
-    x = _invert_any(frac, y)
+    frac = coefficients(block.eqns, block.x, block.known, known, sign)
+    x = _invert_any(frac, y, sign)
     ok = bl.maps_back(block, x, block.g(x, *known), y, known)
     return jnp.where(ok, x, jnp.asarray(jnp.nan, jnp.result_type(x)))
 
@@ -369,7 +471,8 @@ def solve_case(closed: Any, known: Sequence[Any], y: Any) -> tuple[Any, Any] | N
     `x` is NaN where the case is constant."""
     jaxpr = compat.open_jaxpr(closed)
     x_var, *known_vars = jaxpr.invars
-    if degrees(jaxpr.eqns, x_var) is None:
+    sign = substitution(jaxpr.eqns, x_var)
+    if sign is None:
         return None
     consts = list(compat.jaxpr_consts(closed))
     got = coefficients(
@@ -377,8 +480,9 @@ def solve_case(closed: Any, known: Sequence[Any], y: Any) -> tuple[Any, Any] | N
         x_var,
         [*jaxpr.constvars, *known_vars],
         [*consts, *known],
+        sign,
     )
-    x = _invert_any(got, y)
+    x = _invert_any(got, y, sign)
     a, b, c, d = got.frac if isinstance(got, _Log) else got
     dtype = jnp.result_type(y)
     # A constant case (`x + -x`, a ratio of proportional polynomials) takes
