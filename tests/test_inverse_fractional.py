@@ -3,7 +3,8 @@ from a value known in pieces.
 
 * `y = (a x + b) / (c x + d)` written with `x` in several places is inverted
   by the formula `x = (b - d y) / (c y - a)` (`_inverse/_fractional.py`),
-  and so is its logarithm (logit, `log(x) - log1p(-x)`) at `e^y`,
+  and so is its logarithm (logit, `log(x) - log1p(-x)`) at `e^y`, and such a
+  map of `s = e^x` or `e^-x` (softplus's inverse `x + log(-expm1(-x))`),
   not by the numerical solver: exact, available with `solvers=False`, and
   not a choice of preimage, so a later constraint on the same value is
   checked instead of refused. Compared with hand-written inverses and with
@@ -72,6 +73,27 @@ FRACTIONAL = {
         lambda x: jnp.exp(jnp.log(x) - jnp.log1p(x)),
         lambda y: y / (1 - y),
         (0.125, 4.0),
+    ),
+    # Linear-fractional in `s = e^x` or `e^-x`, `x = +-log s` (session 20).
+    "softplus's inverse, x + log(-expm1(-x))": (
+        lambda x: x + jnp.log(-jnp.expm1(-x)),
+        jax.nn.softplus,
+        (0.015625, 8.0),
+    ),
+    "log-sigmoid, x - log1p(exp(x))": (
+        lambda x: x - jnp.log1p(jnp.exp(x)),
+        lambda y: y - jnp.log1p(-jnp.exp(y)),
+        (-4.0, 4.0),
+    ),
+    "sigmoid, exp(x) / (1 + exp(x))": (
+        lambda x: jnp.exp(x) / (1 + jnp.exp(x)),
+        lambda y: jnp.log(y) - jnp.log1p(-y),
+        (-6.0, 6.0),
+    ),
+    "a Mobius map of e^-x, (2 - exp(-x)) / (exp(-x) + 3)": (
+        lambda x: (2 - jnp.exp(-x)) / (jnp.exp(-x) + 3),
+        lambda y: -jnp.log((2 - 3 * y) / (1 + y)),
+        (-1.5, 4.0),
     ),
 }
 
@@ -246,3 +268,57 @@ def test_a_reduction_of_a_partly_known_value_is_solved_for_the_rest(f, x):
     np.testing.assert_allclose(ildj, _slogdet(f, x), rtol=1e-3, atol=1e-4)
     jitted = jax.jit(jaxinterp.inverse_and_ildj(f))(f(x))
     np.testing.assert_allclose(jitted[0], x, rtol=1e-4, atol=1e-4)
+
+
+def _softplus_inverse_with_thresholds(x):
+    # The regimes careful libraries write for float32: `log x` below a small
+    # threshold, `x` above a large one, the stable form between, its operand
+    # replaced by 1 outside (a predicate that is the `|` of the other two).
+    small = x < np.exp(np.log(np.finfo(np.float32).eps) + 2.0)
+    large = x > -(np.log(np.finfo(np.float32).eps) + 2.0)
+    safe = jnp.where(small | large, jnp.ones([], x.dtype), x)
+    middle = safe + jnp.log(-jnp.expm1(-safe))
+    return jnp.where(small, jnp.log(x), jnp.where(large, x, middle))
+
+
+def test_softplus_inverse_in_e_to_the_x_is_exact_over_float32():
+    """From `y = -80` (`x` about 1e-35) to `80`: within a few ulps of
+    `softplus`, no NaN; the form with thresholds is piecewise, each case a
+    formula, with no NaN at the thresholds themselves (where rounding hides
+    the jump between the regimes)."""
+    plain = FRACTIONAL["softplus's inverse, x + log(-expm1(-x))"][0]
+    y = jnp.linspace(-80.0, 80.0, 641)
+    got = jaxinterp.inverse(plain)(y)
+    np.testing.assert_allclose(got, jax.nn.softplus(y), rtol=2e-6)
+
+    f = _softplus_inverse_with_thresholds
+    edges = np.exp(np.log(np.finfo(np.float32).eps) + 2.0), 13.942384719848633
+    x = jnp.concatenate(
+        [
+            jnp.logspace(-30, 1.5, 2001, dtype=jnp.float32),
+            jnp.array([e * k for e in edges for k in (1 - 1e-7, 1.0, 1 + 1e-7)]),
+        ]
+    ).astype(jnp.float32)
+    for inv in (jaxinterp.inverse(f), jaxinterp.inverse(f, solvers=False)):
+        got = jax.jit(inv)(f(x))
+        assert not np.isnan(np.asarray(got)).any()
+        np.testing.assert_allclose(got, x, rtol=2e-5)
+    text = jaxinterp.explain_inverse(f, x[:3])
+    assert "(piecewise)" in text and "elementwise solve" not in text, text
+
+
+@FEW
+@given(data=st.data())
+def test_a_jump_between_cases_is_nan_in_its_gap(data):
+    """A candidate kept at a threshold must map back: `y` in the gap of a
+    jump has no preimage (NaN), on either side of it the exact one."""
+
+    def f(x):
+        return jnp.where(x < 1.0, x, x + 5.0)
+
+    lo = data.draw(st.floats(-4.0, 0.9990234375, width=32))
+    hi = data.draw(st.floats(1.0, 4.0, width=32))
+    gap = data.draw(st.floats(1.0009765625, 5.9990234375, width=32))
+    got = jaxinterp.inverse(f)(jnp.array([lo, hi + 5.0, gap], jnp.float32))
+    np.testing.assert_allclose(got[:2], [lo, hi], rtol=1e-6, atol=1e-6)
+    assert np.isnan(got[2]), got
