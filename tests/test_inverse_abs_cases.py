@@ -163,3 +163,40 @@ def test_softsign_near_its_kink_has_no_false_nan():
     want = np.asarray(y / (1 - jnp.abs(y)))
     assert not np.isnan(got).any(), y[np.isnan(got)]
     np.testing.assert_allclose(got, want, rtol=4e-6, atol=0)
+
+
+def test_erfc_is_inverted_in_its_tail():
+    # `erfc(x)` for x up to 9 is as small as 4e-37: `erf_inv(1 - y)` would
+    # see `1 - y == 1` (infinite); `ndtri(y / 2)` keeps the digits.
+    x = jnp.linspace(-2.0, 9.0, 45)
+    got = inverse(jax.lax.erfc)(jax.lax.erfc(x))
+    np.testing.assert_allclose(got, x, rtol=2e-5, atol=2e-6)
+
+
+def _ndtr_by_regimes(x):
+    # The normal CDF as careful libraries write it: `erf` near 0, `erfc` of
+    # `|w|` in each tail (for its digits), one `abs` and two `where`s.
+    w = x * (0.5 * np.sqrt(2.0))
+    z = jnp.abs(w)
+    y = jnp.where(
+        z < 0.5 * np.sqrt(2.0),
+        1.0 + jax.lax.erf(w),
+        jnp.where(w > 0.0, 2.0 - jax.lax.erfc(z), jax.lax.erfc(z)),
+    )
+    return 0.5 * y
+
+
+@given(st.lists(st.floats(-9.0, 3.0, width=32), min_size=1, max_size=8))
+def test_a_normal_cdf_by_regimes_is_inverted_piecewise(xs):
+    x = jnp.asarray(xs, jnp.float32)
+    y = _ndtr_by_regimes(x)
+    got, ildj = inverse_and_ildj(_ndtr_by_regimes)(y)
+    np.testing.assert_allclose(got, jax.scipy.special.ndtri(y), rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(got, x, rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(
+        ildj, _slogdet_ildj(_ndtr_by_regimes, got), rtol=1e-3, atol=1e-3
+    )
+    assert "(piecewise)" in _explained(_ndtr_by_regimes, x)
+    # Off its image, (0, 1): NaN.
+    off = inverse(_ndtr_by_regimes)(jnp.array([-0.5, 1.5]))
+    assert np.isnan(np.asarray(off)).all()

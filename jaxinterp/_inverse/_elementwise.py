@@ -13,7 +13,9 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+import jax.scipy.special  # noqa: F401  (`jax.scipy.special.ndtri`)
 import numpy as np
 from jax import lax
 
@@ -31,6 +33,7 @@ from ._rules import (
 
 _LN2 = math.log(2.0)
 _LOG_SQRT_PI = 0.5 * math.log(math.pi)
+_SQRT_HALF = math.sqrt(0.5)
 
 
 def _is_float(value: Any) -> bool:
@@ -169,7 +172,9 @@ register_elementwise_inverse(
 )
 register_elementwise_inverse(
     lax.erfc_p,
-    lambda y: lax.erf_inv(1 - y),
+    # `erfc(x) = 2 ndtr(-x sqrt 2)`: `ndtri` keeps the tail's digits, where
+    # `erf_inv(1 - y)` would lose them in `1 - y` (`erfc(5)` is 1.5e-12).
+    lambda y: -jax.scipy.special.ndtri(0.5 * y) * _SQRT_HALF,
     lambda y, x: _LOG_SQRT_PI - _LN2 + lax.square(x),
 )
 register_elementwise_inverse(
