@@ -109,6 +109,10 @@ class SolveState:
         # The equation whose inverse rule solved each value, and the
         # operands and results then (see `InverseWalker._recheck_producer`).
         self.solved_by: dict[Any, tuple[int, list[Any], list[Any]]] = {}
+        # The rounding each unknown of an elementwise block took from the
+        # result it was solved from (`|y| / |g'(x)|`, elementwise): checks
+        # of a value recomputed from it, or against it, allow it.
+        self.rounding: dict[Any, Any] = {}
         # A stack, last equation on top: inversion mostly runs backwards, so
         # each equation of a chain is usually looked at once.
         self.stack = list(range(n))

@@ -402,12 +402,10 @@ def _log_parts(frac: Fraction, y: Any) -> _Parts:
     # The part with no constant term: `k e`, of logarithm `log|k| - |y|`.
     num_free, num_k = jnp.where(large, -d, b), jnp.where(large, b, -d)
     den_free, den_k = jnp.where(large, c, -a), jnp.where(large, -a, c)
-    log_num = jnp.where(
-        ~small & (num_free == 0), _safe_log_abs(num_k) + t, _safe_log_abs(num)
-    )
-    log_den = jnp.where(
-        ~small & (den_free == 0), _safe_log_abs(den_k) + t, _safe_log_abs(den)
-    )
+    # (One logarithm each: of `k` where the part is `k e`, else of the part.)
+    num_ke, den_ke = ~small & (num_free == 0), ~small & (den_free == 0)
+    log_num = _safe_log_abs(jnp.where(num_ke, num_k, num)) + jnp.where(num_ke, t, 0)
+    log_den = _safe_log_abs(jnp.where(den_ke, den_k, den)) + jnp.where(den_ke, t, 0)
     return _Parts(num, den, diff, log_num, log_den)
 
 

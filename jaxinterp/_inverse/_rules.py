@@ -437,6 +437,7 @@ def agree_recomputed(
     differentiable: bool = True,
     solved: bool = False,
     inherited: Sequence[Any] | None = None,
+    known_rounding: Sequence[Any] | None = None,
 ) -> Any:
     """Whether `forward(*ins)` agrees with the values `known` of its results
     (`None` where not known), as one boolean. The tolerance follows each
@@ -448,7 +449,9 @@ def agree_recomputed(
     factorization's `4e-25` where `0` was meant), and `inherited` (per
     operand, `None` or a magnitude) adds the rounding an operand solved
     backwards took from the values it was solved from (`x = y - 1` for
-    `y = x + 1` is off by `eps |y|`, not `eps |x|`). With `solved`, the
+    `y = x + 1` is off by `eps |y|`, not `eps |x|`), and `known_rounding`
+    (per result, `None` or a magnitude) the rounding a known result solved
+    backwards took likewise. With `solved`, the
     known results were solved too and carry the same: their largest
     elements' rounding is allowed as well."""
     # A check, not part of the answer's derivative: no tangents through it.
@@ -488,6 +491,12 @@ def agree_recomputed(
         slopes = [
             s if kn is None else s + _largest(kn)
             for s, kn in zip(slopes, known, strict=True)
+        ]
+    if known_rounding is not None:
+        # Known results solved by a formula carry the rounding they took.
+        slopes = [
+            s if r is None else s + lax.stop_gradient(r)
+            for s, r in zip(slopes, known_rounding, strict=True)
         ]
     oks = [
         agree(o, kn, s, nan_in)
