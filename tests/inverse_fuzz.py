@@ -1833,6 +1833,20 @@ _FRACTIONAL: list[_BlockRow] = [
         lambda a, c: _amin(a - 4) > 0.3,
         (0.5, 2),
     ),
+    # The logarithm of such a map (session 19), and maps linear-fractional
+    # in `e^x` or `e^-x` (session 20: softplus's inverse, a sigmoid).
+    (
+        "jnp.log({0} + C) - jnp.log1p(-{0})",
+        lambda a, c: _amin(a + c) > 0.05 and _hi(a) < 0.95,
+        (0.5, 2),
+    ),
+    (
+        "{0} + jnp.log(-jnp.expm1(-{0})) + C",
+        lambda a, c: _lo(a) > 0.05 and _hi(a) < 15,
+        (-1, 1),
+    ),
+    ("jnp.exp({0}) / (C + jnp.exp({0}))", lambda a, c: _amax(a) < 10, (0.5, 2)),
+    ("{0} - jnp.log1p(C * jnp.exp({0}))", lambda a, c: _amax(a) < 10, (0.5, 2)),
 ]
 _MONOTONE: list[_BlockRow] = [
     ("{0} + jnp.sin({0}) * C", lambda a, c: _amax(a) < 50, (0.1, 0.9)),
@@ -1907,6 +1921,12 @@ _JUMPS: list[_BlockRow] = [
         "jnp.where({0} > 0, {0}, C * {0}) + {0} / (1 + jnp.abs({0}))",
         lambda a, c: True,
         (0.1, 0.5),
+    ),
+    # A corner into a flat stretch (`x <= 0`), sampled where it is injective.
+    (
+        "jax.nn.relu({0}) + jax.nn.relu({0}) ** 2 + C",
+        lambda a, c: _lo(a) > 0.05,
+        (-1, 1),
     ),
     (
         "{0} - C * jnp.sign({0} - 2.0)",

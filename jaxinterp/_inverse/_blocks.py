@@ -13,9 +13,12 @@ one unknown value `x`. Then `y = g(x)` elementwise, and it is solved:
   `abs`es (`u` or `-u`) can take, the block with those cases fixed is
   inverted by the engine (formulas only, a linear-fractional case too:
   softsign's `x / (1 +- x)`); an element keeps the candidate whose
-  predicates select the cases it was solved with (for `abs`, whose cases
-  meet, there or a few ulps either side). No candidate: NaN (`y` outside the
-  image); two different ones: NaN (the map is not injective there).
+  predicates select the cases it was solved with, else (a threshold's jump
+  hidden by rounding) the one with the most predicates agreeing. The answer
+  must map back to `y`: else NaN (`y` outside the image); two candidates
+  apart by more than rounding: NaN (the map is not injective there).
+  `max(u, c)`, `min(u, c)` and `|u|` split at one threshold are one site,
+  and a predicate computed by `|`, `&`, `~` from others follows them.
 - **elementwise solve**, numerically (`_solve.py`), when some case has no
   formula. The solver returns one preimage, so the engine treats it like a
   principal-branch choice: a second constraint on `x` is refused.

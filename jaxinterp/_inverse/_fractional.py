@@ -22,6 +22,12 @@ quotient of fractions, if its degrees stay at most one), a known value added
 as `R(x) = e^y`, with `e^-y` in the formula where `y > 0` so that neither
 exponential overflows.
 
+The same walk runs with the polynomials in `s = e^x` or `s = e^-x` (session
+20) when it fails in `x`: `x` is then the logarithm `log s` (or `log(1 / s)`),
+`exp` and `expm1` of it fractions of `s`, so softplus's inverse `x +
+log(-expm1(-x)) = log((1 - s) / s)` with `s = e^-x` is solved for `s` and `x
+= -log s` (`log1p` of `s - 1` near `s = 1`, so a small `x` keeps its digits).
+
 The polynomials are never simplified, so the coefficients found describe the
 same function as the program wherever the program's own divisions are
 defined; the solution is checked by mapping it back (NaN where it does not
