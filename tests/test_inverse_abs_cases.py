@@ -200,3 +200,33 @@ def test_a_normal_cdf_by_regimes_is_inverted_piecewise(xs):
     # Off its image, (0, 1): NaN.
     off = inverse(_ndtr_by_regimes)(jnp.array([-0.5, 1.5]))
     assert np.isnan(np.asarray(off)).all()
+
+
+@given(
+    st.floats(-2.0, -0.25, width=32),
+    st.floats(0.25, 2.0, width=32),
+    st.sampled_from([-0.5, 0.0, 0.5]),
+    st.lists(st.floats(-4.0, 4.0, width=32), min_size=1, max_size=6),
+)
+def test_regimes_with_a_derived_predicate_answer_only_unique_preimages(a, b, d, ys):
+    """Three regimes as libraries write them (the middle one's operand made
+    safe with `where(small | large, ...)`), the low one shifted by `d`: a
+    jump up (`d > 0`, values taken twice) or down (`d < 0`, a gap). Every
+    `y` with one preimage gets it; every other `y` is NaN."""
+
+    def f(x):
+        small, large = x < a, x > b
+        safe = jnp.where(small | large, 0.5 * (a + b), x)
+        return jnp.where(small, x + 1.0 + d, jnp.where(large, x + 1.0, safe + 1.0))
+
+    y = np.asarray(ys, np.float32)
+    got = np.asarray(inverse(f)(jnp.asarray(y)))
+    for yk, gk in zip(y.astype(np.float64), got, strict=True):
+        pre = [x for x in (yk - 1.0 - d,) if x < a] + [x for x in (yk - 1.0,) if x >= a]
+        if min(abs(yk - 1.0 - a), abs(yk - 1.0 - d - a)) < 1e-4:
+            continue  # within rounding of a threshold's image
+        if len(pre) == 1:
+            np.testing.assert_allclose(gk, pre[0], rtol=1e-5, atol=1e-5)
+        else:
+            assert np.isnan(gk), (a, b, d, yk, gk, pre)
+    assert "(piecewise)" in _explained(f, jnp.asarray(y))

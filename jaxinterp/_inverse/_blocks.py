@@ -682,6 +682,7 @@ def _derived_keys(block: Block, keys: dict[Any, int]) -> dict[Any, Any]:
         if (
             out in keys
             and keys[out] == 2
+            and out.aval.dtype == jnp.bool_
             and eqn.primitive.name in _BOOLEAN
             and all(
                 type(v) is not _Literal and (v in derived or keys.get(v) == 2)
