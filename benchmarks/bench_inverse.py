@@ -22,6 +22,8 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import jax.scipy.special
+import numpy as np
 from jax import lax
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -172,6 +174,18 @@ def bench_blocks(quick: bool) -> None:
     def leaky(x):
         return jnp.where(x >= 0, x, 0.1 * x)
 
+    def softplus_inverse(x):  # linear-fractional in e^-x (session 20)
+        return x + jnp.log(-jnp.expm1(-x))
+
+    def softplus_stable(x):  # one site: max(x, 0) and |x| split at 0
+        return jnp.maximum(x, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(x)))
+
+    def ndtr_regimes(x):  # erf near 0, erfc of |w| in each tail
+        w = x * (0.5 * np.sqrt(2.0))
+        z = jnp.abs(w)
+        tails = jnp.where(w > 0.0, 2.0 - lax.erfc(z), lax.erfc(z))
+        return 0.5 * jnp.where(z < 0.5 * np.sqrt(2.0), 1.0 + lax.erf(w), tails)
+
     def householder(x):
         v = jnp.ones(x.shape[-1]) / jnp.sqrt(x.shape[-1])
         return x - 2 * v * jnp.dot(v, x)
@@ -218,6 +232,26 @@ def bench_blocks(quick: bool) -> None:
             softsign(x).at[:: n // (n // 50)].set(2.0),
             None,
         ),
+        # Since session 20: a formula in s = e^-x, and piecewise maps whose
+        # cases are formulas (were numerical solves).
+        "linear-fractional formula in e^-x (softplus inverse)": (
+            softplus_inverse,
+            jax.nn.softplus,
+            softplus_inverse(jnp.linspace(0.05, 8.0, n)),
+            3.0,
+        ),
+        "piecewise (softplus as max(x, 0) + log1p(exp(-|x|)))": (
+            softplus_stable,
+            softplus_inverse,
+            softplus_stable(x),
+            3.0,
+        ),
+        "piecewise (normal CDF by regimes)": (
+            ndtr_regimes,
+            jax.scipy.special.ndtri,
+            ndtr_regimes(x),
+            3.0,
+        ),
         "piecewise (leaky ReLU)": (
             leaky,
             lambda y: jnp.where(y >= 0, y, y / 0.1),
@@ -233,6 +267,8 @@ def bench_blocks(quick: bool) -> None:
     }
     if quick:  # (the suite's smoke test: one case of each kind)
         del cases["linear-fractional formula (logit)"]
+        del cases["piecewise (softplus as max(x, 0) + log1p(exp(-|x|)))"]
+        del cases["piecewise (normal CDF by regimes)"]
         del cases["elementwise solve (softsign), one y off the image"]
         del cases["elementwise solve (softsign), 2% of y off the image"]
     for name, (fn, hand, y, target) in cases.items():
