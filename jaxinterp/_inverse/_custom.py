@@ -140,8 +140,8 @@ class custom_inverse:  # noqa: N801 - named like jax.custom_jvp, a decorator
         """
         if self.inverse_fn is None or any(o is None for o in outvals):
             return None
-        ins = [(v.aval.shape, v.aval.dtype) for v in body.jaxpr.invars]
-        outs = [(v.aval.shape, v.aval.dtype) for v in body.jaxpr.outvars]
+        ins = [_shape_dtype(v) for v in body.jaxpr.invars]
+        outs = [_shape_dtype(v) for v in body.jaxpr.outvars]
         match = self._match(ins, outs)
         if match is None:
             return None
@@ -292,3 +292,8 @@ def custom_inverse_rule(name: str) -> Callable[..., Any] | None:
         return target.solve(outvals, invals, p.jaxpr)
 
     return rule
+
+
+def _shape_dtype(v: Any) -> tuple[Any, Any]:
+    aval: Any = v.aval  # (a shaped value: typed as `AbstractValue`)
+    return aval.shape, aval.dtype

@@ -418,7 +418,7 @@ def _forward(walker: InverseWalker, st: SolveState, i: int) -> bool:
         return False
     shape = _shape(out)
     masks = [np.broadcast_to(_mask(st, v), shape) for v in eqn.invars]
-    everywhere = np.logical_and.reduce(masks) if masks else np.ones(shape, bool)
+    everywhere = np.all(np.stack(masks), axis=0) if masks else np.ones(shape, bool)
     out_mask = _mask(st, out)
     progress = False
     new = everywhere & ~out_mask

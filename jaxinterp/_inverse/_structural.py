@@ -539,8 +539,8 @@ def _gather_inverse(
         idx = np.asarray(indices)[:, 0].astype(np.int64)
         if (
             len(np.unique(idx)) != n
-            or idx.min(initial=0) < 0
-            or idx.max(initial=0) >= size
+            or min(0, int(np.min(idx)) if idx.size else 0) < 0
+            or max(0, int(np.max(idx)) if idx.size else 0) >= size
         ):
             raise NotInvertibleError(
                 "`gather` indices are not a permutation of the axis, so some "

@@ -358,8 +358,8 @@ def switch_points(
         return [], False
     # Intervals (lo, hi, grid interval) whose ends' choices differ.
     active = [
-        (points[i], points[i + 1], int(i))
-        for i in np.flatnonzero(np.any(at[1:] != at[:-1], axis=1))
+        (points[i], points[i + 1], i)
+        for i in map(int, np.flatnonzero(np.any(at[1:] != at[:-1], axis=1)))
     ]
     ends = {float(p): row for p, row in zip(points, at, strict=True)}
     found: dict[int, list[tuple[float, float]]] = {}
