@@ -424,3 +424,22 @@ def test_the_edge_of_a_plateau_through_sign_is_nan():
     got = np.asarray(jax.jit(jaxinterp.inverse(f))(jnp.array([0.0, 2.0, -1.0])))
     assert np.isnan(got[[0, 2]]).all(), got
     np.testing.assert_allclose(got[1], 1.0, rtol=1e-6)
+
+
+def test_a_map_that_rounds_to_steps_is_not_a_plateau():
+    # `(32 + k max(x, -10)) - 32` in float32 takes steps of ulp(32) = 3.8e-6,
+    # one per 6.9e-4 of `x`: between one and four of the corner test's steps
+    # (sqrt(eps) = 3.5e-4). A root may repeat `g(x)` one step away on one
+    # side and not the other, which is rounding, not a stretch of preimages
+    # (session 20; TFP's `Softfloor(0.05)` at y = -2e-5 was NaN so). The
+    # corner at -10, into the constant stretch `x <= -10`, still is NaN.
+    def f(x):  # (`x` read twice, so a block: its `sin` term rounds away)
+        return (32.0 + 0.0055 * jnp.maximum(x, -10.0)) - 32.0 + 1e-12 * jnp.sin(x)
+
+    x = jnp.linspace(0.0, 1.0, 401, dtype=jnp.float32)
+    y = jnp.concatenate([f(x), f(jnp.array([-10.0, -12.0], jnp.float32))])
+    got = jaxinterp.inverse(f)(y)
+    assert "(elementwise solve)" in str(jaxinterp.explain_inverse(f, y))
+    assert not np.isnan(np.asarray(got[:-2])).any()
+    np.testing.assert_array_equal(f(got[:-2]), y[:-2])  # a preimage each
+    assert np.isnan(np.asarray(got[-2:])).all(), got[-2:]

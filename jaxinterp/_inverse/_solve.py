@@ -882,14 +882,21 @@ def edge_of_plateau(g: Callable[[Any], Any], x: Any) -> Any:
     so `_single`'s plateau test, and for a steep map its neighbours, pass it,
     yet every point of the stretch shares `g(x)`. A smooth map is constant
     on no stretch, unless it rounds to one (a sigmoid at 1): flat on both
-    sides, or moving on both, it is left to the other tests."""
+    sides, or moving on both, it is left to the other tests. The flat side
+    must be flat four steps away as well: a map computed from terms larger
+    than its value rounds to steps, and may repeat `g(x)` one step away."""
     finfo = jnp.finfo(jnp.result_type(x))
     eps, tiny = finfo.eps, finfo.tiny
     d = jnp.sqrt(eps) * jnp.maximum(jnp.abs(x), 1.0)
     at, below, above = g(x), g(x - d), g(x + d)
     noise = 4 * eps * jnp.abs(at) + tiny
     moves_below, moves_above = jnp.abs(below - at) > noise, jnp.abs(above - at) > noise
-    return ((below == at) & moves_above) | ((above == at) & moves_below)
+    # A stretch, not the rounding of a map computed from larger terms, whose
+    # values come in steps (TFP's `Softfloor(0.05)` at `y = -2e-5`: steps of
+    # 1.9e-6, one per 8.7e-4 of `x`): the same value four steps away too.
+    flat_below = (below == at) & (g(x - 4 * d) == at)
+    flat_above = (above == at) & (g(x + 4 * d) == at)
+    return (flat_below & moves_above) | (flat_above & moves_below)
 
 
 def _single(g: Callable[[Any], Any], x: Any, at: Any, flat: Any) -> Any:
