@@ -111,7 +111,8 @@ class SolveState:
         self.solved_by: dict[Any, tuple[int, list[Any], list[Any]]] = {}
         # The rounding each unknown of an elementwise block took from the
         # result it was solved from (`|y| / |g'(x)|`, elementwise): checks
-        # of a value recomputed from it, or against it, allow it.
+        # of a value recomputed from it, or against it, allow it. A thunk
+        # until a check asks (`rounding_of`).
         self.rounding: dict[Any, Any] = {}
         # A stack, last equation on top: inversion mostly runs backwards, so
         # each equation of a chain is usually looked at once.
@@ -262,6 +263,14 @@ class SolveState:
         return isinstance(v, _DropVar) or (
             v not in self.consumers and v not in self.protected
         )
+
+    def rounding_of(self, v: Any) -> Any:
+        """The rounding recorded for `v` (`None` if none), computed on the
+        first request and kept."""
+        got = self.rounding.get(v)
+        if callable(got):
+            got = self.rounding[v] = got()
+        return got
 
     def mark(self, v: Any, interval: br.Interval | None, origin: Any) -> None:
         """Record that `v` lies in `interval`, chosen by `origin` (if any)."""

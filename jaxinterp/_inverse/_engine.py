@@ -244,7 +244,7 @@ class InverseWalker:
                 known,
                 forward_differentiable(eqn),
                 inherited=[self._inherited(st, v) for v in eqn.invars],
-                known_rounding=[st.rounding.get(v) for v in eqn.outvars],
+                known_rounding=[st.rounding_of(v) for v in eqn.outvars],
             )
             st.agreements.append((ok, eqn))
             self._recheck_results(st, eqn, ins)
@@ -497,7 +497,7 @@ class InverseWalker:
         """The rounding `v` took from the result it was solved from, if an
         elementwise step of one result solved it backwards (else `None`)."""
         if type(v) is not _Literal and v in st.rounding:
-            return st.rounding[v]
+            return st.rounding_of(v)
         by = None if type(v) is _Literal else st.solved_by.get(v)
         if by is None:
             return None
@@ -681,8 +681,10 @@ class InverseWalker:
             origin = st.chooser[chosen_from[0]]
         known = [env[v] for v in block.known]
         if block.kind == bl.ELEMENTWISE and _floating(x_val):
-            st.rounding[block.x] = inherited_rounding(
-                lambda u: block.g(u, *known), x_val, env[block.y]
+            y_val = env[block.y]
+            # (Traced only if a check asks for it: `SolveState.rounding_of`.)
+            st.rounding[block.x] = lambda: inherited_rounding(
+                lambda u: block.g(u, *known), x_val, y_val
             )
         values = block.run(x_val, known)
         new_vars = [*block.xs, *(v for e in block.eqns for v in e.outvars)]

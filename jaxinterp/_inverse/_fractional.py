@@ -451,16 +451,31 @@ def _invert_any(frac: Fraction | _Log, y: Any, sign: int = 0) -> Any:
     return sign * _log_of_root(f, got, jnp.result_type(y))
 
 
+def _formula(
+    eqns: Sequence[Any],
+    x: Any,
+    known_vars: Sequence[Any],
+    known: Sequence[Any],
+    y: Any,
+) -> tuple[Fraction | _Log, Any] | None:
+    """The block's fraction (in the first substitution that fits) and `x`
+    from `y` by its formula, or `None` if no substitution fits."""
+    sign = substitution(eqns, x)
+    if sign is None:
+        return None
+    frac = coefficients(eqns, x, known_vars, known, sign)
+    return frac, _invert_any(frac, y, sign)
+
+
 def solve(block: Any, y: Any, known: Sequence[Any]) -> Any | None:
     """`x` for an elementwise block linear-fractional in its unknown, or the
     logarithm of such a map (NaN where there is no single preimage, or where
     the program's own evaluation at the solution does not give `y` back
     within rounding), or `None` if the block is neither."""
-    sign = substitution(block.eqns, block.x)
-    if sign is None:
+    got = _formula(block.eqns, block.x, block.known, known, y)
+    if got is None:
         return None
-    frac = coefficients(block.eqns, block.x, block.known, known, sign)
-    x = _invert_any(frac, y, sign)
+    x = got[1]
     ok = bl.maps_back(block, x, block.g(x, *known), y, known)
     return jnp.where(ok, x, jnp.asarray(jnp.nan, jnp.result_type(x)))
 
@@ -475,18 +490,13 @@ def solve_case(closed: Any, known: Sequence[Any], y: Any) -> tuple[Any, Any] | N
     `x` is NaN where the case is constant."""
     jaxpr = compat.open_jaxpr(closed)
     x_var, *known_vars = jaxpr.invars
-    sign = substitution(jaxpr.eqns, x_var)
-    if sign is None:
-        return None
     consts = list(compat.jaxpr_consts(closed))
-    got = coefficients(
-        jaxpr.eqns,
-        x_var,
-        [*jaxpr.constvars, *known_vars],
-        [*consts, *known],
-        sign,
+    found = _formula(
+        jaxpr.eqns, x_var, [*jaxpr.constvars, *known_vars], [*consts, *known], y
     )
-    x = _invert_any(got, y, sign)
+    if found is None:
+        return None
+    got, x = found
     a, b, c, d = got.frac if isinstance(got, _Log) else got
     dtype = jnp.result_type(y)
     # A constant case (`x + -x`, a ratio of proportional polynomials) takes
