@@ -43,6 +43,7 @@ from . import (
     _branches as br,
     _fractional as fr,
     _gram as gm,
+    _intervals as iv,
     _linear_parts as lp,
     _masked as mk,
     _nonsquare as nsq,
@@ -794,6 +795,9 @@ class InverseWalker:
         if x is None:
             x = bl.solve_piecewise(block, y, known, self._invert_case)
             method = bl.PIECEWISE
+        if x is None:
+            x = iv.solve(block, y, known)
+            method = iv.INTERVALS
         if x is None:
             if not solvers:
                 return bl.SOLVERS_OFF

@@ -1,0 +1,806 @@
+"""Piecewise-rational elementwise blocks, inverted interval by interval.
+
+A rational-quadratic spline (Durkan et al., 2019) picks one of its bins by
+comparing its unknown with the knots, clips the position inside each bin,
+and is a quotient of quadratics in each bin: written with `jnp.where` over
+four bins it has fourteen comparisons and clamps of the unknown, so the
+piecewise method (`_blocks.solve_piecewise`, at most `MAX_CASES` choices of
+cases, each inverted by a formula) cannot enumerate its cases, and no case
+has a formula the engine knows (a quadratic). Here it is inverted exactly:
+
+1. **Breakpoints.** Every discrete choice the block makes depends on its
+   unknown `x` through a comparison (`x >= knot`), a `max`/`min`/`clamp`
+   against a known bound, or an `abs`, of a value `u` computed from `x` by
+   a chain of monotone steps, each with one unknown operand (`(x - k) / w`,
+   `exp`, a clamp). The choice can change only where `u` crosses the bound,
+   at the `x` the chain's inverse gives (and where a step of the chain
+   leaves its domain: `log` at 0). Between consecutive breakpoints (sorted;
+   they are traced values) every choice is constant, so the block is one
+   formula there. A breakpoint too many only splits an interval; none is
+   missing, because the chain is monotone between them.
+2. **One formula per interval.** The block is walked once, with each value
+   held as a quotient of polynomials of degree at most two in `z = x - r`
+   (`r` a point inside the interval, so that the coefficients are well
+   conditioned), the choices fixed as they fall at `r`: a `select_n`, `max`
+   or `abs` selects its operands' coefficients. Every interval is walked at
+   once (a leading axis of representatives); a value used only by
+   comparisons may be anything (`exp(x) > 1`).
+3. **Candidates.** Per interval, the roots of `N(z) - y D(z)` (a quadratic:
+   both roots) that lie in the interval (within rounding), and each
+   breakpoint where the block's value there is `y`. Every preimage of `y`
+   is among them, so: one candidate (or several within rounding of each
+   other) is the answer; two apart are NaN (the map is not injective
+   there); an interval on which the block is the constant `y` is NaN
+   (every point of it a preimage); the answer must map back to `y`, else
+   NaN (`y` outside the image).
+
+Nothing here is a numerical search: the work per element is one quadratic
+per interval. A block is taken only if every step that depends on `x` is of
+the kinds above; its value may use `x` any number of times.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _jax_compat as compat
+from . import _blocks as bl, _solve
+
+_Literal = compat.Literal
+
+# Method, as `explain_inverse` names it.
+INTERVALS = "piecewise by intervals"
+
+# At most this many breakpoints (each interval costs a quadratic per element).
+MAX_BREAKS = 64
+
+# Steps whose value is a quotient of polynomials in their operands'.
+_ARITHMETIC = frozenset(
+    "add sub add_any mul div neg integer_pow square "
+    "convert_element_type copy copy_p stop_gradient".split()
+)
+# Steps that pick one of their operands by a discrete choice of `x`.
+_PICKS = frozenset("select_n max min abs clamp".split())
+# Steps with a discrete (boolean) result.
+_COMPARE = frozenset("eq ne lt le gt ge".split())
+_LOGIC = frozenset("and or not xor".split())
+# Steps whose value is no polynomial: allowed where only comparisons read
+# it (their point value is computed; a quotient through them is not).
+_OTHER = frozenset(
+    "exp log log1p expm1 tanh logistic sqrt cbrt rsqrt sin cos atan".split()
+)
+
+_DEGREE = 2
+
+
+class _Failed(Exception):
+    """The block is not piecewise rational of degree at most two."""
+
+
+# -- static analysis -----------------------------------------------------
+
+
+class _Plan(NamedTuple):
+    jaxpr: Any
+    consts: list[Any]
+    x: Any
+    # Breakpoint sources: (the value `u` compared, the known bound(s)) and
+    # the monotone chain from `u` down to `x` (equation, unknown operand).
+    breaks: list[tuple[Any, list[Any], list[tuple[Any, int]]]]
+    discrete: frozenset[Any]  # unknown values that are piecewise constant
+
+
+def _plan(closed: Any) -> _Plan | None:
+    jaxpr = closed.jaxpr
+    x = jaxpr.invars[0]
+    if not jnp.issubdtype(x.aval.dtype, jnp.floating):
+        return None
+    producer: dict[Any, tuple[Any, list[bool]]] = {}
+    unknown = {x}
+    discrete: set[Any] = set()
+    breaks: list[tuple[Any, list[Any], list[tuple[Any, int]]]] = []
+
+    def dep(v: Any) -> bool:
+        return type(v) is not _Literal and v in unknown
+
+    def chain(u: Any) -> list[tuple[Any, int]] | None:
+        steps: list[tuple[Any, int]] = []
+        while u is not x:
+            if u in discrete or u not in producer:
+                return None
+            eqn, deps = producer[u]
+            if sum(deps) != 1 or not _invertible(eqn, deps.index(True)):
+                return None
+            i = deps.index(True)
+            steps.append((eqn, i))
+            u = eqn.invars[i]
+        return steps
+
+    def add_break(u: Any, bounds: list[Any]) -> bool:
+        steps = chain(u)
+        if steps is None:
+            return False
+        breaks.append((u, bounds, steps))
+        return True
+
+    for eqn in jaxpr.eqns:
+        deps = [dep(v) for v in eqn.invars]
+        if not any(deps):
+            continue
+        name = eqn.primitive.name
+        outs = eqn.outvars
+        floating = all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in outs)
+        flags = [d and v not in discrete for v, d in zip(eqn.invars, deps, strict=True)]
+        if name in _COMPARE:
+            if any(flags):
+                # One side moves with `x`, the other is known.
+                if sum(deps) != 1:
+                    return None
+                i = flags.index(True)
+                if not add_break(eqn.invars[i], [eqn.invars[1 - i]]):
+                    return None
+            discrete.update(outs)
+        elif name in _LOGIC:
+            discrete.update(outs)
+        elif name == "convert_element_type" and all(
+            v in discrete for v, d in zip(eqn.invars, deps, strict=True) if d
+        ):
+            discrete.update(outs)  # a piecewise-constant value, converted
+        elif name in ("max", "min"):
+            if sum(deps) != 1 or sum(flags) != 1 or not floating:
+                return None
+            other = eqn.invars[1 - flags.index(True)]
+            if not add_break(eqn.invars[flags.index(True)], [other]):
+                return None
+        elif name == "abs":
+            if not floating or not add_break(eqn.invars[0], [0.0]):
+                return None
+        elif name == "clamp":
+            lo, u, hi = eqn.invars
+            if deps[0] or deps[2] or not floating or not add_break(u, [lo, hi]):
+                return None
+        elif name == "select_n":
+            if deps[0] and eqn.invars[0] not in discrete:
+                return None
+            if not floating:
+                if any(flags[1:]):
+                    return None
+                discrete.update(outs)  # a choice between discrete values
+        elif name in _ARITHMETIC or name in _OTHER:
+            if not floating:
+                return None  # (a float truncated to an integer: a staircase)
+        else:
+            return None
+        unknown.update(outs)
+        for v in outs:
+            producer[v] = (eqn, deps)
+    out = jaxpr.outvars[0]
+    if type(out) is _Literal or out not in unknown or out in discrete:
+        return None
+    if not breaks or len(breaks) > MAX_BREAKS:
+        return None
+    return _Plan(jaxpr, list(closed.consts), x, breaks, frozenset(discrete))
+
+
+# Steps a breakpoint chain passes through: monotone in their unknown
+# operand (on each side of a domain edge or pole, which is a breakpoint too).
+_CHAIN = frozenset(
+    "add sub add_any mul div neg convert_element_type copy copy_p "
+    "stop_gradient max min clamp abs exp log log1p expm1 tanh logistic sqrt "
+    "cbrt integer_pow square".split()
+)
+
+
+def _invertible(eqn: Any, i: int) -> bool:
+    name = eqn.primitive.name
+    if name not in _CHAIN:
+        return False
+    if name == "clamp":
+        return i == 1
+    return all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in eqn.outvars)
+
+
+def _pull(eqn: Any, i: int, c: Any, read: Callable[[Any], Any]) -> list[Any]:
+    """The values of operand `i` of `eqn` at which its result crosses `c`
+    (or may change how it depends on the operand: a domain edge, a pole)."""
+    name = eqn.primitive.name
+    others = [read(v) for j, v in enumerate(eqn.invars) if j != i]
+    k = others[0] if others else None
+    if name in ("add", "add_any"):
+        return [c - k]
+    if name == "sub":
+        return [c + k] if i == 0 else [k - c]
+    if name == "mul":
+        return [c / k]
+    if name == "div":
+        return [c * k] if i == 0 else [k / c, jnp.zeros_like(c)]
+    if name == "neg":
+        return [-c]
+    if name in ("max", "min", "clamp", "convert_element_type", "copy", "copy_p"):
+        return [c]
+    if name == "stop_gradient":
+        return [c]
+    if name == "abs":
+        return [c, -c]
+    if name == "exp":
+        return [jnp.log(c)]
+    if name == "log":
+        return [jnp.exp(c), jnp.zeros_like(c)]
+    if name == "log1p":
+        return [jnp.expm1(c), -jnp.ones_like(c)]
+    if name == "expm1":
+        return [jnp.log1p(c)]
+    if name == "tanh":
+        return [jnp.arctanh(c)]
+    if name == "logistic":
+        return [jnp.log(c) - jnp.log1p(-c)]
+    if name == "sqrt":
+        return [c * c, jnp.zeros_like(c)]
+    if name == "cbrt":
+        return [c * c * c]
+    power = 2 if name == "square" else int(eqn.params["y"])
+    root = jnp.abs(c) ** (1.0 / abs(power))
+    found = [root, -root] if power % 2 == 0 else [jnp.sign(c) * root]
+    return found + ([jnp.zeros_like(c)] if power < 0 else [])
+
+
+# -- quotients of polynomials in z ---------------------------------------
+
+Poly = tuple[Any, ...]  # coefficients of z^0, z^1, ...
+
+
+class _Frac(NamedTuple):
+    num: Poly
+    den: Poly | None  # None: 1
+
+
+def _const(v: Any) -> _Frac:
+    return _Frac((v,), None)
+
+
+def _padd(p: Poly, q: Poly, sign: int = 1) -> Poly:
+    out = []
+    for i in range(max(len(p), len(q))):
+        if i >= len(q):
+            out.append(p[i])
+        elif i >= len(p):
+            out.append(q[i] if sign > 0 else -q[i])
+        else:
+            out.append(p[i] + q[i] if sign > 0 else p[i] - q[i])
+    return _check(tuple(out))
+
+
+def _pmul(p: Poly, q: Poly) -> Poly:
+    if len(p) + len(q) - 2 > _DEGREE:
+        raise _Failed
+    out: list[Any] = [None] * (len(p) + len(q) - 1)
+    for i, a in enumerate(p):
+        for j, b in enumerate(q):
+            term = a * b
+            out[i + j] = term if out[i + j] is None else out[i + j] + term
+    return tuple(out)
+
+
+def _check(p: Poly) -> Poly:
+    if len(p) - 1 > _DEGREE:
+        raise _Failed
+    return p
+
+
+def _den(f: _Frac) -> Poly:
+    return f.den if f.den is not None else (1.0,)
+
+
+def _frac_step(name: str, ins: Sequence[_Frac], params: dict[str, Any]) -> _Frac:
+    if name in ("convert_element_type", "copy", "copy_p", "stop_gradient"):
+        return ins[0]
+    if name == "neg":
+        return _Frac(tuple(-a for a in ins[0].num), ins[0].den)
+    if name in ("add", "add_any", "sub"):
+        f, g = ins
+        sign = -1 if name == "sub" else 1
+        if f.den is None and g.den is None:
+            return _Frac(_padd(f.num, g.num, sign), None)
+        if f.den is g.den:
+            return _Frac(_padd(f.num, g.num, sign), f.den)
+        num = _padd(_pmul(f.num, _den(g)), _pmul(g.num, _den(f)), sign)
+        return _Frac(num, _pmul(_den(f), _den(g)))
+    if name == "mul":
+        f, g = ins
+        den = None if f.den is None and g.den is None else _pmul(_den(f), _den(g))
+        return _Frac(_pmul(f.num, g.num), den)
+    if name == "div":
+        f, g = ins
+        return _Frac(_pmul(f.num, _den(g)), _pmul(_den(f), g.num))
+    if name in ("square", "integer_pow"):
+        (f,) = ins
+        power = 2 if name == "square" else int(params["y"])
+        if power == 0:
+            return _const(1.0)
+        out = f
+        for _ in range(abs(power) - 1):
+            out = _frac_step("mul", [out, f], {})
+        if power < 0:
+            out = _Frac(_den(out), out.num)
+        return out
+    raise _Failed
+
+
+def _select(which: Any, cases: Sequence[_Frac]) -> _Frac:
+    """Coefficient by coefficient, the case `which` picks (a bool or an int
+    per element)."""
+    if all(c is cases[0] for c in cases):
+        return cases[0]
+
+    def pick(polys: Sequence[Poly]) -> Poly:
+        n = max(len(p) for p in polys)
+        out = []
+        for i in range(n):
+            terms = [p[i] if i < len(p) else 0.0 for p in polys]
+            if jnp.result_type(which) == jnp.bool_:
+                out.append(jnp.where(which, terms[1], terms[0]))
+            else:
+                v = terms[0]
+                for j in range(1, len(terms)):
+                    v = jnp.where(which == j, terms[j], v)
+                out.append(v)
+        return tuple(out)
+
+    num = pick([c.num for c in cases])
+    if all(c.den is None for c in cases):
+        return _Frac(num, None)
+    return _Frac(num, pick([_den(c) for c in cases]))
+
+
+# -- evaluation ----------------------------------------------------------
+
+
+def _bind(eqn: Any, ins: Sequence[Any]) -> list[Any]:
+    """`eqn` on operands that broadcast (representatives on a leading axis,
+    known values of the elements' shape or scalars)."""
+    name = eqn.primitive.name
+    if name == "broadcast_in_dim" and not jnp.shape(ins[0]):
+        return [ins[0]]  # a scalar stands for its broadcast
+    if name in bl._ELEMENTWISE:
+        ins = jnp.broadcast_arrays(*ins) if len(ins) > 1 else list(ins)
+    else:
+        ins = [
+            v if type(var) is _Literal else jnp.broadcast_to(v, var.aval.shape)
+            for v, var in zip(ins, eqn.invars, strict=True)
+        ]
+    user_ctx, eqn_ctx = compat.eqn_contexts(eqn)
+    with user_ctx, eqn_ctx:
+        return compat.bind_eqn(eqn.primitive, ins, eqn.params)
+
+
+def _known_env(plan: _Plan, known: Sequence[Any]) -> dict[Any, Any]:
+    """The values of the steps of known values only."""
+    jaxpr = plan.jaxpr
+    env: dict[Any, Any] = dict(zip(jaxpr.constvars, plan.consts, strict=True))
+    env.update(zip(jaxpr.invars[1:], known, strict=True))
+    moving = {plan.x}
+    for eqn in jaxpr.eqns:
+        if any(type(v) is not _Literal and v in moving for v in eqn.invars):
+            moving.update(eqn.outvars)
+            continue
+        ins = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
+        env.update(zip(eqn.outvars, _bind(eqn, ins), strict=True))
+    return env
+
+
+def _breakpoints(plan: _Plan, env: dict[Any, Any], rank: int, dtype: Any) -> Any:
+    """The sorted breakpoints, shape `(K, ...)`: non-finite ones (a bound
+    the chain never reaches) replaced by the largest finite one (an empty
+    interval)."""
+
+    def read(v: Any) -> Any:
+        return jnp.asarray(v.val if type(v) is _Literal else env[v], dtype)
+
+    found: list[Any] = []
+    for _, bounds, steps in plan.breaks:
+        values = [
+            jnp.asarray(read(b) if not isinstance(b, float) else b, dtype)
+            for b in bounds
+        ]
+        for eqn, i in steps:
+            values = [p for c in values for p in _pull(eqn, i, c, read)]
+            if len(found) + len(values) > MAX_BREAKS:
+                raise _Failed
+        found.extend(values)
+    shape = jnp.broadcast_shapes(*(jnp.shape(v) for v in found))
+    if len(shape) > rank:
+        raise _Failed
+    shape = (1,) * (rank - len(shape)) + tuple(shape)
+    t = jnp.stack([jnp.broadcast_to(jnp.asarray(v, dtype), shape) for v in found])
+    ok = jnp.isfinite(t)
+    top = jnp.max(jnp.where(ok, t, -jnp.inf), axis=0)
+    # (No finite breakpoint at all: one interval around 0.)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    return jnp.sort(jnp.where(ok, t, top), axis=0)
+
+
+class _Walked(NamedTuple):
+    frac: _Frac
+    point: Any  # the block's value at each representative
+
+
+def _walk(plan: _Plan, env: dict[Any, Any], reps: Any) -> _Walked:
+    """The block's value as a quotient in `z = x - r` per representative
+    `r` (leading axis of `reps`), its choices fixed as they fall at `r`."""
+    point: dict[Any, Any] = {plan.x: reps}
+    fracs: dict[Any, _Frac | None] = {plan.x: _Frac((reps, jnp.ones_like(reps)), None)}
+
+    def val(v: Any) -> Any:
+        if type(v) is _Literal:
+            return v.val
+        return point[v] if v in point else env[v]
+
+    def frac(v: Any) -> _Frac | None:
+        if type(v) is _Literal:
+            return _const(v.val)
+        if v in plan.discrete:
+            return _const(point[v])
+        return fracs[v] if v in fracs else _const(env[v])
+
+    for eqn in plan.jaxpr.eqns:
+        if not any(type(v) is not _Literal and v in point for v in eqn.invars):
+            continue
+        ins = [val(v) for v in eqn.invars]
+        outs = _bind(eqn, ins)
+        point.update(zip(eqn.outvars, outs, strict=True))
+        out = eqn.outvars[0]
+        name = eqn.primitive.name
+        if out in plan.discrete or name in _COMPARE or name in _LOGIC:
+            continue
+        operands = [frac(v) for v in eqn.invars]
+        if name == "select_n":
+            cases = operands[1:]
+            result = None if any(c is None for c in cases) else _select(ins[0], cases)
+        elif name in ("max", "min"):
+            v0 = eqn.invars[0]
+            i = 0 if type(v0) is not _Literal and v0 in point else 1
+            u, k = ins[i], ins[1 - i]
+            keep = u >= k if name == "max" else u <= k
+            fu, fk = operands[i], operands[1 - i]
+            result = None if fu is None else _select(keep, [fk, fu])
+        elif name == "abs":
+            f = operands[0]
+            result = (
+                None
+                if f is None
+                else _select(ins[0] >= 0, [_frac_step("neg", [f], {}), f])
+            )
+        elif name == "clamp":
+            lo, u, hi = ins
+            f = operands[1]
+            which = jnp.where(u < lo, 1, jnp.where(u > hi, 2, 0))
+            result = (
+                None if f is None else _select(which, [f, operands[0], operands[2]])
+            )
+        elif name in _OTHER or any(f is None for f in operands):
+            result = None
+        else:
+            try:
+                result = _frac_step(name, operands, eqn.params)
+            except _Failed:
+                result = None
+        fracs[out] = result
+    y = plan.jaxpr.outvars[0]
+    got = fracs.get(y)
+    if got is None:
+        raise _Failed
+    return _Walked(got, point[y])
+
+
+# -- solving -------------------------------------------------------------
+
+
+def _quadratic(a: Any, b: Any, c: Any) -> tuple[Any, Any]:
+    """Both real roots of `a z^2 + b z + c` (the stable pair of formulas; one
+    root where `a == 0`), NaN where there is none. Safe to differentiate:
+    no NaN is computed where it is not returned."""
+    disc = b * b - 4 * a * c
+    real = disc >= 0
+    sq = jnp.sqrt(jnp.where(real, disc, 0.0))
+    q = -0.5 * (b + jnp.where(b < 0, -sq, sq))
+    nan = jnp.asarray(jnp.nan, jnp.result_type(a, b, c))
+    nonzero_a, nonzero_q = a != 0, q != 0
+    z1 = jnp.where(real & nonzero_a, q / jnp.where(nonzero_a, a, 1.0), nan)
+    z2 = jnp.where(real & nonzero_q, c / jnp.where(nonzero_q, q, 1.0), nan)
+    return z1, z2
+
+
+def _padded(p: Poly) -> Poly:
+    return tuple(p[i] if i < len(p) else 0.0 for i in range(_DEGREE + 1))
+
+
+def _polyval(p: Poly, z: Any) -> Any:
+    out = p[-1]
+    for c in reversed(p[:-1]):
+        out = out * z + c
+    return out
+
+
+class _Tables(NamedTuple):
+    """Per interval (leading axis, `K + 1`): the quotient's coefficients,
+    the representative and the ends; per breakpoint (`K`): where it is and
+    the block's value there; per interval, the block's value at the
+    representative."""
+
+    num: Poly
+    den: Poly
+    r: Any
+    lo: Any
+    hi: Any
+    t: Any
+    y_t: Any
+    y_r: Any
+
+
+def _tables(plan: _Plan, known: Sequence[Any], rank: int, dtype: Any) -> _Tables:
+    env = _known_env(plan, known)
+    t = _breakpoints(plan, env, rank, dtype)  # (K, ...)
+    first, last = t[0], t[-1]
+    below = first - jnp.maximum(1.0, jnp.abs(first))
+    above = last + jnp.maximum(1.0, jnp.abs(last))
+    mids = t[:-1] + (t[1:] - t[:-1]) / 2
+    # Representatives: one inside each interval (K + 1), then the K
+    # breakpoints themselves (the block's value there).
+    reps = jnp.concatenate([below[None], mids, above[None], t])
+    k = t.shape[0]
+    walked = _walk(plan, env, reps)
+    inf = jnp.full_like(first, jnp.inf)
+
+    def intervals(p: Poly) -> Poly:
+        # (Coefficients without the representatives' axis are known values.)
+        return tuple(c[: k + 1] if jnp.ndim(c) == rank + 1 else c for c in _padded(p))
+
+    return _Tables(
+        intervals(walked.frac.num),
+        intervals(_den(walked.frac)),
+        reps[: k + 1],
+        jnp.concatenate([-inf[None], t]),
+        jnp.concatenate([t, inf[None]]),
+        t,
+        walked.point[k + 1 :],
+        walked.point[: k + 1],
+    )
+
+
+def _close(value: Any, y: Any, eps: float, tiny: float) -> Any:
+    """Where the block's `value` at a point is `y` within rounding of `y`."""
+    return jnp.abs(value - y) <= 16 * eps * jnp.abs(y) + 16 * tiny
+
+
+def _in_interval(x: Any, lo: Any, hi: Any, eps: float) -> Any:
+    span = jnp.maximum(jnp.abs(jnp.where(jnp.isfinite(lo), lo, 0.0)), jnp.abs(hi))
+    span = jnp.where(jnp.isfinite(span), span, 0.0)
+    slack = 16 * eps * jnp.maximum(span, jnp.abs(x))
+    return (x >= lo - slack) & (x <= hi + slack)
+
+
+def _first(cand: Any, ok: Any) -> tuple[Any, Any]:
+    """The first candidate accepted (NaN where none is) and how far the
+    other accepted ones are from it."""
+    ok = ok & ~jnp.isnan(cand)
+    x = jnp.full(cand.shape[1:], jnp.nan, cand.dtype)
+    for i in reversed(range(cand.shape[0])):
+        x = jnp.where(ok[i], cand[i], x)
+    spread = jnp.max(jnp.where(ok, jnp.abs(cand - x[None]), 0.0), axis=0)
+    return x, spread
+
+
+def _every_interval(tab: _Tables, y: Any, eps: float, tiny: float) -> tuple:
+    """The first candidate of every interval and breakpoint accepted, per
+    element (NaN where none is, or on a plateau at `y`), and how far the
+    others accepted are from it."""
+    shape = jnp.shape(y)
+    y_b = jnp.asarray(y)[None]
+    e = [n - y_b * d for n, d in zip(tab.num, tab.den, strict=True)]
+    z1, z2 = _quadratic(e[2], e[1], e[0])
+    cands, oks = [], []
+    for z in (z1, z2):
+        x_c = tab.r + z
+        cands.append(x_c)
+        oks.append(_in_interval(x_c, tab.lo, tab.hi, eps))
+    cands.append(tab.t)
+    oks.append(_close(tab.y_t, y_b, eps, tiny))
+    # An interval (of some length) on which the block is the constant `y`.
+    constant = (e[1] == 0) & (e[2] == 0) & (e[0] == 0)
+    fixed = functools.reduce(
+        operator.and_, [c == 0 for p in (tab.num, tab.den) for c in p[1:]]
+    )
+    constant = constant | (fixed & _close(tab.y_r, y_b, eps, tiny))
+    plateau = jnp.any(constant & (tab.hi > tab.lo), axis=0)
+    cand = jnp.concatenate([jnp.broadcast_to(c, (c.shape[0], *shape)) for c in cands])
+    ok = jnp.concatenate([jnp.broadcast_to(o, (o.shape[0], *shape)) for o in oks])
+    x, spread = _first(cand, ok)
+    return jnp.where(plateau, jnp.nan, x), spread
+
+
+def _uniform(tab: _Tables) -> bool:
+    """Whether the tables are the same for every element (each value's
+    elements' axes of size one): then the interval of each `y` is looked up."""
+    values = [*tab.num, *tab.den, tab.r, tab.t, tab.y_t]
+    return all(int(np.prod(jnp.shape(v)[1:])) == 1 for v in values)
+
+
+def _flat(tab: _Tables) -> _Tables:
+    k1 = tab.r.shape[0]
+
+    def one(v: Any, n: int) -> Any:
+        return jnp.broadcast_to(jnp.reshape(v, (-1,)) if jnp.ndim(v) else v, (n,))
+
+    return _Tables(
+        tuple(one(c, k1) for c in tab.num),
+        tuple(one(c, k1) for c in tab.den),
+        one(tab.r, k1),
+        one(tab.lo, k1),
+        one(tab.hi, k1),
+        one(tab.t, k1 - 1),
+        one(tab.y_t, k1 - 1),
+        one(tab.y_r, k1),
+    )
+
+
+def _monotone(tab: _Tables, eps: float) -> tuple[Any, Any]:
+    """Whether the block (1-D tables) is strictly monotone: in each interval
+    of some length, the derivative's numerator `N'D - ND'` (a quadratic: the
+    cubic terms cancel) keeps one sign, the same in every interval, and `D`
+    has no zero; across each breakpoint the values do not go back (within
+    rounding of the value there). And the direction (+1 or -1)."""
+    n0, n1, n2 = tab.num
+    d0, d1, d2 = tab.den
+    p0 = n1 * d0 - n0 * d1
+    p1 = 2 * (n2 * d0 - n0 * d2)
+    p2 = n2 * d1 - n1 * d2
+    zlo, zhi = tab.lo - tab.r, tab.hi - tab.r
+    nonempty = tab.hi > tab.lo
+
+    def inside(z: Any) -> Any:
+        return (z > zlo) & (z < zhi)
+
+    q1, q2 = _quadratic(p2, p1, p0)
+    pole1, pole2 = _quadratic(d2, d1, d0)
+    finite_lo, finite_hi = jnp.isfinite(zlo), jnp.isfinite(zhi)
+    z_lo = jnp.where(finite_lo, zlo, 0.0)
+    z_hi = jnp.where(finite_hi, zhi, 0.0)
+    den_lo, den_hi = _polyval(tab.den, z_lo), _polyval(tab.den, z_hi)
+    bad = (
+        inside(q1)
+        | inside(q2)
+        | (p0 == 0)
+        | inside(pole1)
+        | inside(pole2)
+        | (finite_lo & (den_lo == 0))
+        | (finite_hi & (den_hi == 0))
+        | ~jnp.isfinite(p0)
+    )
+    rising = p0 > 0
+    up = jnp.all(rising | ~nonempty)
+    down = jnp.all(~rising | ~nonempty)
+    s = jnp.where(up, 1.0, -1.0).astype(tab.t.dtype)
+    fl = _polyval(tab.num, z_lo) / jnp.where(den_lo == 0, 1.0, den_lo)
+    fh = _polyval(tab.num, z_hi) / jnp.where(den_hi == 0, 1.0, den_hi)
+    b = tab.y_t
+    tol = 16 * eps * jnp.abs(b)
+    ordered = (s * fh[:-1] <= s * b + tol) & (s * b <= s * fl[1:] + tol)
+    ok = (
+        jnp.all(~bad | ~nonempty)
+        & (up | down)
+        & jnp.any(nonempty)
+        & jnp.all(ordered)
+        & jnp.all(jnp.isfinite(b))
+    )
+    return ok, s
+
+
+def _looked_up(tab: _Tables, s: Any, y: Any, eps: float, tiny: float) -> tuple:
+    """As `_every_interval`, from the one interval whose values hold `y`
+    (1-D tables of a monotone block, direction `s`) and its two ends."""
+    k = tab.t.shape[0]
+    sy = s * y
+    # Which of the breakpoints' values `y` is above. Each column of the
+    # tables is then picked by a chain of selects (XLA's CPU code for a
+    # gather is not vectorized: a gather per column took several times as
+    # long), from the tables computed once (an `optimization_barrier`:
+    # else XLA computes their entries inside the chain, per element).
+    above = [s * tab.y_t[j] < sy for j in range(k)]
+    nan = jnp.full((1,), jnp.nan, tab.t.dtype)
+    columns = [
+        *tab.num,
+        *tab.den,
+        tab.r,
+        tab.lo,
+        tab.hi,
+        jnp.concatenate([nan, tab.y_t]),  # the value at the lower end
+        jnp.concatenate([tab.y_t, nan]),  # at the upper end
+    ]
+    columns = jax.lax.optimization_barrier(
+        [jnp.broadcast_to(c, tab.r.shape) for c in columns]
+    )
+    row = []
+    for c in columns:
+        v = jnp.broadcast_to(c[0], jnp.shape(y))
+        for j in range(k):
+            v = jnp.where(above[j], c[j + 1], v)
+        row.append(v)
+    n0, n1, n2, d0, d1, d2, r, lo, hi, y_lo, y_hi = row
+    z1, z2 = _quadratic(n2 - y * d2, n1 - y * d1, n0 - y * d0)
+    cands, oks = [], []
+    for z in (z1, z2):
+        cands.append(r + z)
+        oks.append(_in_interval(r + z, lo, hi, eps))
+    cands += [lo, hi]
+    oks += [_close(y_lo, y, eps, tiny), _close(y_hi, y, eps, tiny)]
+    # (Row by row: a reduction over a stacked axis is several times slower.)
+    oks = [o & ~jnp.isnan(c) for c, o in zip(cands, oks, strict=True)]
+    x = jnp.full(jnp.shape(y), jnp.nan, jnp.result_type(y))
+    for c, o in reversed(list(zip(cands, oks, strict=True))):
+        x = jnp.where(o, c, x)
+    # How far apart the accepted candidates are (not measured from `x`: so
+    # that XLA need not compute the candidates twice).
+    pairs = list(zip(cands, oks, strict=True))
+    top = functools.reduce(jnp.maximum, [jnp.where(o, c, -jnp.inf) for c, o in pairs])
+    bottom = functools.reduce(jnp.minimum, [jnp.where(o, c, jnp.inf) for c, o in pairs])
+    spread = jnp.where(top > bottom, top - bottom, 0.0)
+    return x, spread
+
+
+def solve(block: Any, y: Any, known: Sequence[Any]) -> Any | None:
+    """`x` with `g(x) = y` for a piecewise-rational block (module
+    docstring), NaN where `y` has no single preimage; `None` if the block
+    is not of that kind."""
+    if not block.sites:
+        return None
+    dtype = jnp.result_type(y)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        return None
+    x_spec = jax.ShapeDtypeStruct(block.x.aval.shape, block.x.aval.dtype)
+    specs = [jax.ShapeDtypeStruct(jnp.shape(k), jnp.result_type(k)) for k in known]
+    closed = jax.make_jaxpr(lambda x, *kn: block.run(x, kn)[block.y])(x_spec, *specs)
+    plan = _plan(closed)
+    if plan is None:
+        return None
+    try:
+        tab = _tables(plan, known, jnp.ndim(y), dtype)
+    except _Failed:
+        return None
+    finfo = jnp.finfo(dtype)
+    eps, tiny = float(finfo.eps), float(finfo.tiny)
+    if _uniform(tab):
+        # The same intervals for every element: where the block is monotone
+        # (checked on the tables, once), each `y` is looked up in its
+        # interval; else every interval is tried.
+        # (The lookup runs outside the `cond`, whose results are then
+        # selected: XLA's CPU code for the same steps inside a branch of a
+        # conditional is about ten times slower.)
+        flat = _flat(tab)
+        monotone, s = _monotone(flat, eps)
+        fast = _looked_up(flat, s, y, eps, tiny)
+        full = jax.lax.cond(
+            monotone,
+            lambda: (jnp.zeros_like(fast[0]), jnp.zeros_like(fast[1])),
+            lambda: _every_interval(tab, y, eps, tiny),
+        )
+        x, spread = (jnp.where(monotone, a, b) for a, b in zip(fast, full, strict=True))
+    else:
+        x, spread = _every_interval(tab, y, eps, tiny)
+    # Candidates within rounding of each other are one preimage (as in
+    # `_blocks.solve_piecewise`); the answer must map back to `y`.
+    # (`x` computed once: XLA's CPU fusion would otherwise recompute it
+    # inside the checks, once per use of the unknown in the block.)
+    x, spread = jax.lax.optimization_barrier((x, spread))
+    slope = _solve.derivative(block.g, x, known)
+    steep = jnp.isfinite(slope) & (slope != 0)
+    moved = 16 * eps * jnp.abs(y) / jnp.where(steep, jnp.abs(slope), 1)
+    tol = 8 * eps * jnp.maximum(jnp.abs(x), tiny) + jnp.where(steep, moved, 0)
+    back = bl.maps_back(block, x, block.g(x, *known), y, known, slope)
+    return jnp.where(~(spread > tol) & back, x, jnp.nan)
