@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax_compat as compat
-from . import _blocks as bl, _solve
+from . import _blocks as bl
 
 _Literal = compat.Literal
 
@@ -508,7 +508,11 @@ def _quadratic(a: Any, b: Any, c: Any) -> tuple[Any, Any]:
     no NaN is computed where it is not returned."""
     disc = b * b - 4 * a * c
     real = disc >= 0
-    sq = jnp.sqrt(jnp.where(real, disc, 0.0))
+    # (No square root of 0 or less is differentiated: its infinite slope
+    # times a zero cotangent would be NaN in the other rows' gradients. A
+    # double root's slope is infinite anyway: the map turns there.)
+    positive = disc > 0
+    sq = jnp.where(positive, jnp.sqrt(jnp.where(positive, disc, 1.0)), 0.0)
     q = -0.5 * (b + jnp.where(b < 0, -sq, sq))
     nan = jnp.asarray(jnp.nan, jnp.result_type(a, b, c))
     nonzero_a, nonzero_q = a != 0, q != 0
@@ -586,15 +590,17 @@ def _in_interval(x: Any, lo: Any, hi: Any, eps: float) -> Any:
     return (x >= lo - slack) & (x <= hi + slack)
 
 
-def _first(cand: Any, ok: Any) -> tuple[Any, Any]:
-    """The first candidate accepted (NaN where none is) and how far the
-    other accepted ones are from it."""
+def _first(cand: Any, ok: Any, scale: Any) -> tuple[Any, Any, Any]:
+    """The first candidate accepted (NaN where none is), how far the other
+    accepted ones are from it, and its `scale`."""
     ok = ok & ~jnp.isnan(cand)
     x = jnp.full(cand.shape[1:], jnp.nan, cand.dtype)
+    chosen = jnp.zeros(cand.shape[1:], cand.dtype)
     for i in reversed(range(cand.shape[0])):
         x = jnp.where(ok[i], cand[i], x)
+        chosen = jnp.where(ok[i], scale[i], chosen)
     spread = jnp.max(jnp.where(ok, jnp.abs(cand - x[None]), 0.0), axis=0)
-    return x, spread
+    return x, spread, chosen
 
 
 def _every_interval(tab: _Tables, y: Any, eps: float, tiny: float) -> tuple:
@@ -618,11 +624,43 @@ def _every_interval(tab: _Tables, y: Any, eps: float, tiny: float) -> tuple:
         operator.and_, [c == 0 for p in (tab.num, tab.den) for c in p[1:]]
     )
     constant = constant | (fixed & _close(tab.y_r, y_b, eps, tiny))
-    plateau = jnp.any(constant & (tab.hi > tab.lo), axis=0)
-    cand = jnp.concatenate([jnp.broadcast_to(c, (c.shape[0], *shape)) for c in cands])
-    ok = jnp.concatenate([jnp.broadcast_to(o, (o.shape[0], *shape)) for o in oks])
-    x, spread = _first(cand, ok)
-    return jnp.where(plateau, jnp.nan, x), spread
+    plateau = jnp.any(constant & _interior(tab, eps), axis=0)
+    ends = _ends(tab)
+    scales = [ends, ends, jnp.abs(_finite_or_0(tab.y_t))]
+
+    def stacked(parts: list[Any]) -> Any:
+        return jnp.concatenate(
+            [jnp.broadcast_to(v, (v.shape[0], *shape)) for v in parts]
+        )
+
+    x, spread, scale = _first(stacked(cands), stacked(oks), stacked(scales))
+    return jnp.where(plateau, jnp.nan, x), spread, scale
+
+
+def _finite_or_0(v: Any) -> Any:
+    return jnp.where(jnp.isfinite(v), v, 0.0)
+
+
+def _ends(tab: _Tables) -> Any:
+    """Per interval, the larger magnitude of the block's values at its ends
+    (the scale of the terms the block adds up there: its value is
+    computed to rounding of that, not of `y`; a spline's `y` near 0 is
+    its knot's height plus the bin's quotient)."""
+    nan = jnp.full_like(tab.y_t[:1], jnp.nan)
+    lower = jnp.concatenate([nan, tab.y_t])
+    upper = jnp.concatenate([tab.y_t, nan])
+    return jnp.maximum(jnp.abs(_finite_or_0(lower)), jnp.abs(_finite_or_0(upper)))
+
+
+def _interior(tab: _Tables, eps: float) -> Any:
+    """Which intervals are wider than rounding of their ends. A sliver a few
+    ulps wide (a bin's clip saturating a few ulps before the next bin's
+    knot, which the bin widths' rounding puts elsewhere) may hold a
+    constant: its points are one preimage within rounding, and its ends
+    are breakpoint candidates."""
+    finite = jnp.isfinite(tab.lo) & jnp.isfinite(tab.hi)
+    scale = jnp.maximum(jnp.abs(tab.lo), jnp.abs(tab.hi))
+    return ~finite | (tab.hi - tab.lo > 8 * eps * scale)
 
 
 def _uniform(tab: _Tables) -> bool:
@@ -662,7 +700,7 @@ def _monotone(tab: _Tables, eps: float) -> tuple[Any, Any]:
     p1 = 2 * (n2 * d0 - n0 * d2)
     p2 = n2 * d1 - n1 * d2
     zlo, zhi = tab.lo - tab.r, tab.hi - tab.r
-    nonempty = tab.hi > tab.lo
+    nonempty = _interior(tab, eps)
 
     def inside(z: Any) -> Any:
         return (z > zlo) & (z < zhi)
@@ -722,6 +760,7 @@ def _looked_up(tab: _Tables, s: Any, y: Any, eps: float, tiny: float) -> tuple:
         tab.hi,
         jnp.concatenate([nan, tab.y_t]),  # the value at the lower end
         jnp.concatenate([tab.y_t, nan]),  # at the upper end
+        _ends(tab),
     ]
     columns = jax.lax.optimization_barrier(
         [jnp.broadcast_to(c, tab.r.shape) for c in columns]
@@ -732,7 +771,7 @@ def _looked_up(tab: _Tables, s: Any, y: Any, eps: float, tiny: float) -> tuple:
         for j in range(k):
             v = jnp.where(above[j], c[j + 1], v)
         row.append(v)
-    n0, n1, n2, d0, d1, d2, r, lo, hi, y_lo, y_hi = row
+    n0, n1, n2, d0, d1, d2, r, lo, hi, y_lo, y_hi, scale = row
     z1, z2 = _quadratic(n2 - y * d2, n1 - y * d1, n0 - y * d0)
     cands, oks = [], []
     for z in (z1, z2):
@@ -751,7 +790,7 @@ def _looked_up(tab: _Tables, s: Any, y: Any, eps: float, tiny: float) -> tuple:
     top = functools.reduce(jnp.maximum, [jnp.where(o, c, -jnp.inf) for c, o in pairs])
     bottom = functools.reduce(jnp.minimum, [jnp.where(o, c, jnp.inf) for c, o in pairs])
     spread = jnp.where(top > bottom, top - bottom, 0.0)
-    return x, spread
+    return x, spread, scale
 
 
 def solve(block: Any, y: Any, known: Sequence[Any]) -> Any | None:
@@ -787,20 +826,29 @@ def solve(block: Any, y: Any, known: Sequence[Any]) -> Any | None:
         fast = _looked_up(flat, s, y, eps, tiny)
         full = jax.lax.cond(
             monotone,
-            lambda: (jnp.zeros_like(fast[0]), jnp.zeros_like(fast[1])),
+            lambda: tuple(jnp.zeros_like(v) for v in fast),
             lambda: _every_interval(tab, y, eps, tiny),
         )
-        x, spread = (jnp.where(monotone, a, b) for a, b in zip(fast, full, strict=True))
+        x, spread, scale = (
+            jnp.where(monotone, a, b) for a, b in zip(fast, full, strict=True)
+        )
     else:
-        x, spread = _every_interval(tab, y, eps, tiny)
+        x, spread, scale = _every_interval(tab, y, eps, tiny)
     # Candidates within rounding of each other are one preimage (as in
     # `_blocks.solve_piecewise`); the answer must map back to `y`.
     # (`x` computed once: XLA's CPU fusion would otherwise recompute it
     # inside the checks, once per use of the unknown in the block.)
-    x, spread = jax.lax.optimization_barrier((x, spread))
-    slope = _solve.derivative(block.g, x, known)
+    x, spread, scale = jax.lax.optimization_barrier((x, spread, scale))
+    g_x, slope = jax.jvp(lambda u: block.g(u, *known), (x,), (jnp.ones_like(x),))
     steep = jnp.isfinite(slope) & (slope != 0)
     moved = 16 * eps * jnp.abs(y) / jnp.where(steep, jnp.abs(slope), 1)
     tol = 8 * eps * jnp.maximum(jnp.abs(x), tiny) + jnp.where(steep, moved, 0)
-    back = bl.maps_back(block, x, block.g(x, *known), y, known, slope)
+    # One Newton step: the root of an interval's quadratic in `x - r` is
+    # accurate to rounding of `r`, not of `x` (an `x` near 0 in a bin
+    # around -0.4 was off by 1e-7 and failed the check below).
+    x = jnp.where(steep, x - (g_x - y) / jnp.where(steep, slope, 1.0), x)
+    g_x = block.g(x, *known)
+    back = bl.maps_back(block, x, g_x, y, known, slope) | (
+        jnp.abs(g_x - y) <= 16 * eps * scale
+    )
     return jnp.where(~(spread > tol) & back, x, jnp.nan)

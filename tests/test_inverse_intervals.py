@@ -1,0 +1,239 @@
+"""Piecewise-rational blocks inverted interval by interval (`_intervals.py`).
+
+A rational-quadratic spline written with `jnp.where` over its bins and a
+clip per bin (as the gallery's flow and spline libraries write it) has more
+cases than the piecewise method enumerates and a quadratic in each bin; it
+is inverted exactly, against a hand-written inverse in float64 NumPy (the
+bin by `searchsorted`, the root of the bin's quadratic). Maps with gaps,
+folds and flat stretches are NaN exactly where `y` has no single preimage.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import jaxinterp
+from jaxinterp._inverse import _intervals
+
+BOUND = 2.5
+BINS = 5
+METHOD = f"({_intervals.INTERVALS})"
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+def spline_params(raw):
+    """Bin widths and heights (summing to `2 * BOUND`) and knot slopes (1
+    at both ends) from unconstrained numbers."""
+    raw = np.asarray(raw, np.float64)
+    w = np.exp(raw[:BINS] - raw[:BINS].max())
+    h = np.exp(raw[BINS : 2 * BINS] - raw[BINS : 2 * BINS].max())
+    widths = 2 * BOUND * w / w.sum()
+    heights = 2 * BOUND * h / h.sum()
+    inner = np.log1p(np.exp(raw[2 * BINS :]))
+    slopes = np.concatenate([[1.0], inner, [1.0]])
+    return widths, heights, slopes
+
+
+def rq_spline(x, widths, heights, slopes):
+    """The spline on [-BOUND, BOUND], the identity outside: each bin's
+    formula on its clipped position, the bins picked by `jnp.where`."""
+    zero = jnp.zeros(1, widths.dtype)
+    kx = -BOUND + jnp.concatenate([zero, jnp.cumsum(widths)])
+    ky = -BOUND + jnp.concatenate([zero, jnp.cumsum(heights)])
+    out = x
+    for k in range(BINS):
+        t = jnp.clip((x - kx[k]) / widths[k], 0.0, 1.0)
+        s = heights[k] / widths[k]
+        mix = t * (1 - t)
+        num = heights[k] * (s * t * t + slopes[k] * mix)
+        den = s + (slopes[k + 1] + slopes[k] - 2 * s) * mix
+        inside = (x >= kx[k]) & (x < kx[k + 1])
+        out = jnp.where(inside, ky[k] + num / den, out)
+    return out
+
+
+def reference_inverse(y, widths, heights, slopes):
+    """The spline's inverse in float64: the bin of `y` among the knots'
+    heights, then the root in [0, 1] of the bin's quadratic."""
+    y = np.asarray(y, np.float64)
+    kx = -BOUND + np.concatenate([[0.0], np.cumsum(widths)])
+    ky = -BOUND + np.concatenate([[0.0], np.cumsum(heights)])
+    k = np.clip(np.searchsorted(ky, y, side="right") - 1, 0, BINS - 1)
+    w, h, d0, d1 = widths[k], heights[k], slopes[k], slopes[k + 1]
+    s = h / w
+    r = y - ky[k]
+    a = h * (s - d0) + r * (d1 + d0 - 2 * s)
+    b = h * d0 - r * (d1 + d0 - 2 * s)
+    c = -s * r
+    t = 2 * c / (-b - np.sqrt(b * b - 4 * a * c))
+    inside = (y >= -BOUND) & (y <= BOUND)
+    return np.where(inside, kx[k] + t * w, y)
+
+
+def slope64(x, widths, heights, slopes):
+    with jax.enable_x64():
+        args = [jnp.asarray(v, jnp.float64) for v in (widths, heights, slopes)]
+        g = jax.vmap(jax.grad(lambda u: rq_spline(u, *args)))
+        return np.asarray(g(jnp.asarray(x, jnp.float64)))
+
+
+raw_params = st.lists(
+    st.floats(-1.5, 1.5, width=32), min_size=3 * BINS - 1, max_size=3 * BINS - 1
+)
+points = st.lists(st.floats(-3.0, 3.0, width=32), min_size=1, max_size=12)
+
+
+@settings(deadline=None)
+@given(raw_params, points)
+def test_where_spline_against_hand_written_inverse(raw, xs):
+    widths, heights, slopes = spline_params(raw)
+    params = [jnp.asarray(v, jnp.float32) for v in (widths, heights, slopes)]
+    x = jnp.asarray(xs, jnp.float32)
+    y = rq_spline(x, *params)
+    got = jaxinterp.inverse(rq_spline, argnums=0)(y, *params)
+    assert_preimage(got, y, widths, heights, slopes)
+
+
+def assert_preimage(got, y, widths, heights, slopes):
+    """`got` is the float64 inverse within rounding: the float32 spline and
+    its parameters round, which moves the preimage by that rounding over
+    the slope."""
+    got = np.asarray(got, np.float64)
+    want = reference_inverse(np.asarray(y), widths, heights, slopes)
+    slope = np.abs(slope64(want, widths, heights, slopes))
+    tol = 64 * EPS32 * (1 + np.abs(want) + np.abs(np.asarray(y)) / slope)
+    assert np.all(np.abs(got - want) <= tol), (got, want, tol)
+
+
+def test_where_spline_is_exact_method_and_composes():
+    rng = np.random.default_rng(3)
+    widths, heights, slopes = spline_params(rng.normal(size=3 * BINS - 1))
+    params = [jnp.asarray(v, jnp.float32) for v in (widths, heights, slopes)]
+    x = jnp.linspace(-3.0, 3.0, 301, dtype=jnp.float32)
+    y = rq_spline(x, *params)
+    report = str(jaxinterp.explain_inverse(rq_spline, x, *params, argnums=0))
+    assert METHOD in report and "elementwise solve" not in report, report
+    inv = jaxinterp.inverse(rq_spline, argnums=0)
+    assert_preimage(jax.jit(inv)(y, *params), y, widths, heights, slopes)
+    one = jax.vmap(inv, in_axes=(0, None, None, None))(y, *params)
+    assert_preimage(one, y, widths, heights, slopes)
+    # d x / d y = 1 / g'(x); d x / d params by the implicit function theorem.
+    i = 137
+    dx_dy = jax.grad(lambda v: inv(v, *params))(y[i])
+    g_x = jax.grad(lambda u: rq_spline(u, *params))(x[i])
+    np.testing.assert_allclose(dx_dy, 1 / g_x, rtol=1e-4)
+    dx_dp = jax.grad(lambda h: inv(y[i], params[0], h, params[2]))(params[1])
+    dg_dp = jax.grad(lambda h: rq_spline(x[i], params[0], h, params[2]))(params[1])
+    np.testing.assert_allclose(dx_dp, -dg_dp / g_x, rtol=1e-3, atol=1e-6)
+    # The ildj against the Jacobian of the forward map at the answer.
+    xs, ildj = jaxinterp.inverse_and_ildj(rq_spline, argnums=0)(y[:7], *params)
+    jac = jax.jacfwd(lambda u: rq_spline(u, *params))(xs)
+    np.testing.assert_allclose(ildj, -np.linalg.slogdet(jac)[1], rtol=1e-4)
+
+
+def test_decreasing_spline_and_float64():
+    rng = np.random.default_rng(5)
+    widths, heights, slopes = spline_params(rng.normal(size=3 * BINS - 1))
+
+    def falling(x, w, h, d):
+        return -rq_spline(x, w, h, d)
+
+    with jax.enable_x64():
+        params = [jnp.asarray(v, jnp.float64) for v in (widths, heights, slopes)]
+        x = jnp.linspace(-3.0, 3.0, 257)
+        y = falling(x, *params)
+        got = jaxinterp.inverse(falling, argnums=0)(y, *params)
+        np.testing.assert_allclose(got, x, atol=1e-12)
+
+
+def fold(x):
+    """Rises as `x` below 0, then `x^2 - x` dips to -1/4 and rises: values
+    in [-1/4, 0] are taken two or three times."""
+    return jnp.where(x >= 0, x * x - x, x)
+
+
+def gap(x):
+    """`x` below 0, `x^2 + 1` from 0: nothing maps into [0, 1)."""
+    return jnp.where(x < 0, x, x * x + 1)
+
+
+def flat(x):
+    """`x` below 0, then `x^2` saturating at 1 from `x = 1` on."""
+    return jnp.where(x < 0, x, jnp.minimum(x**2, 1.0))
+
+
+@pytest.mark.parametrize(
+    ("f", "ys", "want"),
+    [
+        # Unique preimages answered; two or three preimages are NaN.
+        (fold, [-2.0, -0.3, 0.75, 2.0], [-2.0, -0.3, 1.5, 2.0]),
+        (fold, [-0.25, -0.1, 0.0], [np.nan] * 3),
+        # A value in the gap has none; the ends of the gap do.
+        (gap, [-0.5, 0.5, 0.99, 1.0, 5.0], [-0.5, np.nan, np.nan, 0.0, 2.0]),
+        # Below 1 the saturating square is invertible; 1 is taken on the
+        # whole stretch from 1 on, and above 1 nothing maps there.
+        (flat, [-0.5, 0.25, 0.81, 1.0, 1.5], [-0.5, 0.5, 0.9, np.nan, np.nan]),
+    ],
+)
+def test_nan_where_no_single_preimage(f, ys, want):
+    y = jnp.asarray(ys, jnp.float32)
+    report = str(jaxinterp.explain_inverse(f, y))
+    assert METHOD in report, report
+    got = jaxinterp.inverse(f)(y)
+    np.testing.assert_allclose(got, np.asarray(want, np.float32), rtol=1e-6)
+    ok = ~np.isnan(np.asarray(want))
+    np.testing.assert_allclose(f(got)[ok], y[ok], rtol=1e-6)
+
+
+@settings(deadline=None)
+@given(st.lists(st.floats(-3.0, 3.0, width=32), min_size=1, max_size=16))
+def test_fold_only_unique_preimages(ys):
+    y = np.asarray(ys, np.float64)
+    got = np.asarray(jaxinterp.inverse(fold)(jnp.asarray(y, jnp.float32)))
+    # Preimages: `x = y` if `y < 0`; roots of `x^2 - x = y` that are >= 0.
+    disc = 1 + 4 * y
+    roots = [
+        (1 + np.sqrt(np.maximum(disc, 0))) / 2,
+        (1 - np.sqrt(np.maximum(disc, 0))) / 2,
+    ]
+    count = (y < 0).astype(int)
+    for r in roots:
+        count += (disc >= 0) & (r >= 0)
+    count -= (disc == 0).astype(int)  # (a double root counted once)
+    unique = count == 1
+    want = np.where(y < 0, y, roots[0])
+    near = np.abs(y + 0.25) < 1e-5  # (the fold's turn: rounding decides)
+    assert np.all(np.isnan(got[~unique & ~near]))
+    np.testing.assert_allclose(got[unique & ~near], want[unique & ~near], rtol=1e-5)
+
+
+def test_per_element_knots_try_every_interval():
+    """Knots that differ between elements: no lookup, every interval's
+    candidates per element."""
+    rng = np.random.default_rng(11)
+    table = [spline_params(rng.normal(size=3 * BINS - 1)) for _ in range(6)]
+
+    def batched(x, widths, heights, slopes):
+        return jax.vmap(rq_spline)(x, widths, heights, slopes)
+
+    params = [jnp.asarray(np.stack(p), jnp.float32) for p in zip(*table, strict=True)]
+    x = jnp.asarray(rng.uniform(-3, 3, 6), jnp.float32)
+    y = batched(x, *params)
+    got = jaxinterp.inverse(batched, argnums=0)(y, *params)
+    for i in range(6):
+        assert_preimage(got[i : i + 1], y[i : i + 1], *table[i])
+
+
+def test_not_taken_where_a_predicate_is_not_monotone():
+    """`sin(x) > 0` changes at many points no chain of monotone steps gives:
+    the block is left to the other methods."""
+
+    def wavy(x):
+        return jnp.where(jnp.sin(x) > 0, x * x * x + x, x * x * x + 2 * x)
+
+    report = str(jaxinterp.explain_inverse(wavy, jnp.linspace(-1, 1, 5)))
+    assert METHOD not in report, report
