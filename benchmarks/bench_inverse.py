@@ -186,6 +186,40 @@ def bench_blocks(quick: bool) -> None:
         tails = jnp.where(w > 0.0, 2.0 - lax.erfc(z), lax.erfc(z))
         return 0.5 * jnp.where(z < 0.5 * np.sqrt(2.0), 1.0 + lax.erf(w), tails)
 
+    # A rational-quadratic spline on [-2.5, 2.5] (identity outside), written
+    # with `jnp.where` over its bins and a clip per bin, and its inverse by
+    # hand: the bin of `y` by `searchsorted`, the root of its quadratic.
+    rng = np.random.default_rng(0)
+    widths = rng.dirichlet(np.ones(5)) * 5.0
+    heights = rng.dirichlet(np.ones(5)) * 5.0
+    slopes = np.concatenate([[1.0], np.exp(rng.normal(size=4)), [1.0]])
+    kx = -2.5 + np.concatenate([[0.0], np.cumsum(widths)])
+    ky = -2.5 + np.concatenate([[0.0], np.cumsum(heights)])
+    kx[-1] = ky[-1] = 2.5
+
+    def spline(x):
+        out = x
+        for k in range(5):
+            t = jnp.clip((x - kx[k]) / widths[k], 0.0, 1.0)
+            s = heights[k] / widths[k]
+            mix = t * (1 - t)
+            num = heights[k] * (s * t * t + slopes[k] * mix)
+            den = s + (slopes[k + 1] + slopes[k] - 2 * s) * mix
+            inside = (x >= kx[k]) & (x < kx[k + 1])
+            out = jnp.where(inside, ky[k] + num / den, out)
+        return out
+
+    def spline_inverse(y):
+        k = jnp.clip(jnp.searchsorted(ky, y, side="right") - 1, 0, 4)
+        w, h = jnp.asarray(widths)[k], jnp.asarray(heights)[k]
+        d0, d1 = jnp.asarray(slopes)[k], jnp.asarray(slopes)[k + 1]
+        s, r = h / w, y - jnp.asarray(ky)[k]
+        a = h * (s - d0) + r * (d1 + d0 - 2 * s)
+        b = h * d0 - r * (d1 + d0 - 2 * s)
+        t = -2 * s * r / (-b - jnp.sqrt(b * b + 4 * a * s * r))
+        x = jnp.asarray(kx)[k] + t * w
+        return jnp.where((y >= -2.5) & (y < 2.5), x, y)
+
     def householder(x):
         v = jnp.ones(x.shape[-1]) / jnp.sqrt(x.shape[-1])
         return x - 2 * v * jnp.dot(v, x)
@@ -257,6 +291,14 @@ def bench_blocks(quick: bool) -> None:
             lambda y: jnp.where(y >= 0, y, y / 0.1),
             leaky(x),
             1.5,
+        ),
+        # Since session 21: more cases than the piecewise method enumerates,
+        # and a quadratic in each bin (was a numerical solve).
+        "piecewise by intervals (rational-quadratic spline, 5 bins)": (
+            spline,
+            spline_inverse,
+            spline(x),
+            3.0,
         ),
         "linear solve (Householder, 256)": (
             householder,

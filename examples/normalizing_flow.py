@@ -9,9 +9,10 @@ the other direction, `log p(x) = log N(flow⁻¹(x)) + log|det ∂flow⁻¹/∂x
 `jaxinterp.inverse_and_ildj` derives both from the Jaxpr: the conditioning
 coordinate is known from the output, so each layer's scale and shift are
 computed forwards and the affine map is undone backwards; the spline uses
-its input many times, so `inverse` solves it numerically (an elementwise
-block, `explain_inverse` says so), with derivatives by the implicit function
-theorem. The inverse
+its input many times and picks its bin by comparisons, so `inverse` inverts
+it as a piecewise-rational block: between the knots (and the clips'
+thresholds) it is a quotient of quadratics, whose root in the bin of `y` is
+the answer (`explain_inverse` says `piecewise by intervals`). The inverse
 composes with `jax.vmap`, `jax.grad` and `jax.jit`, so training is plain
 gradient ascent on the log-likelihood (with Adam) of a two-moons data set.
 

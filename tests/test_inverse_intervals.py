@@ -166,6 +166,12 @@ def flat(x):
     return jnp.where(x < 0, x, jnp.minimum(x**2, 1.0))
 
 
+def corner(x):
+    """`relu(u) + relu(u)^2 + 1/2` with `u = x - 1`: 1/2 on all of `x <= 1`."""
+    u = jnp.maximum(x - 1.0, 0.0)
+    return u + u * u + 0.5
+
+
 @pytest.mark.parametrize(
     ("f", "ys", "want"),
     [
@@ -177,6 +183,9 @@ def flat(x):
         # Below 1 the saturating square is invertible; 1 is taken on the
         # whole stretch from 1 on, and above 1 nothing maps there.
         (flat, [-0.5, 0.25, 0.81, 1.0, 1.5], [-0.5, 0.5, 0.9, np.nan, np.nan]),
+        # The corner into the constant stretch is no answer; above it, `u`
+        # solves `u^2 + u = y - 1/2`.
+        (corner, [0.5, -0.5, 2.5, 0.75], [np.nan, np.nan, 2.0, 1.0 + 0.20710678]),
     ],
 )
 def test_nan_where_no_single_preimage(f, ys, want):

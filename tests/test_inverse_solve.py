@@ -403,12 +403,14 @@ def test_the_solvers_quotient_is_div_with_the_same_derivatives(a, b, da, db):
     xs=st.lists(st.floats(0.015625, 3.0, width=32), min_size=1, max_size=4),
 )
 def test_a_root_at_the_edge_of_a_constant_stretch_is_nan(s, c, xs):
-    # `relu(u) + relu(u)**2 + c` is `c` for every `u <= 0`: a root found at
+    # `relu(u) + relu(u)**3 + c` is `c` for every `u <= 0`: a root found at
     # the corner (slope 1 on its right) is one of a stretch of preimages.
-    # (Session 19; before, the solver answered the corner.)
+    # (Session 19; before, the solver answered the corner. With `u * u` the
+    # map is piecewise quadratic, inverted interval by interval since
+    # session 21: `test_inverse_intervals.py`.)
     def f(x):
         u = jnp.maximum(x - s, 0.0)
-        return u + u * u + c
+        return u + u * u * u + c
 
     x = s + jnp.asarray(xs, jnp.float32)
     y = jnp.concatenate([f(x), jnp.array([c, c - 1.0], jnp.float32)])

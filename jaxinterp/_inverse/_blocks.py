@@ -19,8 +19,12 @@ one unknown value `x`. Then `y = g(x)` elementwise, and it is solved:
   apart by more than rounding: NaN (the map is not injective there).
   `max(u, c)`, `min(u, c)` and `|u|` split at one threshold are one site,
   and a predicate computed by `|`, `&`, `~` from others follows them.
-- **elementwise solve**, numerically (`_solve.py`), when some case has no
-  formula. The solver returns one preimage, so the engine treats it like a
+- **piecewise by intervals** (`_intervals.py`), exactly, when the cases
+  are too many to enumerate or a case is a quotient of quadratics (a
+  spline's bin): the block is one formula between consecutive breakpoints
+  of its comparisons, solved in the interval that holds the answer.
+- **elementwise solve**, numerically (`_solve.py`), when neither applies.
+  The solver returns one preimage, so the engine treats it like a
   principal-branch choice: a second constraint on `x` is refused.
 
 The block's ildj is `-sum(log|g'(x)|)`, `g'` by forward-mode differentiation.

@@ -62,14 +62,14 @@ def explain_inverse(
     results are known but its unknown operands cannot be solved for; the
     user's source line and the reason follow) or `unused`. An inverted
     equation that is not solved by its own formula says how it was solved:
-    `(piecewise)` or `(elementwise solve)` for the equations of an elementwise
-    block (one unknown used several times, or a formula chosen by a predicate
-    of the unknown), `(sequential solve)` for a triangular map of one unknown
-    solved level by level, `(linear solve)` / `(symmetric solve)` for a
-    linear block, `(normalization)` for a value divided by a function of
-    itself and pinned by elements no unknown reaches, `(projective solve)`
-    for a ratio of affine maps, `(clamp)` for a clamp inverted on its
-    unsaturated range.
+    `(piecewise)`, `(piecewise by intervals)` or `(elementwise solve)` for
+    the equations of an elementwise block (one unknown used several times, or
+    a formula chosen by a predicate of the unknown), `(sequential solve)` for
+    a triangular map of one unknown solved level by level, `(linear solve)`
+    / `(symmetric solve)` for a linear block, `(normalization)` for a value
+    divided by a function of itself and pinned by elements no unknown
+    reaches, `(projective solve)` for a ratio of affine maps, `(clamp)` for a
+    clamp inverted on its unsaturated range.
 
     Args:
         fn: the function.

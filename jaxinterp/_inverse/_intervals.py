@@ -19,9 +19,10 @@ has a formula the engine knows (a quadratic). Here it is inverted exactly:
    formula there. A breakpoint too many only splits an interval; none is
    missing, because the chain is monotone between them.
 2. **One formula per interval.** The block is walked once, with each value
-   held as a quotient of polynomials of degree at most two in `z = x - r`
-   (`r` a point inside the interval, so that the coefficients are well
-   conditioned), the choices fixed as they fall at `r`: a `select_n`, `max`
+   held as a quotient of polynomials of degree at most two in `z = x - c`
+   (`c` the interval's point nearest 0, so that a root comes out to
+   rounding of itself), the choices fixed as they fall at a point `r`
+   inside the interval: a `select_n`, `max`
    or `abs` selects its operands' coefficients. Every interval is walked at
    once (a leading axis of representatives); a value used only by
    comparisons may be anything (`exp(x) > 1`).
@@ -431,11 +432,13 @@ class _Walked(NamedTuple):
     point: Any  # the block's value at each representative
 
 
-def _walk(plan: _Plan, env: dict[Any, Any], reps: Any) -> _Walked:
-    """The block's value as a quotient in `z = x - r` per representative
-    `r` (leading axis of `reps`), its choices fixed as they fall at `r`."""
+def _walk(plan: _Plan, env: dict[Any, Any], reps: Any, centers: Any) -> _Walked:
+    """The block's value as a quotient in `z = x - c` per representative
+    `r` (leading axis of `reps`; `c` the same row of `centers`), its choices
+    fixed as they fall at `r`."""
     point: dict[Any, Any] = {plan.x: reps}
-    fracs: dict[Any, _Frac | None] = {plan.x: _Frac((reps, jnp.ones_like(reps)), None)}
+    one = jnp.ones_like(centers)
+    fracs: dict[Any, _Frac | None] = {plan.x: _Frac((centers, one), None)}
 
     def val(v: Any) -> Any:
         if type(v) is _Literal:
@@ -533,10 +536,10 @@ def _polyval(p: Poly, z: Any) -> Any:
 
 
 class _Tables(NamedTuple):
-    """Per interval (leading axis, `K + 1`): the quotient's coefficients,
-    the representative and the ends; per breakpoint (`K`): where it is and
-    the block's value there; per interval, the block's value at the
-    representative."""
+    """Per interval (leading axis, `K + 1`): the quotient's coefficients
+    (in `x - r`), the point `r` they are expanded about and the ends; per
+    breakpoint (`K`): where it is and the block's value there; per
+    interval, the block's value at a point inside it."""
 
     num: Poly
     den: Poly
@@ -559,8 +562,16 @@ def _tables(plan: _Plan, known: Sequence[Any], rank: int, dtype: Any) -> _Tables
     # breakpoints themselves (the block's value there).
     reps = jnp.concatenate([below[None], mids, above[None], t])
     k = t.shape[0]
-    walked = _walk(plan, env, reps)
     inf = jnp.full_like(first, jnp.inf)
+    lo = jnp.concatenate([-inf[None], t])
+    hi = jnp.concatenate([t, inf[None]])
+    # Each interval's quotient is expanded about its point nearest 0 (not
+    # its representative): a root is then computed to rounding of itself,
+    # not of the interval's middle (a root near 0 in an interval around 1
+    # came out as 0 and its sign lost), and the expansion stays within the
+    # interval's width of every point of it.
+    centers = jnp.clip(jnp.zeros_like(lo), lo, hi)
+    walked = _walk(plan, env, reps, jnp.concatenate([centers, t]))
 
     def intervals(p: Poly) -> Poly:
         # (Coefficients without the representatives' axis are known values.)
@@ -569,9 +580,9 @@ def _tables(plan: _Plan, known: Sequence[Any], rank: int, dtype: Any) -> _Tables
     return _Tables(
         intervals(walked.frac.num),
         intervals(_den(walked.frac)),
-        reps[: k + 1],
-        jnp.concatenate([-inf[None], t]),
-        jnp.concatenate([t, inf[None]]),
+        centers,
+        lo,
+        hi,
         t,
         walked.point[k + 1 :],
         walked.point[: k + 1],
