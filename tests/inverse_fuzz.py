@@ -1933,6 +1933,16 @@ _JUMPS: list[_BlockRow] = [
         lambda a, c: bool(np.all(np.abs(a - 2.0) > c + 0.05)),
         (0.1, 0.5),
     ),
+    # Piecewise quadratics through clips (session 21: inverted interval by
+    # interval), and a spline-like chain of `where`s over four bins.
+    ("{0} + C * jnp.clip({0}, 0.0, 1.0) ** 2", lambda a, c: True, (0.1, 2)),
+    ("{0} - C * jnp.clip({0}, -1.0, 1.0) ** 2", lambda a, c: True, (0.1, 0.45)),
+    (
+        "jnp.where({0} < -1.0, {0}, jnp.where({0} < 0.0, {0} + C * ({0} + 1.0)"
+        " * {0}, jnp.where({0} < 1.0, {0} + C * {0} * {0}, {0} * (1.0 + C))))",
+        lambda a, c: True,
+        (0.1, 0.45),
+    ),
 ]
 
 

@@ -22,8 +22,8 @@ has a formula the engine knows (a quadratic). Here it is inverted exactly:
    held as a quotient of polynomials of degree at most two in `z = x - c`
    (`c` the interval's point nearest 0, so that a root comes out to
    rounding of itself), the choices fixed as they fall at a point `r`
-   inside the interval: a `select_n`, `max`
-   or `abs` selects its operands' coefficients. Every interval is walked at
+   inside the interval: a `select_n`, `max` or `abs` selects its operands'
+   coefficients. Every interval is walked at
    once (a leading axis of representatives); a value used only by
    comparisons may be anything (`exp(x) > 1`).
 3. **Candidates.** Per interval, the roots of `N(z) - y D(z)` (a quadratic:
@@ -35,9 +35,20 @@ has a formula the engine knows (a quadratic). Here it is inverted exactly:
    (every point of it a preimage); the answer must map back to `y`, else
    NaN (`y` outside the image).
 
-Nothing here is a numerical search: the work per element is one quadratic
-per interval. A block is taken only if every step that depends on `x` is of
-the kinds above; its value may use `x` any number of times.
+Where the intervals are the same for every element (known operands that
+are scalars or tables, as a spline's knots), the block is checked monotone
+once, on the tables (`_monotone`: constant stretches allowed), and each `y`
+is then looked up in the one interval that holds it (`_looked_up`): per
+element, a comparison with each breakpoint's value, one quadratic, the
+checks. Otherwise (or when the check fails, under a `lax.cond`) every
+interval's quadratic is solved per element (`_every_interval`).
+
+Nothing here is a numerical search (the answer gets one Newton step, as
+a polish, from a root already within rounding of the interval's scale). A
+block is taken only if every step that depends on `x` is of the kinds
+above; its value may use `x` any number of times. Not yet: a spline whose
+bins are picked through an extra axis (distrax's one-hot sums), which the
+elementwise solver handles.
 """
 
 from __future__ import annotations
@@ -342,7 +353,7 @@ def _select(which: Any, cases: Sequence[_Frac]) -> _Frac:
 
     def pick(polys: Sequence[Poly]) -> Poly:
         n = max(len(p) for p in polys)
-        out = []
+        out: list[Any] = []
         for i in range(n):
             terms = [p[i] if i < len(p) else 0.0 for p in polys]
             if jnp.result_type(which) == jnp.bool_:
@@ -462,44 +473,47 @@ def _walk(plan: _Plan, env: dict[Any, Any], reps: Any, centers: Any) -> _Walked:
         name = eqn.primitive.name
         if out in plan.discrete or name in _COMPARE or name in _LOGIC:
             continue
-        operands = [frac(v) for v in eqn.invars]
-        if name == "select_n":
-            cases = operands[1:]
-            result = None if any(c is None for c in cases) else _select(ins[0], cases)
-        elif name in ("max", "min"):
-            v0 = eqn.invars[0]
-            i = 0 if type(v0) is not _Literal and v0 in point else 1
-            u, k = ins[i], ins[1 - i]
-            keep = u >= k if name == "max" else u <= k
-            fu, fk = operands[i], operands[1 - i]
-            result = None if fu is None else _select(keep, [fk, fu])
-        elif name == "abs":
-            f = operands[0]
-            result = (
-                None
-                if f is None
-                else _select(ins[0] >= 0, [_frac_step("neg", [f], {}), f])
-            )
-        elif name == "clamp":
-            lo, u, hi = ins
-            f = operands[1]
-            which = jnp.where(u < lo, 1, jnp.where(u > hi, 2, 0))
-            result = (
-                None if f is None else _select(which, [f, operands[0], operands[2]])
-            )
-        elif name in _OTHER or any(f is None for f in operands):
-            result = None
-        else:
-            try:
-                result = _frac_step(name, operands, eqn.params)
-            except _Failed:
-                result = None
+        maybe = [frac(v) for v in eqn.invars]
+        result: _Frac | None = None
+        if name not in _OTHER and all(f is not None for f in maybe):
+            operands = [f for f in maybe if f is not None]
+            result = _frac_of(name, eqn, ins, operands, point)
         fracs[out] = result
     y = plan.jaxpr.outvars[0]
     got = fracs.get(y)
     if got is None:
         raise _Failed
     return _Walked(got, point[y])
+
+
+def _frac_of(
+    name: str,
+    eqn: Any,
+    ins: Sequence[Any],
+    operands: Sequence[_Frac],
+    point: dict[Any, Any],
+) -> _Frac | None:
+    """One step of the walk on quotients (`ins`: the operands' values at
+    the representatives, which fix the choices)."""
+    if name == "select_n":
+        return _select(ins[0], operands[1:])
+    if name in ("max", "min"):
+        v0 = eqn.invars[0]
+        i = 0 if type(v0) is not _Literal and v0 in point else 1
+        u, k = ins[i], ins[1 - i]
+        keep = u >= k if name == "max" else u <= k
+        return _select(keep, [operands[1 - i], operands[i]])
+    if name == "abs":
+        f = operands[0]
+        return _select(ins[0] >= 0, [_frac_step("neg", [f], {}), f])
+    if name == "clamp":
+        lo, u, hi = ins
+        which = jnp.where(u < lo, 1, jnp.where(u > hi, 2, 0))
+        return _select(which, [operands[1], operands[0], operands[2]])
+    try:
+        return _frac_step(name, operands, eqn.params)
+    except _Failed:
+        return None
 
 
 # -- solving -------------------------------------------------------------
@@ -699,12 +713,14 @@ def _flat(tab: _Tables) -> _Tables:
     )
 
 
-def _monotone(tab: _Tables, eps: float) -> tuple[Any, Any]:
-    """Whether the block (1-D tables) is strictly monotone: in each interval
-    of some length, the derivative's numerator `N'D - ND'` (a quadratic: the
-    cubic terms cancel) keeps one sign, the same in every interval, and `D`
-    has no zero; across each breakpoint the values do not go back (within
-    rounding of the value there). And the direction (+1 or -1)."""
+def _monotone(tab: _Tables, eps: float) -> tuple[Any, Any, Any]:
+    """Whether the block (1-D tables) is monotone: in each interval of some
+    length, the derivative's numerator `N'D - ND'` (a quadratic: the cubic
+    terms cancel) keeps one sign, the same in every interval, or is 0 (a
+    constant stretch: a saturated clamp), and `D` has no zero; across each
+    breakpoint the values do not go back (within rounding of the value
+    there). And the direction (+1 or -1), and which intervals are constant
+    stretches."""
     n0, n1, n2 = tab.num
     d0, d1, d2 = tab.den
     p0 = n1 * d0 - n0 * d1
@@ -732,9 +748,11 @@ def _monotone(tab: _Tables, eps: float) -> tuple[Any, Any]:
         | (finite_hi & (den_hi == 0))
         | ~jnp.isfinite(p0)
     )
+    flat = nonempty & (p0 == 0) & (p1 == 0) & (p2 == 0)
+    moving = nonempty & ~flat
     rising = p0 > 0
-    up = jnp.all(rising | ~nonempty)
-    down = jnp.all(~rising | ~nonempty)
+    up = jnp.all(rising | ~moving)
+    down = jnp.all(~rising | ~moving)
     s = jnp.where(up, 1.0, -1.0).astype(tab.t.dtype)
     fl = _polyval(tab.num, z_lo) / jnp.where(den_lo == 0, 1.0, den_lo)
     fh = _polyval(tab.num, z_hi) / jnp.where(den_hi == 0, 1.0, den_hi)
@@ -742,18 +760,21 @@ def _monotone(tab: _Tables, eps: float) -> tuple[Any, Any]:
     tol = 16 * eps * jnp.abs(b)
     ordered = (s * fh[:-1] <= s * b + tol) & (s * b <= s * fl[1:] + tol)
     ok = (
-        jnp.all(~bad | ~nonempty)
+        jnp.all(~bad | ~moving)
         & (up | down)
-        & jnp.any(nonempty)
+        & jnp.any(moving)
         & jnp.all(ordered)
         & jnp.all(jnp.isfinite(b))
     )
-    return ok, s
+    return ok, s, flat
 
 
-def _looked_up(tab: _Tables, s: Any, y: Any, eps: float, tiny: float) -> tuple:
+def _looked_up(
+    tab: _Tables, s: Any, flat: Any, y: Any, eps: float, tiny: float
+) -> tuple:
     """As `_every_interval`, from the one interval whose values hold `y`
-    (1-D tables of a monotone block, direction `s`) and its two ends."""
+    (1-D tables of a monotone block, direction `s`) and its two ends; NaN
+    where a constant stretch (`flat`) takes the value `y`."""
     k = tab.t.shape[0]
     sy = s * y
     # Which of the breakpoints' values `y` is above. Each column of the
@@ -801,7 +822,11 @@ def _looked_up(tab: _Tables, s: Any, y: Any, eps: float, tiny: float) -> tuple:
     top = functools.reduce(jnp.maximum, [jnp.where(o, c, -jnp.inf) for c, o in pairs])
     bottom = functools.reduce(jnp.minimum, [jnp.where(o, c, jnp.inf) for c, o in pairs])
     spread = jnp.where(top > bottom, top - bottom, 0.0)
-    return x, spread, scale
+    plateau = functools.reduce(
+        operator.or_,
+        [flat[i] & _close(tab.y_r[i], y, eps, tiny) for i in range(k + 1)],
+    )
+    return jnp.where(plateau, jnp.nan, x), spread, scale
 
 
 def solve(block: Any, y: Any, known: Sequence[Any]) -> Any | None:
@@ -833,8 +858,8 @@ def solve(block: Any, y: Any, known: Sequence[Any]) -> Any | None:
         # selected: XLA's CPU code for the same steps inside a branch of a
         # conditional is about ten times slower.)
         flat = _flat(tab)
-        monotone, s = _monotone(flat, eps)
-        fast = _looked_up(flat, s, y, eps, tiny)
+        monotone, s, stretches = _monotone(flat, eps)
+        fast = _looked_up(flat, s, stretches, y, eps, tiny)
         full = jax.lax.cond(
             monotone,
             lambda: tuple(jnp.zeros_like(v) for v in fast),
