@@ -257,7 +257,7 @@ def _pull(eqn: Any, i: int, c: Any, read: Callable[[Any], Any]) -> list[Any]:
         return [c * c, jnp.zeros_like(c)]
     if name == "cbrt":
         return [c * c * c]
-    power = 2 if name == "square" else int(eqn.params["y"])
+    power = 2 if name == "square" else int(compat.params_of(eqn)["y"])
     root = jnp.abs(c) ** (1.0 / abs(power))
     found = [root, -root] if power % 2 == 0 else [jnp.sign(c) * root]
     return found + ([jnp.zeros_like(c)] if power < 0 else [])
