@@ -63,7 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax_compat as compat
-from . import _blocks as bl
+from . import _blocks as bl, _solve
 
 _Literal = compat.Literal
 
@@ -832,7 +832,10 @@ def _looked_up(
 def solve(block: Any, y: Any, known: Sequence[Any]) -> Any | None:
     """`x` with `g(x) = y` for a piecewise-rational block (module
     docstring), NaN where `y` has no single preimage; `None` if the block
-    is not of that kind."""
+    is not of that kind. Differentiable in `y` and `known` by the implicit
+    function theorem (as the elementwise solver), not through the tables:
+    the gradient of a flow through its spline compiled in 71 s that way,
+    against 32 s for the solver's."""
     if not block.sites:
         return None
     dtype = jnp.result_type(y)
@@ -844,10 +847,35 @@ def solve(block: Any, y: Any, known: Sequence[Any]) -> Any | None:
     plan = _plan(closed)
     if plan is None:
         return None
+    rank = jnp.ndim(y)
     try:
-        tab = _tables(plan, known, jnp.ndim(y), dtype)
+        # (Traced abstractly: whether the block's quotients stay of degree
+        # two, and its breakpoints few enough.)
+        jax.eval_shape(lambda *k: _tables(plan, k, rank, dtype), *known)
     except _Failed:
         return None
+
+    @jax.custom_jvp
+    def inverse(y: Any, *known: Any) -> Any:
+        return _answer(block, plan, y, known)
+
+    @inverse.defjvp
+    def _inverse_jvp(primals: Sequence[Any], tangents: Sequence[Any]) -> Any:
+        y, *known = primals
+        dy, *dknown = tangents
+        x = inverse(y, *known)
+        slope = _solve.derivative(block.g, x, known)
+        if known:
+            _, dg = jax.jvp(lambda *k: block.g(x, *k), tuple(known), tuple(dknown))
+            dy = dy - dg
+        return x, dy / slope
+
+    return inverse(y, *known)
+
+
+def _answer(block: Any, plan: _Plan, y: Any, known: Sequence[Any]) -> Any:
+    dtype = jnp.result_type(y)
+    tab = _tables(plan, known, jnp.ndim(y), dtype)
     finfo = jnp.finfo(dtype)
     eps, tiny = float(finfo.eps), float(finfo.tiny)
     if _uniform(tab):
@@ -879,9 +907,10 @@ def solve(block: Any, y: Any, known: Sequence[Any]) -> Any | None:
     steep = jnp.isfinite(slope) & (slope != 0)
     moved = 16 * eps * jnp.abs(y) / jnp.where(steep, jnp.abs(slope), 1)
     tol = 8 * eps * jnp.maximum(jnp.abs(x), tiny) + jnp.where(steep, moved, 0)
-    # One Newton step: the root of an interval's quadratic in `x - r` is
-    # accurate to rounding of `r`, not of `x` (an `x` near 0 in a bin
-    # around -0.4 was off by 1e-7 and failed the check below).
+    # One Newton step: the root of an interval's quadratic carries the
+    # rounding of its coefficients (an `x` near 0 in a bin around -0.4 was
+    # off by 1e-7 and failed the check below, before the expansion about
+    # the point nearest 0).
     x = jnp.where(steep, x - (g_x - y) / jnp.where(steep, slope, 1.0), x)
     g_x = block.g(x, *known)
     back = bl.maps_back(block, x, g_x, y, known, slope) | (
