@@ -53,6 +53,16 @@ __all__ = [
 FUTURE_FLAGS = ("jax_custom_jvp3", "jax_custom_vjp3", "jax_remat3", "jax_scan3")
 
 
+def x64() -> contextlib.AbstractContextManager[None]:
+    """A context in which arrays default to 64 bits."""
+    # (`jax.enable_x64` is newer than JAX 0.7; the experimental one is older.)
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(True)
+    from jax.experimental import enable_x64
+
+    return enable_x64()
+
+
 def future_flags_available() -> bool:
     """Whether the installed JAX has all of `FUTURE_FLAGS`."""
     return all(hasattr(jax.config, flag) for flag in FUTURE_FLAGS)

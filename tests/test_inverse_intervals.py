@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import x64
 from hypothesis import given, settings, strategies as st
 
 import jaxinterp
@@ -75,7 +76,7 @@ def reference_inverse(y, widths, heights, slopes):
 
 
 def slope64(x, widths, heights, slopes):
-    with jax.enable_x64():
+    with x64():
         args = [jnp.asarray(v, jnp.float64) for v in (widths, heights, slopes)]
         g = jax.vmap(jax.grad(lambda u: rq_spline(u, *args)))
         return np.asarray(g(jnp.asarray(x, jnp.float64)))
@@ -142,7 +143,7 @@ def test_decreasing_spline_and_float64():
     def falling(x, w, h, d):
         return -rq_spline(x, w, h, d)
 
-    with jax.enable_x64():
+    with x64():
         params = [jnp.asarray(v, jnp.float64) for v in (widths, heights, slopes)]
         x = jnp.linspace(-3.0, 3.0, 257)
         y = falling(x, *params)

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import flags_off, future_flags_on
+from helpers import flags_off, future_flags_on, x64
 from hypothesis import given, settings, strategies as st
 from jax import lax
 
@@ -27,19 +27,10 @@ from jaxinterp import NotInvertibleError
 DTYPES = [jnp.float32, jnp.float64]
 
 
-def _x64() -> contextlib.AbstractContextManager[None]:
-    # (`jax.enable_x64` is newer than JAX 0.7; the experimental one is older.)
-    if hasattr(jax, "enable_x64"):
-        return jax.enable_x64(True)
-    from jax.experimental import enable_x64
-
-    return enable_x64()
-
-
 def _precision(dtype):
     """A context giving `dtype`, and the tolerance to compare in it."""
     if dtype == jnp.float64:
-        return _x64(), 1e-10
+        return x64(), 1e-10
     return contextlib.nullcontext(), 2e-5
 
 
@@ -138,14 +129,14 @@ def test_inverse_and_ildj(name, dtype):
 
 
 def test_the_issue_example():
-    with _x64():
+    with x64():
         x = jnp.array([-2.0, 0.1, 0.5])
         got = jaxinterp.inverse(scan_tanh)(scan_tanh(x))
         np.testing.assert_allclose(got, x, rtol=1e-12, atol=1e-12)
 
 
 def test_ys_and_a_second_carry():
-    with _x64():
+    with x64():
         x = jnp.array([-2.0, 0.1, 0.5])
         y = scan_with_ys(x)
         # Each step's `ys` holds its carry exactly: no solve needed, also
@@ -189,7 +180,7 @@ def test_grad_matches_implicit_differentiation(dtype):
 
 
 def test_grad_of_the_ildj_matches_finite_differences():
-    with _x64():
+    with x64():
         x = jnp.array([-1.0, 0.3, 2.0])
         y = fori_sin(x, 0.7)
         ildj = lambda y: jaxinterp.inverse_and_ildj(fori_sin, argnums=0)(y, 0.7)[1]  # noqa: E731
