@@ -186,39 +186,35 @@ def bench_blocks(quick: bool) -> None:
         tails = jnp.where(w > 0.0, 2.0 - lax.erfc(z), lax.erfc(z))
         return 0.5 * jnp.where(z < 0.5 * np.sqrt(2.0), 1.0 + lax.erf(w), tails)
 
-    # A rational-quadratic spline on [-2.5, 2.5] (identity outside), written
-    # with `jnp.where` over its bins and a clip per bin, and its inverse by
-    # hand: the bin of `y` by `searchsorted`, the root of its quadratic.
+    # The gallery flow's rational-quadratic spline (`jnp.where` over its
+    # bins, a clip per bin; 4 bins on [-3, 3], the identity outside), with
+    # fixed parameters, and its inverse by hand: the bin of `y` by
+    # `searchsorted` on the knots' heights, the root of its quadratic.
+    sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
+    import normalizing_flow as nf
+
     rng = np.random.default_rng(0)
-    widths = rng.dirichlet(np.ones(5)) * 5.0
-    heights = rng.dirichlet(np.ones(5)) * 5.0
-    slopes = np.concatenate([[1.0], np.exp(rng.normal(size=4)), [1.0]])
-    kx = -2.5 + np.concatenate([[0.0], np.cumsum(widths)])
-    ky = -2.5 + np.concatenate([[0.0], np.cumsum(heights)])
-    kx[-1] = ky[-1] = 2.5
+    sp = {k: jnp.asarray(rng.normal(size=n), jnp.float32) for k, n in
+          (("w", nf.BINS), ("h", nf.BINS), ("d", nf.BINS - 1))}  # fmt: skip
+    bound = nf.BOUND
+    widths = jax.nn.softmax(sp["w"]) * 2 * bound
+    heights = jax.nn.softmax(sp["h"]) * 2 * bound
+    zero = jnp.zeros(1)
+    kx = jnp.concatenate([zero - bound, -bound + jnp.cumsum(widths)])
+    ky = jnp.concatenate([zero - bound, -bound + jnp.cumsum(heights)])
+    slopes = jnp.concatenate([zero + 1, jax.nn.softplus(sp["d"]), zero + 1])
 
     def spline(x):
-        out = x
-        for k in range(5):
-            t = jnp.clip((x - kx[k]) / widths[k], 0.0, 1.0)
-            s = heights[k] / widths[k]
-            mix = t * (1 - t)
-            num = heights[k] * (s * t * t + slopes[k] * mix)
-            den = s + (slopes[k + 1] + slopes[k] - 2 * s) * mix
-            inside = (x >= kx[k]) & (x < kx[k + 1])
-            out = jnp.where(inside, ky[k] + num / den, out)
-        return out
+        return nf.spline(x, sp)
 
     def spline_inverse(y):
-        k = jnp.clip(jnp.searchsorted(ky, y, side="right") - 1, 0, 4)
-        w, h = jnp.asarray(widths)[k], jnp.asarray(heights)[k]
-        d0, d1 = jnp.asarray(slopes)[k], jnp.asarray(slopes)[k + 1]
-        s, r = h / w, y - jnp.asarray(ky)[k]
+        k = jnp.clip(jnp.searchsorted(ky, y, side="right") - 1, 0, nf.BINS - 1)
+        w, h, d0, d1 = widths[k], heights[k], slopes[k], slopes[k + 1]
+        s, r = h / w, y - ky[k]
         a = h * (s - d0) + r * (d1 + d0 - 2 * s)
         b = h * d0 - r * (d1 + d0 - 2 * s)
         t = -2 * s * r / (-b - jnp.sqrt(b * b + 4 * a * s * r))
-        x = jnp.asarray(kx)[k] + t * w
-        return jnp.where((y >= -2.5) & (y < 2.5), x, y)
+        return jnp.where((y > -bound) & (y < bound), kx[k] + t * w, y)
 
     def householder(x):
         v = jnp.ones(x.shape[-1]) / jnp.sqrt(x.shape[-1])
@@ -294,7 +290,7 @@ def bench_blocks(quick: bool) -> None:
         ),
         # Since session 21: more cases than the piecewise method enumerates,
         # and a quadratic in each bin (was a numerical solve).
-        "piecewise by intervals (rational-quadratic spline, 5 bins)": (
+        "piecewise by intervals (the gallery's spline, 4 bins)": (
             spline,
             spline_inverse,
             spline(x),
