@@ -1064,3 +1064,15 @@ def test_built_in_rules_take_the_context_and_never_read_the_legacy_context_vars(
                 if name in legacy and not is_target:
                     uses.append(f"{path.name}:{node.lineno} {name}")
     assert uses == []
+
+
+def test_an_output_emptied_by_negative_padding_is_refused_not_crashed():
+    # (Found by the fuzzer, session 21: the recomputation check took `max`
+    # of an empty operand and raised numpy's "zero-size array" error.)
+    def f(x):
+        return jnp.tanh(lax.pad(x, jnp.float32(0.5), [(-1, -1, 0), (0, 1, 0)]))
+
+    x = jnp.array([[-0.86, -0.51], [-0.66, -0.41]], jnp.float32)
+    assert f(x).size == 0
+    with pytest.raises(NotInvertibleError, match="Blocked at `pad`"):
+        jaxinterp.inverse(f, example_args=(x,))(f(x))

@@ -471,7 +471,9 @@ def agree_recomputed(
         nan = jnp.isnan(size)
         nan_in = nan_in | jnp.any(nan)
         size = jnp.where(nan, 0, size)
-        if jnp.ndim(size):
+        if jnp.ndim(size) and jnp.size(size):
+            # (An empty operand, `lax.pad` with negative padding: no element
+            # to scale by, and `max` of nothing raises.)
             size = size + jnp.max(size)
         if inherited is not None and inherited[k] is not None:
             size = size + inherited[k]
