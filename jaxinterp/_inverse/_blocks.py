@@ -779,16 +779,8 @@ def solve_piecewise(
         else:
             best = jnp.where(score == best_score, x_c, best)
     x = jnp.where(found, x, best)
-    finfo = jnp.finfo(dtype)
     slope = _solve.derivative(block.g, x, known)
-    steep = jnp.isfinite(slope) & (slope != 0)
-    # Candidates within rounding of each other are one preimage: a few ulps
-    # of `x`, or as far as rounding of `y` moves it (`16 eps |y| / |g'(x)|`:
-    # at a jump of the program that rounding hides, two cases' candidates).
-    moved = 16 * finfo.eps * jnp.abs(y) / jnp.where(steep, jnp.abs(slope), 1)
-    tol = 8 * finfo.eps * jnp.maximum(jnp.abs(x), finfo.tiny) + jnp.where(
-        steep, moved, 0
-    )
+    tol = one_preimage(x, y, slope)
     ambiguous = jnp.zeros(jnp.shape(y), bool)
     for x_c, ok in zip(candidates, oks, strict=True):
         ambiguous = ambiguous | (ok & ~(jnp.abs(x_c - x) <= tol))
@@ -798,6 +790,19 @@ def solve_piecewise(
     # answer NaN (ambiguous), never another number.
     back = maps_back(block, x, block.g(x, *known), y, known, slope)
     return jnp.where(~ambiguous & ~flat & back, x, jnp.nan)
+
+
+def one_preimage(x: Any, y: Any, slope: Any) -> Any:
+    """How far apart two candidates may be and still count as one preimage:
+    a few ulps of `x`, or as far as rounding of `y` moves it (`16 eps |y| /
+    |g'(x)|`: at a jump of the program that rounding hides, two cases'
+    candidates)."""
+    finfo = jnp.finfo(jnp.result_type(y))
+    steep = jnp.isfinite(slope) & (slope != 0)
+    moved = 16 * finfo.eps * jnp.abs(y) / jnp.where(steep, jnp.abs(slope), 1)
+    return 8 * finfo.eps * jnp.maximum(jnp.abs(x), finfo.tiny) + jnp.where(
+        steep, moved, 0
+    )
 
 
 def _agreeing(

@@ -904,9 +904,8 @@ def _answer(block: Any, plan: _Plan, y: Any, known: Sequence[Any]) -> Any:
     # inside the checks, once per use of the unknown in the block.)
     x, spread, scale = jax.lax.optimization_barrier((x, spread, scale))
     g_x, slope = jax.jvp(lambda u: block.g(u, *known), (x,), (jnp.ones_like(x),))
+    tol = bl.one_preimage(x, y, slope)
     steep = jnp.isfinite(slope) & (slope != 0)
-    moved = 16 * eps * jnp.abs(y) / jnp.where(steep, jnp.abs(slope), 1)
-    tol = 8 * eps * jnp.maximum(jnp.abs(x), tiny) + jnp.where(steep, moved, 0)
     # One Newton step: the root of an interval's quadratic carries the
     # rounding of its coefficients (an `x` near 0 in a bin around -0.4 was
     # off by 1e-7 and failed the check below, before the expansion about
