@@ -208,7 +208,11 @@ def bench_blocks(quick: bool) -> None:
         return nf.spline(x, sp)
 
     def spline_inverse(y):
-        k = jnp.clip(jnp.searchsorted(ky, y, side="right") - 1, 0, nf.BINS - 1)
+        k = jnp.clip(
+            jnp.searchsorted(ky, y, side="right", method="compare_all") - 1,
+            0,
+            nf.BINS - 1,
+        )
         w, h, d0, d1 = widths[k], heights[k], slopes[k], slopes[k + 1]
         s, r = h / w, y - ky[k]
         a = h * (s - d0) + r * (d1 + d0 - 2 * s)
