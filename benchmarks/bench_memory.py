@@ -18,9 +18,14 @@ Two measures, each as a multiple of the array's size:
   whatever else the process allocates, and with `--quick` the allocator
   recycles the 10 MB arrays within its heap, so the RSS hardly moves.
 
-Figure (target from the performance issue):
+Figures (targets from the performance issue, then issue 10):
 
 * `walker peak live arrays, 50-step chain`: <= 3.
+* `inverse by intervals, every interval tried`: XLA's temporary buffers
+  of the compiled inverse of a piecewise-linear zigzag (32 breakpoints, not
+  monotone, so every interval is tried per element), as a multiple of `y`'s
+  size: <= 16. Stacking every interval's candidates held `(3K + 2)` arrays
+  (255 here) until session 22.
 
 Run with `python benchmarks/bench_memory.py` (`--quick` for 10 MB arrays).
 """
@@ -144,6 +149,27 @@ def main() -> None:
     extra = peak_walker - 3 * nbytes
     print(f"  walker: peak live bytes {peak_walker} ({extra:+d} over 3 arrays)")
     report(f"walker peak live arrays, {STEPS}-step chain", peak_walker / nbytes, 3.0)
+    bench_every_interval(args.quick)
+
+
+def zigzag(x: jax.Array) -> jax.Array:
+    """Piecewise linear, rising and falling on alternate unit intervals."""
+    out = 0.05 * x
+    for i in range(16):
+        out = out + (-1.0) ** i * jnp.clip(x - i, 0.0, 1.0)
+    return out
+
+
+def bench_every_interval(quick: bool) -> None:
+    n = 100_000 if quick else 1_000_000
+    y = zigzag(jnp.linspace(-2.0, 18.0, n, dtype=jnp.float32))
+    compiled = jax.jit(jaxinterp.inverse(zigzag)).lower(y).compile()
+    analysis = compiled.memory_analysis()
+    if analysis is None:
+        print("  inverse by intervals: memory analysis unavailable")
+        return
+    arrays = analysis.temp_size_in_bytes / y.nbytes
+    report("inverse by intervals, every interval tried: temporaries", arrays, 16.0)
 
 
 if __name__ == "__main__":

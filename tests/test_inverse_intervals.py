@@ -221,6 +221,59 @@ def test_fold_only_unique_preimages(ys):
     np.testing.assert_allclose(got[unique & ~near], want[unique & ~near], rtol=1e-5)
 
 
+TEETH = 16
+
+
+def zigzag(x):
+    """Piecewise linear: slope `0.05 + (-1)^i` on `[i, i + 1]` for
+    `i < TEETH`, `0.05` outside; 32 breakpoints, not monotone."""
+    out = 0.05 * x
+    for i in range(TEETH):
+        out = out + (-1.0) ** i * jnp.clip(x - i, 0.0, 1.0)
+    return out
+
+
+def zigzag_preimages(y):
+    """Every preimage of each `y` (float64 NumPy), piece by piece: the value
+    at each knot, then the linear piece's root where it lies on the piece."""
+    knots = np.arange(TEETH + 1, dtype=np.float64)
+    at_knots = 0.05 * knots + np.concatenate(
+        [[0.0], np.cumsum([(-1.0) ** i for i in range(TEETH)])]
+    )
+    found = [[] for _ in y]
+    for j, v in enumerate(y):
+        if v < at_knots[0]:  # the ray below 0, slope 0.05
+            found[j].append(v / 0.05)
+        if v > at_knots[-1]:  # the ray above TEETH
+            found[j].append(knots[-1] + (v - at_knots[-1]) / 0.05)
+        for i in range(TEETH):
+            lo, hi = sorted(at_knots[i : i + 2])
+            if lo <= v <= hi:
+                slope = 0.05 + (-1.0) ** i
+                found[j].append(knots[i] + (v - at_knots[i]) / slope)
+    return found
+
+
+def test_many_breakpoints_by_intervals():
+    report = str(jaxinterp.explain_inverse(zigzag, jnp.zeros(4)))
+    assert METHOD in report, report
+
+
+@settings(deadline=None)
+@given(st.lists(st.floats(-2.0, 3.0, width=32), min_size=1, max_size=32))
+def test_many_breakpoints_not_monotone(ys):
+    """Not monotone: every interval's candidates per element (one interval
+    at a time); the answer where `y` has one preimage, NaN where several."""
+    y = np.asarray(ys, np.float32)
+    got = np.asarray(jaxinterp.inverse(zigzag)(jnp.asarray(y)))
+    for j, xs in enumerate(zigzag_preimages(y.astype(np.float64))):
+        distinct = np.unique(np.round(np.asarray(xs), 4))
+        if len(distinct) == 1:
+            np.testing.assert_allclose(got[j], distinct[0], rtol=1e-4, atol=1e-4)
+        elif len(distinct) > 1 and np.ptp(distinct) > 1e-3:
+            assert np.isnan(got[j]), (y[j], xs, got[j])
+
+
 def test_per_element_knots_try_every_interval():
     """Knots that differ between elements: no lookup, every interval's
     candidates per element."""

@@ -615,51 +615,85 @@ def _in_interval(x: Any, lo: Any, hi: Any, eps: float) -> Any:
     return (x >= lo - slack) & (x <= hi + slack)
 
 
-def _first(cand: Any, ok: Any, scale: Any) -> tuple[Any, Any, Any]:
-    """The first candidate accepted (NaN where none is), how far the other
-    accepted ones are from it, and its `scale`."""
-    ok = ok & ~jnp.isnan(cand)
-    x = jnp.full(cand.shape[1:], jnp.nan, cand.dtype)
-    chosen = jnp.zeros(cand.shape[1:], cand.dtype)
-    for i in reversed(range(cand.shape[0])):
-        x = jnp.where(ok[i], cand[i], x)
-        chosen = jnp.where(ok[i], scale[i], chosen)
-    spread = jnp.max(jnp.where(ok, jnp.abs(cand - x[None]), 0.0), axis=0)
-    return x, spread, chosen
+class _Running(NamedTuple):
+    """Candidates seen so far, per element: the first accepted (NaN until
+    one is), its scale, the largest and smallest accepted."""
+
+    x: Any
+    scale: Any
+    top: Any
+    bottom: Any
+
+    @staticmethod
+    def start(y: Any) -> _Running:
+        dtype = jnp.result_type(y)
+        full = functools.partial(jnp.full, jnp.shape(y), dtype=dtype)
+        return _Running(full(jnp.nan), full(0.0), full(-jnp.inf), full(jnp.inf))
+
+    def seen(self, cand: Any, ok: Any, scale: Any) -> _Running:
+        ok = ok & ~jnp.isnan(cand)
+        take = ok & jnp.isnan(self.x)
+        return _Running(
+            jnp.where(take, cand, self.x),
+            jnp.where(take, scale, self.scale),
+            jnp.where(ok, jnp.maximum(self.top, cand), self.top),
+            jnp.where(ok, jnp.minimum(self.bottom, cand), self.bottom),
+        )
+
+    def spread(self) -> Any:
+        return jnp.where(self.top > self.bottom, self.top - self.bottom, 0.0)
 
 
 def _every_interval(tab: _Tables, y: Any, eps: float, tiny: float) -> tuple:
     """The first candidate of every interval and breakpoint accepted, per
-    element (NaN where none is, or on a plateau at `y`), and how far the
-    others accepted are from it."""
-    shape = jnp.shape(y)
-    y_b = jnp.asarray(y)[None]
-    e = [n - y_b * d for n, d in zip(tab.num, tab.den, strict=True)]
-    z1, z2 = _quadratic(e[2], e[1], e[0])
-    cands, oks = [], []
-    for z in (z1, z2):
-        x_c = tab.r + z
-        cands.append(x_c)
-        oks.append(_in_interval(x_c, tab.lo, tab.hi, eps))
-    cands.append(tab.t)
-    oks.append(_close(tab.y_t, y_b, eps, tiny))
-    # An interval (of some length) on which the block is the constant `y`.
-    constant = (e[1] == 0) & (e[2] == 0) & (e[0] == 0)
+    element (NaN where none is, or on a plateau at `y`), how far apart the
+    accepted ones are, and the scale of the first.
+
+    One interval at a time (a loop): stacking every interval's candidates
+    held `(3K + 2) n` values at once, gigabytes for a million elements and
+    `MAX_BREAKS` breakpoints; the loop holds a few times `n` besides the
+    tables."""
+    y = jnp.asarray(y)
+    rank = y.ndim
+    k = tab.t.shape[0]
+    ends, interior = _ends(tab), _interior(tab, eps)
+    coefs = (*tab.num, *tab.den)
+    # Per interval, whether its quotient is a constant (no `z` terms).
     fixed = functools.reduce(
         operator.and_, [c == 0 for p in (tab.num, tab.den) for c in p[1:]]
     )
-    constant = constant | (fixed & _close(tab.y_r, y_b, eps, tiny))
-    plateau = jnp.any(constant & _interior(tab, eps), axis=0)
-    ends = _ends(tab)
-    scales = [ends, ends, jnp.abs(_finite_or_0(tab.y_t))]
 
-    def stacked(parts: list[Any]) -> Any:
-        return jnp.concatenate(
-            [jnp.broadcast_to(v, (v.shape[0], *shape)) for v in parts]
+    def at(v: Any, i: Any) -> Any:
+        # (A coefficient without the intervals' axis is a known value.)
+        if jnp.ndim(v) != rank + 1:
+            return v
+        return jax.lax.dynamic_index_in_dim(v, i, 0, keepdims=False)
+
+    def interval(i: Any, carry: tuple) -> tuple:
+        run, plateau = carry
+        n0, n1, n2, d0, d1, d2 = (at(c, i) for c in coefs)
+        e0, e1, e2 = n0 - y * d0, n1 - y * d1, n2 - y * d2
+        r, lo, hi, scale = at(tab.r, i), at(tab.lo, i), at(tab.hi, i), at(ends, i)
+        for z in _quadratic(e2, e1, e0):
+            run = run.seen(r + z, _in_interval(r + z, lo, hi, eps), scale)
+        # An interval (of some length) on which the block is the constant `y`.
+        constant = ((e0 == 0) & (e1 == 0) & (e2 == 0)) | (
+            at(fixed, i) & _close(at(tab.y_r, i), y, eps, tiny)
+        )
+        return run, plateau | (constant & at(interior, i))
+
+    def breakpoint_(j: Any, run: _Running) -> _Running:
+        y_t = at(tab.y_t, j)
+        return run.seen(
+            jnp.broadcast_to(at(tab.t, j), y.shape),
+            _close(y_t, y, eps, tiny),
+            jnp.abs(_finite_or_0(y_t)),
         )
 
-    x, spread, scale = _first(stacked(cands), stacked(oks), stacked(scales))
-    return jnp.where(plateau, jnp.nan, x), spread, scale
+    plateau = jnp.zeros(y.shape, bool)
+    run, plateau = jax.lax.fori_loop(0, k + 1, interval, (_Running.start(y), plateau))
+    run = jax.lax.fori_loop(0, k, breakpoint_, run)
+    return jnp.where(plateau, jnp.nan, run.x), run.spread(), run.scale
 
 
 def _finite_or_0(v: Any) -> Any:
