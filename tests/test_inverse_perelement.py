@@ -230,12 +230,16 @@ def test_onehot_spline_under_transformations():
     )
 
 
-def test_distrax_style_jaxpr_is_solved_numerically():
+def test_distrax_style_jaxpr_is_inverted_by_intervals():
+    """The bins, compared along the extra axis, give the breakpoints; the
+    position `(x - knot) / width` the clip bounds is fixed per bin (session
+    22; was the elementwise solver)."""
     raw = jax.random.normal(jax.random.PRNGKey(2), (3, 11))
     xk, yk, dk = spline_params(raw)
     x = jnp.array([-1.0, 0.5, 2.0])
     report = jaxinterp.explain_inverse(rqs_onehot, x, xk, yk, dk, argnums=0)
-    assert "(elementwise solve)" in report
+    assert "(piecewise by intervals)" in report
+    assert "(elementwise solve)" not in report
     assert "Invertible" in report
 
 
@@ -301,21 +305,38 @@ def _zigzag(x, slopes):
     return pwl_onehot(x, knots, values)
 
 
+def test_non_monotone_per_element_map_is_nan_where_not_unique():
+    """Piecewise linear: inverted bin by bin, NaN where `y` has several
+    preimages (three in the falling bin's range, two at its top)."""
+    slopes = jnp.broadcast_to(jnp.array([1.0, -0.5, 1.0]), (5, 3))
+    y = jnp.array([-0.4, -0.2, 0.0, 3.0, -2.0])
+    report = jaxinterp.explain_inverse(lambda x: _zigzag(x, slopes), y)
+    assert "(piecewise by intervals)" in report
+    x = inverse(lambda x: _zigzag(x, slopes))(y)
+    np.testing.assert_allclose(x, [np.nan, np.nan, np.nan, 4.5, -2.0], rtol=1e-6)
+
+
+def _wavy_zigzag(x, slopes):
+    """The zigzag plus a little `tanh`: no quotient of polynomials per bin,
+    so the elementwise solver's."""
+    return _zigzag(x, slopes) + 0.01 * jnp.tanh(x)
+
+
 def test_non_monotone_per_element_map_is_refused():
     slopes = jnp.broadcast_to(jnp.array([1.0, -0.5, 1.0]), (3, 3))
     y = jnp.array([-0.4, -0.2, 0.0])
     with pytest.raises(NotInvertibleError, match=re.escape("is not monotone")):
-        inverse(lambda x: _zigzag(x, slopes))(y)
+        inverse(lambda x: _wavy_zigzag(x, slopes))(y)
 
 
 def test_non_monotone_per_element_map_traced_is_nan():
     slopes = jnp.broadcast_to(jnp.array([1.0, -0.5, 1.0]), (3, 3))
     y = jnp.array([-0.4, -0.2, 3.0])
-    x = jax.jit(inverse(_zigzag, argnums=0))(y, slopes)
+    x = jax.jit(inverse(_wavy_zigzag, argnums=0))(y, slopes)
     assert np.isnan(np.asarray(x)).all()
     monotone = jnp.abs(slopes)
-    x = jax.jit(inverse(_zigzag, argnums=0))(y, monotone)
-    np.testing.assert_allclose(_zigzag(x, monotone), y, rtol=1e-5, atol=1e-5)
+    x = jax.jit(inverse(_wavy_zigzag, argnums=0))(y, monotone)
+    np.testing.assert_allclose(_wavy_zigzag(x, monotone), y, rtol=1e-5, atol=1e-5)
 
 
 def _couple_through_sum(x):

@@ -13,6 +13,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+import jax.numpy as jnp
+
 from .. import _jax_compat as compat
 from .._env import Env
 from . import _branches as br
@@ -93,6 +95,11 @@ class SolveState:
         # (`_masked.py`), and what each last saw (to skip unchanged retries).
         self.masked_inverted: set[int] = set()
         self.masked_seen: dict[int, Any] = {}
+        # Known results of `broadcast_in_dim` as their operand, reshaped with
+        # size-1 axes where the step broadcasts (`compact`), kept after the
+        # operand is released: the interval method builds its tables from a
+        # spline's knots, not from their copy per element.
+        self.compacted: dict[Any, Any] = {}
         self.status = [UNUSED] * n
         self.reasons: dict[int, str] = {}
         self.methods: dict[int, str] = {}
@@ -241,6 +248,8 @@ class SolveState:
         """Equation `i` is finished: drop the values no other equation needs."""
         eqn = self.eqns[i]
         v: Any
+        if eqn.primitive.name == "broadcast_in_dim":
+            self._compact(eqn)
         for v in eqn.outvars:
             self._drop(v)
         invars = eqn.invars
@@ -248,11 +257,29 @@ class SolveState:
             if type(v) is not _Literal and not any(v is u for u in invars[:k]):
                 self._drop(v)
 
+    def _compact(self, eqn: Any) -> None:
+        (w,), (v,) = eqn.invars, eqn.outvars
+        if type(w) is _Literal or w not in self.env or v not in self.env:
+            return
+        op = self.compact(w)
+        shape = [1] * v.aval.ndim
+        for j, d in enumerate(compat.params_of(eqn)["broadcast_dimensions"]):
+            shape[d] = jnp.shape(op)[j]
+        self.compacted[v] = jnp.reshape(op, shape)
+
+    def compact(self, v: Any) -> Any:
+        """The known value of `v`, with the axes a `broadcast_in_dim` added or
+        stretched kept at size 1 (one row of knots broadcast to every
+        element), as the broadcasting rules of `lax` read it."""
+        got = self.compacted.get(v)
+        return self.env[v] if got is None else got
+
     def _drop(self, v: Any) -> None:
         left = self.pending[v] - 1
         self.pending[v] = left
         if not left and v not in self.protected:
             self.env.pop(v, None)
+            self.compacted.pop(v, None)
             # (Its `solved_by` record stays: a recheck of a value solved from
             # it may still recompute it forwards, `_recheck_producer`.)
 

@@ -796,7 +796,7 @@ class InverseWalker:
             x = bl.solve_piecewise(block, y, known, self._invert_case)
             method = bl.PIECEWISE
         if x is None:
-            x = iv.solve(block, y, known)
+            x = iv.solve(block, y, known, [st.compact(v) for v in block.known])
             method = iv.INTERVALS
         if x is None:
             if not solvers:

@@ -99,13 +99,25 @@ class _Failed(Exception):
 # -- static analysis -----------------------------------------------------
 
 
+class _Break(NamedTuple):
+    """A breakpoint source: the value `u` compared, the bound(s) it is
+    compared with, and the monotone chain from `u` down to `x` (equation,
+    unknown operand). Level 0: the chain's other operands are known; level
+    1: some are piecewise constant, fixed by level-0 breakpoints (a
+    spline's bin, picked by comparing `x` with the knots, gives the
+    position `(x - knot) / width` that a clip then bounds)."""
+
+    u: Any
+    bounds: list[Any]
+    steps: list[tuple[Any, int]]
+    level: int
+
+
 class _Plan(NamedTuple):
     jaxpr: Any
     consts: list[Any]
     x: Any
-    # Breakpoint sources: (the value `u` compared, the known bound(s)) and
-    # the monotone chain from `u` down to `x` (equation, unknown operand).
-    breaks: list[tuple[Any, list[Any], list[tuple[Any, int]]]]
+    breaks: list[_Break]
     discrete: frozenset[Any]  # unknown values that are piecewise constant
 
 
@@ -116,31 +128,47 @@ def _plan(closed: Any) -> _Plan | None:
         return None
     producer: dict[Any, tuple[Any, list[bool]]] = {}
     unknown = {x}
-    discrete: set[Any] = set()
-    breaks: list[tuple[Any, list[Any], list[tuple[Any, int]]]] = []
+    # Unknown values constant between breakpoints (comparisons, and what is
+    # computed from them and known values alone), with their level: the
+    # highest level of the breakpoints they depend on.
+    steady: dict[Any, int] = {}
+    breaks: list[_Break] = []
 
     def dep(v: Any) -> bool:
         return type(v) is not _Literal and v in unknown
 
-    def chain(u: Any) -> list[tuple[Any, int]] | None:
+    def moving(v: Any) -> bool:
+        return dep(v) and v not in steady
+
+    def level_of(vs: Sequence[Any]) -> int:
+        return max((steady[v] for v in vs if dep(v) and v in steady), default=-1)
+
+    def chain(u: Any) -> tuple[list[tuple[Any, int]], int] | None:
         steps: list[tuple[Any, int]] = []
+        level = -1
         while u is not x:
-            if u in discrete or u not in producer:
+            if u in steady or u not in producer:
                 return None
-            eqn, deps = producer[u]
-            if sum(deps) != 1 or not _invertible(eqn, deps.index(True)):
+            eqn, _ = producer[u]
+            flags = [moving(v) for v in eqn.invars]
+            if sum(flags) != 1 or not _invertible(eqn, flags.index(True)):
                 return None
-            i = deps.index(True)
+            i = flags.index(True)
+            level = max(level, level_of(eqn.invars))
             steps.append((eqn, i))
             u = eqn.invars[i]
-        return steps
+        return steps, level
 
-    def add_break(u: Any, bounds: list[Any]) -> bool:
-        steps = chain(u)
-        if steps is None:
-            return False
-        breaks.append((u, bounds, steps))
-        return True
+    def add_break(u: Any, bounds: list[Any]) -> int | None:
+        found = chain(u)
+        if found is None:
+            return None
+        steps, level = found
+        level = max(level, level_of(bounds)) + 1
+        if level > 1:
+            return None
+        breaks.append(_Break(u, bounds, steps, level))
+        return level
 
     for eqn in jaxpr.eqns:
         deps = [dep(v) for v in eqn.invars]
@@ -149,43 +177,45 @@ def _plan(closed: Any) -> _Plan | None:
         name = eqn.primitive.name
         outs = eqn.outvars
         floating = all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in outs)
-        flags = [d and v not in discrete for v, d in zip(eqn.invars, deps, strict=True)]
-        if name in _COMPARE:
-            if any(flags):
-                # One side moves with `x`, the other is known.
-                if sum(deps) != 1:
-                    return None
-                i = flags.index(True)
-                if not add_break(eqn.invars[i], [eqn.invars[1 - i]]):
-                    return None
-            discrete.update(outs)
+        flags = [moving(v) for v in eqn.invars]
+        if not any(flags):
+            # Only piecewise-constant unknowns: piecewise constant.
+            if name not in bl._ELEMENTWISE and name not in _SHAPE | _REDUCE:
+                return None
+            steady.update((v, level_of(eqn.invars)) for v in outs)
+        elif name in _COMPARE:
+            # One side moves with `x`, the other is known or steady.
+            if sum(flags) != 1:
+                return None
+            i = flags.index(True)
+            level = add_break(eqn.invars[i], [eqn.invars[1 - i]])
+            if level is None:
+                return None
+            steady.update((v, level) for v in outs)
         elif name in _LOGIC:
-            discrete.update(outs)
-        elif name == "convert_element_type" and all(
-            v in discrete for v, d in zip(eqn.invars, deps, strict=True) if d
-        ):
-            discrete.update(outs)  # a piecewise-constant value, converted
+            return None  # (a logical step on a value that is no comparison)
         elif name in ("max", "min"):
-            if sum(deps) != 1 or sum(flags) != 1 or not floating:
+            if sum(flags) != 1 or not floating:
                 return None
             other = eqn.invars[1 - flags.index(True)]
-            if not add_break(eqn.invars[flags.index(True)], [other]):
+            if add_break(eqn.invars[flags.index(True)], [other]) is None:
                 return None
         elif name == "abs":
-            if not floating or not add_break(eqn.invars[0], [0.0]):
+            if not floating or add_break(eqn.invars[0], [0.0]) is None:
                 return None
         elif name == "clamp":
             lo, u, hi = eqn.invars
-            if deps[0] or deps[2] or not floating or not add_break(u, [lo, hi]):
+            if flags[0] or flags[2] or not floating or add_break(u, [lo, hi]) is None:
                 return None
         elif name == "select_n":
-            if deps[0] and eqn.invars[0] not in discrete:
+            if flags[0] or not floating:
                 return None
-            if not floating:
-                if any(flags[1:]):
-                    return None
-                discrete.update(outs)  # a choice between discrete values
-        elif name in _ARITHMETIC or name in _OTHER:
+        elif (
+            name in _ARITHMETIC
+            or name in _OTHER
+            or name in _SHAPE
+            or name == "reduce_sum"
+        ):
             if not floating:
                 return None  # (a float truncated to an integer: a staircase)
         else:
@@ -194,11 +224,12 @@ def _plan(closed: Any) -> _Plan | None:
         for v in outs:
             producer[v] = (eqn, deps)
     out = jaxpr.outvars[0]
-    if type(out) is _Literal or out not in unknown or out in discrete:
+    if type(out) is _Literal or out not in unknown or out in steady:
         return None
     if not breaks or len(breaks) > MAX_BREAKS:
         return None
-    return _Plan(jaxpr, list(closed.consts), x, breaks, frozenset(discrete))
+    discrete = frozenset(steady)
+    return _Plan(jaxpr, list(closed.consts), x, breaks, discrete)
 
 
 # Steps a breakpoint chain passes through: monotone in their unknown
@@ -206,7 +237,7 @@ def _plan(closed: Any) -> _Plan | None:
 _CHAIN = frozenset(
     "add sub add_any mul div neg convert_element_type copy copy_p "
     "stop_gradient max min clamp abs exp log log1p expm1 tanh logistic sqrt "
-    "cbrt integer_pow square".split()
+    "cbrt integer_pow square broadcast_in_dim".split()
 )
 
 
@@ -235,6 +266,8 @@ def _pull(eqn: Any, i: int, c: Any, read: Callable[[Any], Any]) -> list[Any]:
         return [c * k] if i == 0 else [k / c, jnp.zeros_like(c)]
     if name == "neg":
         return [-c]
+    if name == "broadcast_in_dim":
+        return _unbroadcast(eqn, c)
     if name in ("max", "min", "clamp", "convert_element_type", "copy", "copy_p"):
         return [c]
     if name == "stop_gradient":
@@ -261,6 +294,26 @@ def _pull(eqn: Any, i: int, c: Any, read: Callable[[Any], Any]) -> list[Any]:
     root = jnp.abs(c) ** (1.0 / abs(power))
     found = [root, -root] if power % 2 == 0 else [jnp.sign(c) * root]
     return found + ([jnp.zeros_like(c)] if power < 0 else [])
+
+
+def _unbroadcast(eqn: Any, c: Any) -> list[Any]:
+    """The values of the operand of a `broadcast_in_dim` at which its
+    result crosses `c`: an operand element is compared with every entry of
+    `c` along the axes the step broadcasts it over (a spline's `x[:, None]`
+    against its knots), each of those entries one breakpoint."""
+    params = compat.params_of(eqn)
+    dims = tuple(params["broadcast_dimensions"])
+    op_shape = eqn.invars[0].aval.shape
+    c = _full_rank(c, len(params["shape"]))
+    spread = [
+        d
+        for d in range(c.ndim)
+        if c.shape[d] > 1 and (d not in dims or op_shape[dims.index(d)] == 1)
+    ]
+    pieces = [c]
+    for d in spread:
+        pieces = [p for q in pieces for p in jnp.split(q, q.shape[d], axis=d)]
+    return [jnp.reshape(p, tuple(p.shape[d] for d in dims)) for p in pieces]
 
 
 # -- quotients of polynomials in z ---------------------------------------
@@ -374,22 +427,86 @@ def _select(which: Any, cases: Sequence[_Frac]) -> _Frac:
 # -- evaluation ----------------------------------------------------------
 
 
-def _bind(eqn: Any, ins: Sequence[Any]) -> list[Any]:
-    """`eqn` on operands that broadcast (representatives on a leading axis,
-    known values of the elements' shape or scalars)."""
+# Steps that move or drop axes (a per-element block's extra axes: the
+# one-hot sums over a spline's bins, see `_perelement.py`).
+_SHAPE = frozenset("broadcast_in_dim squeeze slice transpose rev".split())
+_REDUCE = frozenset("reduce_sum reduce_max reduce_min reduce_or reduce_and".split())
+
+
+def _bind(eqn: Any, ins: Sequence[Any], batched: Sequence[bool] = ()) -> list[Any]:
+    """`eqn` on operands that may stand for broadcasts: an axis of size 1
+    where the equation's operand has more (or a missing leading axis) holds
+    one value for all of them, and the results keep it so (a spline's knots
+    broadcast over a million elements stay one row). With `batched`, the
+    flagged operands have a leading axis of representatives, mapped over."""
+    if any(batched) and eqn.primitive.name not in bl._ELEMENTWISE:
+        axes = [0 if b else None for b in batched]
+        return list(jax.vmap(lambda *a: _bind(eqn, a), in_axes=axes)(*ins))
     name = eqn.primitive.name
-    if name == "broadcast_in_dim" and not jnp.shape(ins[0]):
-        return [ins[0]]  # a scalar stands for its broadcast
     if name in bl._ELEMENTWISE:
+        # (Operands broadcast among themselves, representatives' axis first.)
         ins = jnp.broadcast_arrays(*ins) if len(ins) > 1 else list(ins)
+        params = compat.params_of(eqn)
     else:
         ins = [
+            v if type(var) is _Literal else _full_rank(v, var.aval.ndim)
+            for v, var in zip(ins, eqn.invars, strict=True)
+        ]
+        params, ins, scale = _shrunk_params(eqn, ins)
+        if scale != 1:
+            out = _bind_plain(eqn, ins, params)[0]
+            return [out * scale if name == "reduce_sum" else out]
+    return _bind_plain(eqn, ins, params)
+
+
+def _full_rank(v: Any, ndim: int) -> Any:
+    v = jnp.asarray(v)
+    return jnp.reshape(v, (1,) * (ndim - v.ndim) + v.shape)
+
+
+def _shrunk_params(eqn: Any, ins: list[Any]) -> tuple[dict[str, Any], list[Any], int]:
+    """The params of `eqn` for operands with axes of size 1 standing for
+    broadcasts (kept so where the step allows; other steps get their
+    operands at full size), and the factor a sum over such axes takes."""
+    name = eqn.primitive.name
+    params = dict(compat.params_of(eqn))
+    avals = [v.aval for v in eqn.invars]
+    if name not in _SHAPE and name not in _REDUCE:
+        full = [
             v if type(var) is _Literal else jnp.broadcast_to(v, var.aval.shape)
             for v, var in zip(ins, eqn.invars, strict=True)
         ]
+        return params, full, 1
+    op, aval = ins[0], avals[0]
+    shrunk = [i for i in range(aval.ndim) if op.shape[i] == 1 < aval.shape[i]]
+    scale = 1
+    if name == "broadcast_in_dim":
+        shape = [1] * len(params["shape"])
+        for i, d in enumerate(params["broadcast_dimensions"]):
+            shape[d] = op.shape[i]
+        params["shape"] = tuple(shape)
+    elif name == "slice":
+        start = list(params["start_indices"])
+        limit = list(params["limit_indices"])
+        strides = params.get("strides")
+        for i in shrunk:
+            start[i], limit[i] = 0, 1
+        params["start_indices"], params["limit_indices"] = tuple(start), tuple(limit)
+        if strides is not None:
+            params["strides"] = tuple(
+                1 if i in shrunk else s for i, s in enumerate(strides)
+            )
+    elif name in _REDUCE:
+        for i in params["axes"]:
+            if i in shrunk:
+                scale *= aval.shape[i]
+    return params, ins, scale
+
+
+def _bind_plain(eqn: Any, ins: Sequence[Any], params: dict[str, Any]) -> list[Any]:
     user_ctx, eqn_ctx = compat.eqn_contexts(eqn)
     with user_ctx, eqn_ctx:
-        return compat.bind_eqn(eqn.primitive, ins, eqn.params)
+        return compat.bind_eqn(eqn.primitive, ins, params)
 
 
 def _known_env(plan: _Plan, known: Sequence[Any]) -> dict[Any, Any]:
@@ -407,30 +524,32 @@ def _known_env(plan: _Plan, known: Sequence[Any]) -> dict[Any, Any]:
     return env
 
 
-def _breakpoints(plan: _Plan, env: dict[Any, Any], rank: int, dtype: Any) -> Any:
-    """The sorted breakpoints, shape `(K, ...)`: non-finite ones (a bound
-    the chain never reaches) replaced by the largest finite one (an empty
-    interval)."""
+def _pulled(brk: _Break, read: Callable[[Any], Any], dtype: Any) -> list[Any]:
+    """The values of `x` at which `brk`'s choice may change."""
+    values = [
+        jnp.asarray(b if isinstance(b, float) else read(b), dtype) for b in brk.bounds
+    ]
+    for eqn, i in brk.steps:
+        values = [p for c in values for p in _pull(eqn, i, c, read)]
+        if len(values) > MAX_BREAKS:
+            raise _Failed
+    return values
 
-    def read(v: Any) -> Any:
-        return jnp.asarray(v.val if type(v) is _Literal else env[v], dtype)
 
-    found: list[Any] = []
-    for _, bounds, steps in plan.breaks:
-        values = [
-            jnp.asarray(read(b) if not isinstance(b, float) else b, dtype)
-            for b in bounds
-        ]
-        for eqn, i in steps:
-            values = [p for c in values for p in _pull(eqn, i, c, read)]
-            if len(found) + len(values) > MAX_BREAKS:
-                raise _Failed
-        found.extend(values)
-    shape = jnp.broadcast_shapes(*(jnp.shape(v) for v in found))
+def _sorted(found: list[Any], rank: int, dtype: Any) -> Any:
+    """Breakpoints (each entry of `found` a leading axis of them), sorted,
+    shape `(K, ...)`: non-finite ones (a bound the chain never reaches, a
+    candidate outside its interval) replaced by the largest finite one (an
+    empty interval)."""
+    shape = jnp.broadcast_shapes(*(jnp.shape(v)[1:] for v in found))
     if len(shape) > rank:
         raise _Failed
     shape = (1,) * (rank - len(shape)) + tuple(shape)
-    t = jnp.stack([jnp.broadcast_to(jnp.asarray(v, dtype), shape) for v in found])
+    t = jnp.concatenate(
+        [jnp.broadcast_to(jnp.asarray(v, dtype), (v.shape[0], *shape)) for v in found]
+    )
+    if t.shape[0] > MAX_BREAKS:
+        raise _Failed
     ok = jnp.isfinite(t)
     top = jnp.max(jnp.where(ok, t, -jnp.inf), axis=0)
     # (No finite breakpoint at all: one interval around 0.)
@@ -438,18 +557,89 @@ def _breakpoints(plan: _Plan, env: dict[Any, Any], rank: int, dtype: Any) -> Any
     return jnp.sort(jnp.where(ok, t, top), axis=0)
 
 
+def _reps(t: Any) -> tuple[Any, Any, Any]:
+    """A point inside each interval between sorted breakpoints `t` (and
+    below and above them all), and the intervals' ends."""
+    first, last = t[0], t[-1]
+    below = first - jnp.maximum(1.0, jnp.abs(first))
+    above = last + jnp.maximum(1.0, jnp.abs(last))
+    mids = t[:-1] + (t[1:] - t[:-1]) / 2
+    inf = jnp.full_like(first, jnp.inf)
+    lo = jnp.concatenate([-inf[None], t])
+    hi = jnp.concatenate([t, inf[None]])
+    return jnp.concatenate([below[None], mids, above[None]]), lo, hi
+
+
+def _breakpoints(plan: _Plan, env: dict[Any, Any], rank: int, dtype: Any) -> Any:
+    """The sorted breakpoints, shape `(K, ...)`: those of level 0 from the
+    known values; those of level 1 per interval between the level-0 ones,
+    from the piecewise-constant values there (kept where they fall inside
+    it)."""
+
+    def read(v: Any) -> Any:
+        return jnp.asarray(v.val if type(v) is _Literal else env[v], dtype)
+
+    found = [
+        v[None]
+        for brk in plan.breaks
+        if brk.level == 0
+        for v in _pulled(brk, read, dtype)
+    ]
+    t = _sorted(found, rank, dtype)
+    upper = [brk for brk in plan.breaks if brk.level == 1]
+    if not upper:
+        return t
+    reps, lo, hi = _reps(t)
+    point = _walk(plan, env, reps, None).point
+    needed = list(
+        {
+            v
+            for brk in upper
+            for v in [*brk.bounds, *(w for eqn, _ in brk.steps for w in eqn.invars)]
+            if type(v) is not _Literal and not isinstance(v, float) and v in point
+        }
+    )
+
+    def per_interval(here: list[Any]) -> Any:
+        values = dict(zip(needed, here, strict=True))
+
+        def read_here(v: Any) -> Any:
+            if type(v) is not _Literal and v in values:
+                return jnp.asarray(values[v], dtype)
+            return read(v)
+
+        pieces = [
+            _full_rank(p, rank) for brk in upper for p in _pulled(brk, read_here, dtype)
+        ]
+        if len(found) + len(pieces) * t.shape[0] > MAX_BREAKS:
+            raise _Failed
+        return jnp.stack(jnp.broadcast_arrays(*pieces))
+
+    cands = jax.vmap(per_interval)([point[v] for v in needed])  # (K+1, P, ...)
+    lo, hi = (
+        _full_rank(lo, cands.ndim - 1)[:, None],
+        _full_rank(hi, cands.ndim - 1)[:, None],
+    )
+    inside = (cands > lo) & (cands < hi)
+    cands = jnp.where(inside, cands, jnp.nan)
+    cands = jnp.reshape(cands, (-1, *cands.shape[2:]))
+    return _sorted([t, cands], rank, dtype)
+
+
 class _Walked(NamedTuple):
-    frac: _Frac
-    point: Any  # the block's value at each representative
+    frac: _Frac | None
+    point: Any  # the values at each representative (the block's: its result's)
 
 
-def _walk(plan: _Plan, env: dict[Any, Any], reps: Any, centers: Any) -> _Walked:
+def _walk(plan: _Plan, env: dict[Any, Any], reps: Any, centers: Any | None) -> _Walked:
     """The block's value as a quotient in `z = x - c` per representative
     `r` (leading axis of `reps`; `c` the same row of `centers`), its choices
-    fixed as they fall at `r`."""
+    fixed as they fall at `r`. Without `centers`, only every step's value
+    at the representatives (`point`: a dict)."""
     point: dict[Any, Any] = {plan.x: reps}
-    one = jnp.ones_like(centers)
-    fracs: dict[Any, _Frac | None] = {plan.x: _Frac((centers, one), None)}
+    fracs: dict[Any, _Frac | None] = {}
+    if centers is not None:
+        fracs[plan.x] = _Frac((centers, jnp.ones_like(centers)), None)
 
     def val(v: Any) -> Any:
         if type(v) is _Literal:
@@ -464,14 +654,20 @@ def _walk(plan: _Plan, env: dict[Any, Any], reps: Any, centers: Any) -> _Walked:
         return fracs[v] if v in fracs else _const(env[v])
 
     for eqn in plan.jaxpr.eqns:
-        if not any(type(v) is not _Literal and v in point for v in eqn.invars):
+        batched = [type(v) is not _Literal and v in point for v in eqn.invars]
+        if not any(batched):
             continue
         ins = [val(v) for v in eqn.invars]
-        outs = _bind(eqn, ins)
+        outs = _bind(eqn, ins, batched)
         point.update(zip(eqn.outvars, outs, strict=True))
         out = eqn.outvars[0]
         name = eqn.primitive.name
-        if out in plan.discrete or name in _COMPARE or name in _LOGIC:
+        if (
+            centers is None
+            or out in plan.discrete
+            or name in _COMPARE
+            or name in _LOGIC
+        ):
             continue
         maybe = [frac(v) for v in eqn.invars]
         result: _Frac | None = None
@@ -479,11 +675,29 @@ def _walk(plan: _Plan, env: dict[Any, Any], reps: Any, centers: Any) -> _Walked:
             operands = [f for f in maybe if f is not None]
             result = _frac_of(name, eqn, ins, operands, point)
         fracs[out] = result
+    if centers is None:
+        return _Walked(None, point)
     y = plan.jaxpr.outvars[0]
     got = fracs.get(y)
     if got is None:
         raise _Failed
     return _Walked(got, point[y])
+
+
+def _moved(eqn: Any, f: _Frac) -> _Frac | None:
+    """A step that moves or sums axes (`_SHAPE`, `reduce_sum`), applied to
+    each coefficient of a quotient (a sum only of a polynomial)."""
+    if eqn.primitive.name == "reduce_sum" and f.den is not None:
+        return None
+    ndim = eqn.invars[0].aval.ndim
+
+    def one(c: Any) -> Any:
+        batched = jnp.ndim(c) == ndim + 1
+        c = c if batched else _full_rank(c, ndim)
+        return _bind(eqn, [c], [batched])[0]
+
+    num = tuple(one(c) for c in f.num)
+    return _Frac(num, None if f.den is None else tuple(one(c) for c in f.den))
 
 
 def _frac_of(
@@ -497,6 +711,8 @@ def _frac_of(
     the representatives, which fix the choices)."""
     if name == "select_n":
         return _select(ins[0], operands[1:])
+    if name in _SHAPE or name == "reduce_sum":
+        return _moved(eqn, operands[0])
     if name in ("max", "min"):
         v0 = eqn.invars[0]
         i = 0 if type(v0) is not _Literal and v0 in point else 1
@@ -568,17 +784,11 @@ class _Tables(NamedTuple):
 def _tables(plan: _Plan, known: Sequence[Any], rank: int, dtype: Any) -> _Tables:
     env = _known_env(plan, known)
     t = _breakpoints(plan, env, rank, dtype)  # (K, ...)
-    first, last = t[0], t[-1]
-    below = first - jnp.maximum(1.0, jnp.abs(first))
-    above = last + jnp.maximum(1.0, jnp.abs(last))
-    mids = t[:-1] + (t[1:] - t[:-1]) / 2
     # Representatives: one inside each interval (K + 1), then the K
     # breakpoints themselves (the block's value there).
-    reps = jnp.concatenate([below[None], mids, above[None], t])
+    inside, lo, hi = _reps(t)
+    reps = jnp.concatenate([inside, t])
     k = t.shape[0]
-    inf = jnp.full_like(first, jnp.inf)
-    lo = jnp.concatenate([-inf[None], t])
-    hi = jnp.concatenate([t, inf[None]])
     # Each interval's quotient is expanded about its point nearest 0 (not
     # its representative): a root is then computed to rounding of itself,
     # not of the interval's middle (a root near 0 in an interval around 1
@@ -591,6 +801,7 @@ def _tables(plan: _Plan, known: Sequence[Any], rank: int, dtype: Any) -> _Tables
         # (Coefficients without the representatives' axis are known values.)
         return tuple(c[: k + 1] if jnp.ndim(c) == rank + 1 else c for c in _padded(p))
 
+    assert walked.frac is not None
     return _Tables(
         intervals(walked.frac.num),
         intervals(_den(walked.frac)),
@@ -863,13 +1074,16 @@ def _looked_up(
     return jnp.where(plateau, jnp.nan, x), spread, scale
 
 
-def solve(block: Any, y: Any, known: Sequence[Any]) -> Any | None:
+def solve(
+    block: Any, y: Any, known: Sequence[Any], compacts: Sequence[Any] | None = None
+) -> Any | None:
     """`x` with `g(x) = y` for a piecewise-rational block (module
     docstring), NaN where `y` has no single preimage; `None` if the block
     is not of that kind. Differentiable in `y` and `known` by the implicit
     function theorem (as the elementwise solver), not through the tables:
     the gradient of a flow through its spline compiled in 71 s that way,
-    against 32 s for the solver's."""
+    against 32 s for the solver's. `compacts`: the known values with their
+    broadcasts undone (`SolveState.compact`), from which the tables are built."""
     if not block.sites:
         return None
     dtype = jnp.result_type(y)
@@ -882,34 +1096,40 @@ def solve(block: Any, y: Any, known: Sequence[Any]) -> Any | None:
     if plan is None:
         return None
     rank = jnp.ndim(y)
+    compacts = list(known if compacts is None else compacts)
     try:
         # (Traced abstractly: whether the block's quotients stay of degree
         # two, and its breakpoints few enough.)
-        jax.eval_shape(lambda *k: _tables(plan, k, rank, dtype), *known)
+        jax.eval_shape(lambda *k: _tables(plan, k, rank, dtype), *compacts)
     except _Failed:
         return None
+    n = len(known)
 
     @jax.custom_jvp
-    def inverse(y: Any, *known: Any) -> Any:
-        return _answer(block, plan, y, known)
+    def inverse(y: Any, *both: Any) -> Any:
+        return _answer(block, plan, y, both[:n], both[n:])
 
     @inverse.defjvp
     def _inverse_jvp(primals: Sequence[Any], tangents: Sequence[Any]) -> Any:
-        y, *known = primals
-        dy, *dknown = tangents
-        x = inverse(y, *known)
+        # (The compact values' tangents are the known values': not added.)
+        y, *both = primals
+        dy, *dboth = tangents
+        known, dknown = both[:n], dboth[:n]
+        x = inverse(y, *both)
         slope = _solve.derivative(block.g, x, known)
         if known:
             _, dg = jax.jvp(lambda *k: block.g(x, *k), tuple(known), tuple(dknown))
             dy = dy - dg
         return x, dy / slope
 
-    return inverse(y, *known)
+    return inverse(y, *known, *compacts)
 
 
-def _answer(block: Any, plan: _Plan, y: Any, known: Sequence[Any]) -> Any:
+def _answer(
+    block: Any, plan: _Plan, y: Any, known: Sequence[Any], compacts: Sequence[Any]
+) -> Any:
     dtype = jnp.result_type(y)
-    tab = _tables(plan, known, jnp.ndim(y), dtype)
+    tab = _tables(plan, compacts, jnp.ndim(y), dtype)
     finfo = jnp.finfo(dtype)
     eps, tiny = float(finfo.eps), float(finfo.tiny)
     if _uniform(tab):
