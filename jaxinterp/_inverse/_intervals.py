@@ -71,7 +71,7 @@ _Literal = compat.Literal
 INTERVALS = "piecewise by intervals"
 
 # At most this many breakpoints (each interval costs a quadratic per element).
-MAX_BREAKS = 64
+MAX_BREAKS = 128
 
 # Steps whose value is a quotient of polynomials in their operands'.
 _ARITHMETIC = frozenset(
@@ -836,10 +836,10 @@ class _Running(NamedTuple):
     bottom: Any
 
     @staticmethod
-    def start(y: Any) -> _Running:
-        dtype = jnp.result_type(y)
-        full = functools.partial(jnp.full, jnp.shape(y), dtype=dtype)
-        return _Running(full(jnp.nan), full(0.0), full(-jnp.inf), full(jnp.inf))
+    def start(zero: Any) -> _Running:
+        # (From `zero`, computed from `y`: inside a `shard_map` the loop's
+        # carry must vary over the mesh as `y` does.)
+        return _Running(zero + jnp.nan, zero, zero - jnp.inf, zero + jnp.inf)
 
     def seen(self, cand: Any, ok: Any, scale: Any) -> _Running:
         ok = ok & ~jnp.isnan(cand)
@@ -901,8 +901,9 @@ def _every_interval(tab: _Tables, y: Any, eps: float, tiny: float) -> tuple:
             jnp.abs(_finite_or_0(y_t)),
         )
 
-    plateau = jnp.zeros(y.shape, bool)
-    run, plateau = jax.lax.fori_loop(0, k + 1, interval, (_Running.start(y), plateau))
+    zero = jnp.where(y == y, 0.0, 0.0).astype(y.dtype)
+    start = (_Running.start(zero), zero != 0)
+    run, plateau = jax.lax.fori_loop(0, k + 1, interval, start)
     run = jax.lax.fori_loop(0, k, breakpoint_, run)
     return jnp.where(plateau, jnp.nan, run.x), run.spread(), run.scale
 
