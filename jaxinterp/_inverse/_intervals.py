@@ -828,10 +828,12 @@ def _in_interval(x: Any, lo: Any, hi: Any, eps: float) -> Any:
 
 class _Running(NamedTuple):
     """Candidates seen so far, per element: the first accepted (NaN until
-    one is), its scale, the largest and smallest accepted."""
+    one is), its scale and its interval's slope there, the largest and
+    smallest accepted."""
 
     x: Any
     scale: Any
+    slope: Any
     top: Any
     bottom: Any
 
@@ -839,14 +841,15 @@ class _Running(NamedTuple):
     def start(zero: Any) -> _Running:
         # (From `zero`, computed from `y`: inside a `shard_map` the loop's
         # carry must vary over the mesh as `y` does.)
-        return _Running(zero + jnp.nan, zero, zero - jnp.inf, zero + jnp.inf)
+        return _Running(zero + jnp.nan, zero, zero, zero - jnp.inf, zero + jnp.inf)
 
-    def seen(self, cand: Any, ok: Any, scale: Any) -> _Running:
+    def seen(self, cand: Any, ok: Any, scale: Any, slope: Any) -> _Running:
         ok = ok & ~jnp.isnan(cand)
         take = ok & jnp.isnan(self.x)
         return _Running(
             jnp.where(take, cand, self.x),
             jnp.where(take, scale, self.scale),
+            jnp.where(take, slope, self.slope),
             jnp.where(ok, jnp.maximum(self.top, cand), self.top),
             jnp.where(ok, jnp.minimum(self.bottom, cand), self.bottom),
         )
@@ -858,7 +861,7 @@ class _Running(NamedTuple):
 def _every_interval(tab: _Tables, y: Any, eps: float, tiny: float) -> tuple:
     """The first candidate of every interval and breakpoint accepted, per
     element (NaN where none is, or on a plateau at `y`), how far apart the
-    accepted ones are, and the scale of the first.
+    accepted ones are, the scale of the first and its slope.
 
     One interval at a time (a loop): stacking every interval's candidates
     held `(3K + 2) n` values at once, gigabytes for a million elements and
@@ -885,8 +888,10 @@ def _every_interval(tab: _Tables, y: Any, eps: float, tiny: float) -> tuple:
         n0, n1, n2, d0, d1, d2 = (at(c, i) for c in coefs)
         e0, e1, e2 = n0 - y * d0, n1 - y * d1, n2 - y * d2
         r, lo, hi, scale = at(tab.r, i), at(tab.lo, i), at(tab.hi, i), at(ends, i)
+        num, den = (n0, n1, n2), (d0, d1, d2)
         for z in _quadratic(e2, e1, e0):
-            run = run.seen(r + z, _in_interval(r + z, lo, hi, eps), scale)
+            ok = _in_interval(r + z, lo, hi, eps)
+            run = run.seen(r + z, ok, scale, _slope(num, den, z))
         # An interval (of some length) on which the block is the constant `y`.
         constant = ((e0 == 0) & (e1 == 0) & (e2 == 0)) | (
             at(fixed, i) & _close(at(tab.y_r, i), y, eps, tiny)
@@ -894,18 +899,29 @@ def _every_interval(tab: _Tables, y: Any, eps: float, tiny: float) -> tuple:
         return run, plateau | (constant & at(interior, i))
 
     def breakpoint_(j: Any, run: _Running) -> _Running:
-        y_t = at(tab.y_t, j)
+        # (Its slope: the interval's below it, which ends there.)
+        y_t, t = at(tab.y_t, j), at(tab.t, j)
+        num, den = (tuple(at(c, j) for c in p) for p in (tab.num, tab.den))
         return run.seen(
-            jnp.broadcast_to(at(tab.t, j), y.shape),
+            jnp.broadcast_to(t, y.shape),
             _close(y_t, y, eps, tiny),
             jnp.abs(_finite_or_0(y_t)),
+            _slope(num, den, t - at(tab.r, j)),
         )
 
     zero = jnp.where(y == y, 0.0, 0.0).astype(y.dtype)
     start = (_Running.start(zero), zero != 0)
     run, plateau = jax.lax.fori_loop(0, k + 1, interval, start)
     run = jax.lax.fori_loop(0, k, breakpoint_, run)
-    return jnp.where(plateau, jnp.nan, run.x), run.spread(), run.scale
+    return jnp.where(plateau, jnp.nan, run.x), run.spread(), run.scale, run.slope
+
+
+def _slope(num: Poly, den: Poly, z: Any) -> Any:
+    """The derivative of the quotient `num / den` at `z`."""
+    n, d = _polyval(num, z), _polyval(den, z)
+    dn = num[1] + 2 * num[2] * z
+    dd = den[1] + 2 * den[2] * z
+    return (dn * d - n * dd) / (d * d)
 
 
 def _finite_or_0(v: Any) -> Any:
@@ -961,12 +977,19 @@ def _flat(tab: _Tables) -> _Tables:
 
 def _monotone(tab: _Tables, eps: float) -> tuple[Any, Any, Any]:
     """Whether the block (1-D tables) is monotone: in each interval of some
-    length, the derivative's numerator `N'D - ND'` (a quadratic: the cubic
-    terms cancel) keeps one sign, the same in every interval, or is 0 (a
-    constant stretch: a saturated clamp), and `D` has no zero; across each
+    length the quotient goes one way, the same in every interval, or is
+    constant (a saturated clamp), and `D` has no zero; across each
     breakpoint the values do not go back (within rounding of the value
     there). And the direction (+1 or -1), and which intervals are constant
-    stretches."""
+    stretches.
+
+    Within an interval the quotient turns only where the derivative's
+    numerator `N'D - ND'` (a quadratic: the cubic terms cancel) is 0. On a
+    finite interval it may turn by rounding (a nearly flat bin of a spline,
+    whose numerator is rounding of its coefficients): its values at the
+    ends and at those roots must not go back by more than rounding of the
+    values there (`y` then has one preimage within rounding). On an
+    infinite one the numerator keeps one sign."""
     n0, n1, n2 = tab.num
     d0, d1, d2 = tab.den
     p0 = n1 * d0 - n0 * d1
@@ -978,37 +1001,55 @@ def _monotone(tab: _Tables, eps: float) -> tuple[Any, Any, Any]:
     def inside(z: Any) -> Any:
         return (z > zlo) & (z < zhi)
 
+    def value(z: Any) -> Any:
+        d = _polyval(tab.den, z)
+        return _polyval(tab.num, z) / jnp.where(d == 0, 1.0, d)
+
     q1, q2 = _quadratic(p2, p1, p0)
     pole1, pole2 = _quadratic(d2, d1, d0)
     finite_lo, finite_hi = jnp.isfinite(zlo), jnp.isfinite(zhi)
+    finite = finite_lo & finite_hi
     z_lo = jnp.where(finite_lo, zlo, 0.0)
     z_hi = jnp.where(finite_hi, zhi, 0.0)
     den_lo, den_hi = _polyval(tab.den, z_lo), _polyval(tab.den, z_hi)
+    fl, fh = value(z_lo), value(z_hi)
+    # The roots inside (in order; an end where there is none).
+    first = jnp.where(inside(q1), q1, z_lo)
+    second = jnp.where(inside(q2), q2, z_lo)
+    first, second = jnp.minimum(first, second), jnp.maximum(first, second)
+    path = [fl, value(first), value(second), fh]
+    tol = (
+        16
+        * eps
+        * functools.reduce(jnp.maximum, [jnp.abs(_finite_or_0(v)) for v in path])
+    )
+    flat = nonempty & (p0 == 0) & (p1 == 0) & (p2 == 0)
+    moving = nonempty & ~flat
+    # The way each interval goes: by its end values where both are finite
+    # (neither, if they are within rounding), else by the numerator's sign.
+    rising = jnp.where(finite, fh - fl > tol, p0 > 0)
+    falling = jnp.where(finite, fl - fh > tol, p0 < 0)
+    up = jnp.all(~falling | ~moving)
+    down = jnp.all(~rising | ~moving)
+    s = jnp.where(up, 1.0, -1.0).astype(tab.t.dtype)
+    back = functools.reduce(
+        operator.or_, [s * (path[i + 1] - path[i]) < -tol for i in range(3)]
+    )
     bad = (
-        inside(q1)
-        | inside(q2)
-        | (p0 == 0)
+        jnp.where(finite, back, inside(q1) | inside(q2) | (p0 == 0))
         | inside(pole1)
         | inside(pole2)
         | (finite_lo & (den_lo == 0))
         | (finite_hi & (den_hi == 0))
         | ~jnp.isfinite(p0)
     )
-    flat = nonempty & (p0 == 0) & (p1 == 0) & (p2 == 0)
-    moving = nonempty & ~flat
-    rising = p0 > 0
-    up = jnp.all(rising | ~moving)
-    down = jnp.all(~rising | ~moving)
-    s = jnp.where(up, 1.0, -1.0).astype(tab.t.dtype)
-    fl = _polyval(tab.num, z_lo) / jnp.where(den_lo == 0, 1.0, den_lo)
-    fh = _polyval(tab.num, z_hi) / jnp.where(den_hi == 0, 1.0, den_hi)
     b = tab.y_t
-    tol = 16 * eps * jnp.abs(b)
-    ordered = (s * fh[:-1] <= s * b + tol) & (s * b <= s * fl[1:] + tol)
+    tol_b = 16 * eps * jnp.abs(b)
+    ordered = (s * fh[:-1] <= s * b + tol_b) & (s * b <= s * fl[1:] + tol_b)
     ok = (
         jnp.all(~bad | ~moving)
         & (up | down)
-        & jnp.any(moving)
+        & jnp.any(moving & (rising | falling))
         & jnp.all(ordered)
         & jnp.all(jnp.isfinite(b))
     )
@@ -1072,7 +1113,8 @@ def _looked_up(
         operator.or_,
         [flat[i] & _close(tab.y_r[i], y, eps, tiny) for i in range(k + 1)],
     )
-    return jnp.where(plateau, jnp.nan, x), spread, scale
+    slope = _slope((n0, n1, n2), (d0, d1, d2), x - r)
+    return jnp.where(plateau, jnp.nan, x), spread, scale, slope
 
 
 def solve(
@@ -1148,26 +1190,27 @@ def _answer(
             lambda: tuple(jnp.zeros_like(v) for v in fast),
             lambda: _every_interval(tab, y, eps, tiny),
         )
-        x, spread, scale = (
+        x, spread, scale, slope = (
             jnp.where(monotone, a, b) for a, b in zip(fast, full, strict=True)
         )
     else:
-        x, spread, scale = _every_interval(tab, y, eps, tiny)
+        x, spread, scale, slope = _every_interval(tab, y, eps, tiny)
     # Candidates within rounding of each other are one preimage (as in
     # `_blocks.solve_piecewise`); the answer must map back to `y`.
     # (`x` computed once: XLA's CPU fusion would otherwise recompute it
     # inside the checks, once per use of the unknown in the block.)
-    x, spread, scale = jax.lax.optimization_barrier((x, spread, scale))
-    g_x, slope = jax.jvp(lambda u: block.g(u, *known), (x,), (jnp.ones_like(x),))
-    tol = bl.one_preimage(x, y, slope)
-    steep = jnp.isfinite(slope) & (slope != 0)
-    # One Newton step: the root of an interval's quadratic carries the
-    # rounding of its coefficients (an `x` near 0 in a bin around -0.4 was
-    # off by 1e-7 and failed the check below, before the expansion about
-    # the point nearest 0).
-    x = jnp.where(steep, x - (g_x - y) / jnp.where(steep, slope, 1.0), x)
+    x, spread, scale, slope = jax.lax.optimization_barrier((x, spread, scale, slope))
+    # The block itself, once, at the answer (the slope is its interval's
+    # quotient's: a spline of 16 bins through one-hot sums costs as much as
+    # its library's inverse, and its derivative twice that).
     g_x = block.g(x, *known)
+    tol = bl.one_preimage(x, y, slope)
     back = bl.maps_back(block, x, g_x, y, known, slope) | (
         jnp.abs(g_x - y) <= 16 * eps * scale
     )
+    # Then one Newton step on it: the root of an interval's quadratic
+    # carries the rounding of its coefficients. (The step is within the
+    # rounding of `y` moved through the slope, which the check allowed.)
+    steep = jnp.isfinite(slope) & (slope != 0)
+    x = jnp.where(steep, x - (g_x - y) / jnp.where(steep, slope, 1.0), x)
     return jnp.where(~(spread > tol) & back, x, jnp.nan)
