@@ -46,9 +46,25 @@ interval's quadratic is solved per element (`_every_interval`).
 Nothing here is a numerical search (the answer gets one Newton step, as
 a polish, from a root already within rounding of the interval's scale). A
 block is taken only if every step that depends on `x` is of the kinds
-above; its value may use `x` any number of times. Not yet: a spline whose
-bins are picked through an extra axis (distrax's one-hot sums), which the
-elementwise solver handles.
+above; its value may use `x` any number of times.
+
+**Per-element blocks** (`_perelement.py`: a spline whose bins are picked
+through an extra axis, distrax's one-hot sums) are walked too:
+
+- `x[:, None]` compared with a row of knots gives a breakpoint per knot
+  (`_unbroadcast`);
+- values computed from comparisons and known values alone are piecewise
+  constant (the bin's knots, picked by a one-hot sum); a chain through
+  them (the clipped position `(x - knot) / width`) gives breakpoints of
+  **level 1**, computed per interval between the level-0 ones from the
+  piecewise-constant values there, and kept where they fall inside it;
+- steps that move or sum axes (`broadcast_in_dim`, `slice`, `squeeze`,
+  `reduce_sum`...) are applied to the values and to the quotients'
+  coefficients, under `vmap` over the representatives;
+- a known value broadcast to every element (the knots, in the program's
+  own `broadcast_in_dim`) is taken from before the broadcast
+  (`SolveState.compact`) and kept at size 1 along the elements' axes
+  (`_bind`), so that the tables are one row and each `y` is looked up.
 """
 
 from __future__ import annotations
@@ -828,12 +844,13 @@ def _in_interval(x: Any, lo: Any, hi: Any, eps: float) -> Any:
 
 class _Running(NamedTuple):
     """Candidates seen so far, per element: the first accepted (NaN until
-    one is), its scale and its interval's slope there, the largest and
-    smallest accepted."""
+    one is), its scale, its interval's slope there and how far from 0 the
+    interval reaches (`_reach`), the largest and smallest accepted."""
 
     x: Any
     scale: Any
     slope: Any
+    reach: Any
     top: Any
     bottom: Any
 
@@ -841,15 +858,17 @@ class _Running(NamedTuple):
     def start(zero: Any) -> _Running:
         # (From `zero`, computed from `y`: inside a `shard_map` the loop's
         # carry must vary over the mesh as `y` does.)
-        return _Running(zero + jnp.nan, zero, zero, zero - jnp.inf, zero + jnp.inf)
+        nan, inf = zero + jnp.nan, zero + jnp.inf
+        return _Running(nan, zero, zero, zero, -inf, inf)
 
-    def seen(self, cand: Any, ok: Any, scale: Any, slope: Any) -> _Running:
+    def seen(self, cand: Any, ok: Any, scale: Any, slope: Any, reach: Any) -> _Running:
         ok = ok & ~jnp.isnan(cand)
         take = ok & jnp.isnan(self.x)
         return _Running(
             jnp.where(take, cand, self.x),
             jnp.where(take, scale, self.scale),
             jnp.where(take, slope, self.slope),
+            jnp.where(take, reach, self.reach),
             jnp.where(ok, jnp.maximum(self.top, cand), self.top),
             jnp.where(ok, jnp.minimum(self.bottom, cand), self.bottom),
         )
@@ -891,7 +910,7 @@ def _every_interval(tab: _Tables, y: Any, eps: float, tiny: float) -> tuple:
         num, den = (n0, n1, n2), (d0, d1, d2)
         for z in _quadratic(e2, e1, e0):
             ok = _in_interval(r + z, lo, hi, eps)
-            run = run.seen(r + z, ok, scale, _slope(num, den, z))
+            run = run.seen(r + z, ok, scale, _slope(num, den, z), _reach(lo, hi))
         # An interval (of some length) on which the block is the constant `y`.
         constant = ((e0 == 0) & (e1 == 0) & (e2 == 0)) | (
             at(fixed, i) & _close(at(tab.y_r, i), y, eps, tiny)
@@ -907,13 +926,21 @@ def _every_interval(tab: _Tables, y: Any, eps: float, tiny: float) -> tuple:
             _close(y_t, y, eps, tiny),
             jnp.abs(_finite_or_0(y_t)),
             _slope(num, den, t - at(tab.r, j)),
+            jnp.abs(t),
         )
 
     zero = jnp.where(y == y, 0.0, 0.0).astype(y.dtype)
     start = (_Running.start(zero), zero != 0)
     run, plateau = jax.lax.fori_loop(0, k + 1, interval, start)
     run = jax.lax.fori_loop(0, k, breakpoint_, run)
-    return jnp.where(plateau, jnp.nan, run.x), run.spread(), run.scale, run.slope
+    x = jnp.where(plateau, jnp.nan, run.x)
+    return x, run.spread(), run.scale, run.slope, run.reach
+
+
+def _reach(lo: Any, hi: Any) -> Any:
+    """How far from 0 an interval reaches (its finite ends): the scale of
+    the rounding of a root computed in it."""
+    return jnp.maximum(jnp.abs(_finite_or_0(lo)), jnp.abs(_finite_or_0(hi)))
 
 
 def _slope(num: Poly, den: Poly, z: Any) -> Any:
@@ -1114,7 +1141,7 @@ def _looked_up(
         [flat[i] & _close(tab.y_r[i], y, eps, tiny) for i in range(k + 1)],
     )
     slope = _slope((n0, n1, n2), (d0, d1, d2), x - r)
-    return jnp.where(plateau, jnp.nan, x), spread, scale, slope
+    return jnp.where(plateau, jnp.nan, x), spread, scale, slope, _reach(lo, hi)
 
 
 def solve(
@@ -1190,16 +1217,18 @@ def _answer(
             lambda: tuple(jnp.zeros_like(v) for v in fast),
             lambda: _every_interval(tab, y, eps, tiny),
         )
-        x, spread, scale, slope = (
+        x, spread, scale, slope, reach = (
             jnp.where(monotone, a, b) for a, b in zip(fast, full, strict=True)
         )
     else:
-        x, spread, scale, slope = _every_interval(tab, y, eps, tiny)
+        x, spread, scale, slope, reach = _every_interval(tab, y, eps, tiny)
     # Candidates within rounding of each other are one preimage (as in
     # `_blocks.solve_piecewise`); the answer must map back to `y`.
     # (`x` computed once: XLA's CPU fusion would otherwise recompute it
     # inside the checks, once per use of the unknown in the block.)
-    x, spread, scale, slope = jax.lax.optimization_barrier((x, spread, scale, slope))
+    x, spread, scale, slope, reach = jax.lax.optimization_barrier(
+        (x, spread, scale, slope, reach)
+    )
     # The block itself, once, at the answer (the slope is its interval's
     # quotient's: a spline of 16 bins through one-hot sums costs as much as
     # its library's inverse, and its derivative twice that).
@@ -1209,8 +1238,11 @@ def _answer(
         jnp.abs(g_x - y) <= 16 * eps * scale
     )
     # Then one Newton step on it: the root of an interval's quadratic
-    # carries the rounding of its coefficients. (The step is within the
-    # rounding of `y` moved through the slope, which the check allowed.)
+    # carries the rounding of its coefficients, of the interval's reach.
+    # (Only a step that small: the answer stays within rounding of the
+    # one checked, whatever the slope.)
     steep = jnp.isfinite(slope) & (slope != 0)
-    x = jnp.where(steep, x - (g_x - y) / jnp.where(steep, slope, 1.0), x)
+    step = (g_x - y) / jnp.where(steep, slope, 1.0)
+    small = jnp.abs(step) <= 16 * eps * jnp.maximum(reach, jnp.abs(x))
+    x = jnp.where(steep & small, x - step, x)
     return jnp.where(~(spread > tol) & back, x, jnp.nan)
