@@ -931,10 +931,23 @@ def _every_interval(tab: _Tables, y: Any, eps: float, tiny: float) -> tuple:
 
     zero = jnp.where(y == y, 0.0, 0.0).astype(y.dtype)
     start = (_Running.start(zero), zero != 0)
-    run, plateau = jax.lax.fori_loop(0, k + 1, interval, start)
-    run = jax.lax.fori_loop(0, k, breakpoint_, run)
+    run, plateau = _loop(k + 1, interval, start)
+    run = _loop(k, breakpoint_, run)
     x = jnp.where(plateau, jnp.nan, run.x)
     return x, run.spread(), run.scale, run.slope, run.reach
+
+
+def _loop(n: int, body: Callable[[Any, Any], Any], carry: Any) -> Any:
+    """`body` for `i` in `range(n)`, as a `while_loop`: nothing here is
+    differentiated (the method's derivatives are the implicit function's),
+    and JAX's `fori_loop` with a known trip count is a `scan`, which under
+    JAX 0.12's `jax_scan3` flag gave NaN inside a `jvp`."""
+
+    def step(state: tuple[Any, Any]) -> tuple[Any, Any]:
+        i, c = state
+        return i + 1, body(i, c)
+
+    return jax.lax.while_loop(lambda state: state[0] < n, step, (0, carry))[1]
 
 
 def _reach(lo: Any, hi: Any) -> Any:
