@@ -213,23 +213,6 @@ def test_onehot_spline_against_bisection_and_jacobian(raw, xs):
     np.testing.assert_allclose(ildj, want, rtol=1e-3, atol=1e-3)
 
 
-def test_onehot_spline_under_transformations():
-    raw = jax.random.normal(jax.random.PRNGKey(0), (5, 11))
-    xk, yk, dk = spline_params(raw)
-    y = jnp.linspace(-3.5, 3.5, 5)
-    # Gradients with respect to `y` and to the known knots (the implicit
-    # function theorem) against those of the closed form. (The ildj is
-    # checked against `jax.jacfwd` above, compiled; its second derivatives
-    # through the solver would compile for minutes.)
-    compare_with_reference(
-        inverse(rqs_onehot, argnums=0),
-        rqs_inverse,
-        (y, xk, yk, dk),
-        rtol=1e-3,
-        atol=1e-3,
-    )
-
-
 def test_distrax_style_jaxpr_is_inverted_by_intervals():
     """The bins, compared along the extra axis, give the breakpoints; the
     position `(x - knot) / width` the clip bounds is fixed per bin (session
@@ -282,22 +265,24 @@ def test_shared_knots_spline_against_hand_written_inverse(raw, xs):
     )
 
 
-def test_shared_knots_spline_by_intervals_under_transformations():
-    xk, yk, dk = (
-        p[0] for p in spline_params(jax.random.normal(jax.random.PRNGKey(4), (1, 11)))
+@pytest.mark.parametrize("shared", [False, True], ids=["per_element", "shared"])
+def test_onehot_spline_under_transformations(shared):
+    """Knots per element (every interval tried per element) or one row for
+    all (looked up): jit, vmap, and gradients in `y` and in the knots (the
+    implicit function theorem) against the hand-written inverse's. (The
+    ildj is checked against `jax.jacfwd` above, compiled.)"""
+    rows = 1 if shared else 5
+    knots = spline_params(jax.random.normal(jax.random.PRNGKey(4), (rows, 11)))
+    fn, reference = (
+        (rqs_shared, _rqs_shared_inverse) if shared else (rqs_onehot, rqs_inverse)
     )
-    y = jnp.linspace(-3.5, 3.5, 6)
-    report = jaxinterp.explain_inverse(rqs_shared, y, xk, yk, dk, argnums=0)
+    knots = tuple(p[0] for p in knots) if shared else knots
+    y = jnp.linspace(-3.5, 3.5, 5)
+    report = jaxinterp.explain_inverse(fn, y, *knots, argnums=0)
     assert "(piecewise by intervals)" in report
     assert "(elementwise solve)" not in report
-    # jit, vmap, and gradients in `y` and in the knots (the implicit function
-    # theorem) against the hand-written inverse's.
     compare_with_reference(
-        inverse(rqs_shared, argnums=0),
-        _rqs_shared_inverse,
-        (y, xk, yk, dk),
-        rtol=1e-3,
-        atol=1e-3,
+        inverse(fn, argnums=0), reference, (y, *knots), rtol=1e-3, atol=1e-3
     )
 
 
