@@ -95,10 +95,10 @@ class SolveState:
         # (`_masked.py`), and what each last saw (to skip unchanged retries).
         self.masked_inverted: set[int] = set()
         self.masked_seen: dict[int, Any] = {}
-        # Known results of `broadcast_in_dim` as their operand, reshaped with
-        # size-1 axes where the step broadcasts (`compact`), kept after the
-        # operand is released: the interval method builds its tables from a
-        # spline's knots, not from their copy per element.
+        # Results of `broadcast_in_dim` run forwards, as their operand
+        # reshaped with size-1 axes where the step broadcasts (`compact`),
+        # kept after the operand is released: the interval method builds its
+        # tables from a spline's knots, not from their copy per element.
         self.compacted: dict[Any, Any] = {}
         self.status = [UNUSED] * n
         self.reasons: dict[int, str] = {}
@@ -248,7 +248,7 @@ class SolveState:
         """Equation `i` is finished: drop the values no other equation needs."""
         eqn = self.eqns[i]
         v: Any
-        if eqn.primitive.name == "broadcast_in_dim":
+        if eqn.primitive.name == "broadcast_in_dim" and self.status[i] == FORWARD:
             self._compact(eqn)
         for v in eqn.outvars:
             self._drop(v)
