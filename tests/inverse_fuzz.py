@@ -1943,6 +1943,21 @@ _JUMPS: list[_BlockRow] = [
         lambda a, c: True,
         (0.1, 0.45),
     ),
+    # Per-element (session 22): clips along an extra axis of knots, summed;
+    # a bin picked by one-hot masks, and the position in it clipped.
+    (
+        "{0} + C * jnp.sum(jnp.clip({0}[..., None] - jnp.array([-1.0, 0.0, 1.5]),"
+        " 0.0, 1.0) ** 2, axis=-1)",
+        lambda a, c: True,
+        (0.1, 2),
+    ),
+    (
+        "{0} + C * (lambda t: t * (1.0 - t))(jnp.clip({0} - jnp.sum((({0}[..., None]"
+        " >= jnp.array([-1.0, 0.0])) & ({0}[..., None] < jnp.array([0.0, 1.0])))"
+        " * jnp.array([-1.0, 0.0]), axis=-1), 0.0, 1.0))",
+        lambda a, c: True,
+        (0.1, 0.9),
+    ),
 ]
 
 
