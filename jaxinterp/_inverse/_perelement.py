@@ -29,7 +29,8 @@ Anything not proved stays out: an aligned axis reduced, sliced, reversed,
 reshaped or broadcast from size 1; two unknown operands with different
 alignments; a primitive not listed below. The piecewise method keeps only
 the sites (`select_n` predicates, `max`, `min`) of the result's shape and
-alignment; cases picked along a free axis are left to the solver.
+alignment; cases picked along a free axis are left to the interval method
+(`_intervals.py`) and the solver.
 """
 
 from __future__ import annotations
