@@ -844,13 +844,10 @@ def _in_interval(x: Any, lo: Any, hi: Any, eps: float) -> Any:
 
 class _Running(NamedTuple):
     """Candidates seen so far, per element: the first accepted (NaN until
-    one is), its scale, its interval's slope there and how far from 0 the
-    interval reaches (`_reach`), the largest and smallest accepted."""
+    one is), its scale, the largest and smallest accepted."""
 
     x: Any
     scale: Any
-    slope: Any
-    reach: Any
     top: Any
     bottom: Any
 
@@ -858,17 +855,14 @@ class _Running(NamedTuple):
     def start(zero: Any) -> _Running:
         # (From `zero`, computed from `y`: inside a `shard_map` the loop's
         # carry must vary over the mesh as `y` does.)
-        nan, inf = zero + jnp.nan, zero + jnp.inf
-        return _Running(nan, zero, zero, zero, -inf, inf)
+        return _Running(zero + jnp.nan, zero, zero - jnp.inf, zero + jnp.inf)
 
-    def seen(self, cand: Any, ok: Any, scale: Any, slope: Any, reach: Any) -> _Running:
+    def seen(self, cand: Any, ok: Any, scale: Any) -> _Running:
         ok = ok & ~jnp.isnan(cand)
         take = ok & jnp.isnan(self.x)
         return _Running(
             jnp.where(take, cand, self.x),
             jnp.where(take, scale, self.scale),
-            jnp.where(take, slope, self.slope),
-            jnp.where(take, reach, self.reach),
             jnp.where(ok, jnp.maximum(self.top, cand), self.top),
             jnp.where(ok, jnp.minimum(self.bottom, cand), self.bottom),
         )
@@ -880,7 +874,7 @@ class _Running(NamedTuple):
 def _every_interval(tab: _Tables, y: Any, eps: float, tiny: float) -> tuple:
     """The first candidate of every interval and breakpoint accepted, per
     element (NaN where none is, or on a plateau at `y`), how far apart the
-    accepted ones are, the scale of the first and its slope.
+    accepted ones are, and the scale of the first.
 
     One interval at a time (a loop): stacking every interval's candidates
     held `(3K + 2) n` values at once, gigabytes for a million elements and
@@ -907,10 +901,8 @@ def _every_interval(tab: _Tables, y: Any, eps: float, tiny: float) -> tuple:
         n0, n1, n2, d0, d1, d2 = (at(c, i) for c in coefs)
         e0, e1, e2 = n0 - y * d0, n1 - y * d1, n2 - y * d2
         r, lo, hi, scale = at(tab.r, i), at(tab.lo, i), at(tab.hi, i), at(ends, i)
-        num, den = (n0, n1, n2), (d0, d1, d2)
         for z in _quadratic(e2, e1, e0):
-            ok = _in_interval(r + z, lo, hi, eps)
-            run = run.seen(r + z, ok, scale, _slope(num, den, z), _reach(lo, hi))
+            run = run.seen(r + z, _in_interval(r + z, lo, hi, eps), scale)
         # An interval (of some length) on which the block is the constant `y`.
         constant = ((e0 == 0) & (e1 == 0) & (e2 == 0)) | (
             at(fixed, i) & _close(at(tab.y_r, i), y, eps, tiny)
@@ -918,23 +910,18 @@ def _every_interval(tab: _Tables, y: Any, eps: float, tiny: float) -> tuple:
         return run, plateau | (constant & at(interior, i))
 
     def breakpoint_(j: Any, run: _Running) -> _Running:
-        # (Its slope: the interval's below it, which ends there.)
-        y_t, t = at(tab.y_t, j), at(tab.t, j)
-        num, den = (tuple(at(c, j) for c in p) for p in (tab.num, tab.den))
+        y_t = at(tab.y_t, j)
         return run.seen(
-            jnp.broadcast_to(t, y.shape),
+            jnp.broadcast_to(at(tab.t, j), y.shape),
             _close(y_t, y, eps, tiny),
             jnp.abs(_finite_or_0(y_t)),
-            _slope(num, den, t - at(tab.r, j)),
-            jnp.abs(t),
         )
 
     zero = jnp.where(y == y, 0.0, 0.0).astype(y.dtype)
     start = (_Running.start(zero), zero != 0)
     run, plateau = _loop(k + 1, interval, start)
     run = _loop(k, breakpoint_, run)
-    x = jnp.where(plateau, jnp.nan, run.x)
-    return x, run.spread(), run.scale, run.slope, run.reach
+    return jnp.where(plateau, jnp.nan, run.x), run.spread(), run.scale
 
 
 def _loop(n: int, body: Callable[[Any, Any], Any], carry: Any) -> Any:
@@ -948,20 +935,6 @@ def _loop(n: int, body: Callable[[Any, Any], Any], carry: Any) -> Any:
         return i + 1, body(i, c)
 
     return jax.lax.while_loop(lambda state: state[0] < n, step, (0, carry))[1]
-
-
-def _reach(lo: Any, hi: Any) -> Any:
-    """How far from 0 an interval reaches (its finite ends): the scale of
-    the rounding of a root computed in it."""
-    return jnp.maximum(jnp.abs(_finite_or_0(lo)), jnp.abs(_finite_or_0(hi)))
-
-
-def _slope(num: Poly, den: Poly, z: Any) -> Any:
-    """The derivative of the quotient `num / den` at `z`."""
-    n, d = _polyval(num, z), _polyval(den, z)
-    dn = num[1] + 2 * num[2] * z
-    dd = den[1] + 2 * den[2] * z
-    return (dn * d - n * dd) / (d * d)
 
 
 def _finite_or_0(v: Any) -> Any:
@@ -1153,8 +1126,7 @@ def _looked_up(
         operator.or_,
         [flat[i] & _close(tab.y_r[i], y, eps, tiny) for i in range(k + 1)],
     )
-    slope = _slope((n0, n1, n2), (d0, d1, d2), x - r)
-    return jnp.where(plateau, jnp.nan, x), spread, scale, slope, _reach(lo, hi)
+    return jnp.where(plateau, jnp.nan, x), spread, scale
 
 
 def solve(
@@ -1230,32 +1202,34 @@ def _answer(
             lambda: tuple(jnp.zeros_like(v) for v in fast),
             lambda: _every_interval(tab, y, eps, tiny),
         )
-        x, spread, scale, slope, reach = (
+        x, spread, scale = (
             jnp.where(monotone, a, b) for a, b in zip(fast, full, strict=True)
         )
     else:
-        x, spread, scale, slope, reach = _every_interval(tab, y, eps, tiny)
+        x, spread, scale = _every_interval(tab, y, eps, tiny)
     # Candidates within rounding of each other are one preimage (as in
     # `_blocks.solve_piecewise`); the answer must map back to `y`.
     # (`x` computed once: XLA's CPU fusion would otherwise recompute it
     # inside the checks, once per use of the unknown in the block.)
-    x, spread, scale, slope, reach = jax.lax.optimization_barrier(
-        (x, spread, scale, slope, reach)
-    )
-    # The block itself, once, at the answer (the slope is its interval's
-    # quotient's: a spline of 16 bins through one-hot sums costs as much as
-    # its library's inverse, and its derivative twice that).
-    g_x = block.g(x, *known)
+    x, spread, scale = jax.lax.optimization_barrier((x, spread, scale))
+    # The block and its slope, once, at the answer (a spline of 16 bins
+    # through one-hot sums costs as much as its library's inverse). (The
+    # slope is not the interval quotient's: reading the looked-up row again
+    # after the answer made XLA's CPU code write every column out, four
+    # times slower for the gallery's spline.)
+    g_x, slope = jax.jvp(lambda u: block.g(u, *known), (x,), (jnp.ones_like(x),))
     tol = bl.one_preimage(x, y, slope)
     back = bl.maps_back(block, x, g_x, y, known, slope) | (
         jnp.abs(g_x - y) <= 16 * eps * scale
     )
     # Then one Newton step on it: the root of an interval's quadratic
-    # carries the rounding of its coefficients, of the interval's reach.
-    # (Only a step that small: the answer stays within rounding of the
-    # one checked, whatever the slope.)
+    # carries the rounding of its coefficients. (Only a step within the
+    # rounding the check allowed, of `x` or of the interval's values moved
+    # through the slope: whatever the slope, the answer stays within
+    # rounding of the one checked.)
     steep = jnp.isfinite(slope) & (slope != 0)
     step = (g_x - y) / jnp.where(steep, slope, 1.0)
-    small = jnp.abs(step) <= 16 * eps * jnp.maximum(reach, jnp.abs(x))
+    reach = jnp.maximum(jnp.abs(x), scale / jnp.where(steep, jnp.abs(slope), 1.0))
+    small = jnp.abs(step) <= 16 * eps * reach
     x = jnp.where(steep & small, x - step, x)
     return jnp.where(~(spread > tol) & back, x, jnp.nan)
