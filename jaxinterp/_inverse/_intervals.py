@@ -627,8 +627,6 @@ def _breakpoints(plan: _Plan, env: dict[Any, Any], rank: int, dtype: Any) -> Any
         pieces = [
             _full_rank(p, rank) for brk in upper for p in _pulled(brk, read_here, dtype)
         ]
-        if len(found) + len(pieces) * t.shape[0] > MAX_BREAKS:
-            raise _Failed
         return jnp.stack(jnp.broadcast_arrays(*pieces))
 
     cands = jax.vmap(per_interval)([point[v] for v in needed])  # (K+1, P, ...)
@@ -1130,7 +1128,7 @@ def _looked_up(
 
 
 def solve(
-    block: Any, y: Any, known: Sequence[Any], compacts: Sequence[Any] | None = None
+    block: Any, y: Any, known: Sequence[Any], compacts: Sequence[Any]
 ) -> Any | None:
     """`x` with `g(x) = y` for a piecewise-rational block (module
     docstring), NaN where `y` has no single preimage; `None` if the block
@@ -1151,7 +1149,6 @@ def solve(
     if plan is None:
         return None
     rank = jnp.ndim(y)
-    compacts = list(known if compacts is None else compacts)
     try:
         # (Traced abstractly: whether the block's quotients stay of degree
         # two, and its breakpoints few enough.)
