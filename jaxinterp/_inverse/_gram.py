@@ -26,7 +26,11 @@
   (`_cholesky.py`). That the step does not read them, and what it uses
   instead, is found by running it with NaN there (its other operands must
   be constants); the completed value is run forwards and compared with the
-  step's result like any second constraint. Only the outermost run of the
+  step's result like any second constraint. Each discarded element must
+  come from at most one element of the unknowns, through steps that move
+  elements one by one (`_sources`): through a product or a solve, the
+  inverse would mix the completion with `y` into elements of `x` that no
+  output reads. Only the outermost run of the
   engine completes values (`complete=True`), and `inverse` then takes the
   ildj in the coordinates the inverse reads: the steps' ildjs would count
   the elements discarded (`exp(where(mask, x, 2.0))`). Not inside a call's
@@ -172,6 +176,11 @@ def fill_step(walker: Any, st: SolveState) -> bool:
                     used = None
             if used is None:
                 continue
+            if not _aligned(st, v, ~mask):
+                # Some discarded element mixes unknowns (`L @ x`, a
+                # triangular solve): completing it would mix the completion
+                # into elements of `x` that no output reads.
+                break
             if any(
                 _reads(walker, st, st.eqns[d], v, mask)
                 for d in st.consumers.get(v, ())
@@ -188,6 +197,123 @@ def fill_step(walker: Any, st: SolveState) -> bool:
             st.completed = True
             return True
     return False
+
+
+# Where an element of a value comes from (`_sources`): the flat index of the
+# one unknown element it is computed from, element by element; or none.
+_CONSTANT, _MIXED = -1, -2
+
+# Steps that move or copy elements, run on the source indices themselves.
+_MOVES = frozenset(
+    "reshape transpose squeeze expand_dims broadcast_in_dim rev slice "
+    "concatenate pad".split()
+)
+_COPIES = frozenset(
+    {
+        "convert_element_type",
+        "copy",
+        "copy_p",
+        "reduce_precision",
+        "optimization_barrier",
+    }
+)
+
+
+def _aligned(st: SolveState, v: Any, lost: np.ndarray) -> bool:
+    """Whether each element of `v` in `lost` comes from at most one element
+    of the unknowns, through steps that move it element by element. Only
+    then does completing it (a constant) fix just that element of `x`, which
+    no output reads: through a step that mixes elements, the inverse would
+    mix the completion with `y` into elements of `x` no output reads (the
+    preimage moves with `y` where the map ignores it)."""
+    if st.sources is None:
+        st.sources = _sources(st.jaxpr, st.unknown_invars)
+    got = st.sources.get(v)
+    return got is None or not np.any(got[lost] == _MIXED)
+
+
+def _sources(jaxpr: Any, unknown: list[Any]) -> dict[Any, np.ndarray | None]:
+    """For each value of `jaxpr` the `unknown` inputs reach, per element the
+    flat index (over all of them) of the one unknown element it is computed
+    from element by element, `_CONSTANT` if none, `_MIXED` if it mixes
+    several or passes a step that mixes (a product, a reduction, a solve).
+    Values the unknowns do not reach map to `None`."""
+    out: dict[Any, np.ndarray | None] = {}
+    start = 0
+    for u in unknown:
+        size = int(np.prod(u.aval.shape, dtype=np.int32))
+        out[u] = np.arange(start, start + size, dtype=np.int32).reshape(u.aval.shape)
+        start += size
+    _propagate(jaxpr.eqns, out)
+    return out
+
+
+def _propagate(eqns: Any, out: dict[Any, np.ndarray | None]) -> None:
+    for eqn in eqns:
+        ins = [None if type(u) is _Literal else out.get(u) for u in eqn.invars]
+        if all(s is None for s in ins):
+            continue
+        outs = _step_sources(eqn, ins)
+        for w, s in zip(eqn.outvars, outs, strict=True):
+            out[w] = s
+
+
+def _step_sources(eqn: Any, ins: list[np.ndarray | None]) -> list[np.ndarray | None]:
+    name = eqn.primitive.name
+    shapes = [getattr(w.aval, "shape", ()) for w in eqn.outvars]
+    get_body = mk._BODIES.get(eqn.primitive)
+    if get_body is not None:
+        jaxpr = compat.open_jaxpr(get_body(eqn.params))
+        if len(jaxpr.invars) == len(ins):
+            inner: dict[Any, np.ndarray | None] = dict(
+                zip(jaxpr.invars, ins, strict=True)
+            )
+            _propagate(jaxpr.eqns, inner)
+            return [
+                None if type(o) is _Literal else inner.get(o) for o in jaxpr.outvars
+            ]
+    else:
+        if name in _COPIES and len(ins) == len(eqn.outvars):
+            return list(ins)
+        if (
+            len(eqn.outvars) == 1
+            and name in bl._ELEMENTWISE
+            and all(np.shape(s) in (shapes[0], ()) for s in ins if s is not None)
+        ):
+            merged = np.full(shapes[0], _CONSTANT, np.int32)
+            for s in ins:
+                if s is not None:
+                    s = np.broadcast_to(s, shapes[0])
+                    merged = np.where(
+                        merged == _CONSTANT,
+                        s,
+                        np.where((s == _CONSTANT) | (s == merged), merged, _MIXED),
+                    )
+            return [merged]
+        if name in _MOVES and len(eqn.outvars) == 1:
+            # (Run on the indices: moved as the step moves the values.)
+            ops = [
+                np.full(
+                    np.shape(u.val) if type(u) is _Literal else u.aval.shape,
+                    _CONSTANT,
+                    np.int32,
+                )
+                if s is None
+                else s
+                for u, s in zip(eqn.invars, ins, strict=True)
+            ]
+            try:
+                with jax.ensure_compile_time_eval():
+                    moved = eqn.primitive.bind(*map(jnp.asarray, ops), **eqn.params)
+                return [np.asarray(moved, np.int32)]
+            except Exception:  # noqa: BLE001 (then as a step that mixes)
+                pass
+    return [
+        None
+        if not isinstance(w.aval, compat.ShapedArray)
+        else np.full(s, _MIXED, np.int32)
+        for w, s in zip(eqn.outvars, shapes, strict=True)
+    ]
 
 
 def _elementwise_in(eqn: Any, v: Any) -> bool:
