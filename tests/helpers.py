@@ -27,6 +27,7 @@ from jaxinterp.testing import compare_with_reference, tree_allclose
 
 __all__ = [
     "FUTURE_FLAGS",
+    "abs_no_formula",
     "PrimitiveLog",
     "SinToCos",
     "assert_program_result",
@@ -302,3 +303,14 @@ def lower_coordinates_ildj(f: Callable[[Any], Any], x: Any) -> float:
 
     jac = np.asarray(jax.jacfwd(g)(x[rows, cols]), np.float64)
     return float(-np.linalg.slogdet(jac)[1])
+
+
+def abs_no_formula(x: Any) -> Any:
+    """`|x|` written so that no exact method of `inverse` sees through it:
+    `x * sign(x**3)`, the same values and derivatives (`x**3` underflows to
+    0 only where `1 + |x|` rounds to 1 anyway). Tests of the numerical
+    solver build softsign and logit on it: `|x|` is a case split of the
+    piecewise method, and `x * sign(x)` one of the interval method (a
+    breakpoint at 0), but a `sign` of a value that uses `x` more than once
+    is no breakpoint either method can pull back to `x`."""
+    return x * jnp.sign(x * x * x)

@@ -300,3 +300,51 @@ def test_not_taken_where_a_predicate_is_not_monotone():
 
     report = str(jaxinterp.explain_inverse(wavy, jnp.linspace(-1, 1, 5)))
     assert METHOD not in report, report
+
+
+def tfp_softsign(x):
+    """Softsign as TFP writes it: `sign(x)` where `1 + |x|` would round
+    to `|x|`."""
+    a = jnp.abs(x)
+    return jnp.where(a >= 1e20, jnp.sign(x), x / (1.0 + a))
+
+
+def softsign_by_sign(x):
+    return x / (1.0 + x * jnp.sign(x))
+
+
+@pytest.mark.parametrize("f", [tfp_softsign, softsign_by_sign])
+@settings(deadline=None, max_examples=25)
+@given(ys=st.lists(st.floats(-1.0, 1.0, width=32), min_size=1, max_size=16))
+def test_sign_is_a_breakpoint(f, ys):
+    """`sign(u)` is -1, 0 or 1 by a comparison of `u` with 0: piecewise
+    constant, a breakpoint at `x = 0` (TFP's `Softsign` was a numerical
+    solve for its `sign` case). Against `y / (1 - |y|)` in float64; NaN
+    where `y = +-1`, which the float32 map takes on a whole ray."""
+    y = np.asarray(ys, np.float32)
+    report = str(jaxinterp.explain_inverse(f, jnp.asarray(y)))
+    assert METHOD in report, report
+    got = np.asarray(jax.jit(jaxinterp.inverse(f))(jnp.asarray(y)))
+    y64 = y.astype(np.float64)
+    edge = np.abs(y64) == 1.0
+    assert np.all(np.isnan(got[edge])), got
+    want = y64[~edge] / (1 - np.abs(y64[~edge]))
+    # (`y` near 1 carries its rounding, `eps / (1 - |y|)^2`, into `x`; XLA's
+    # CPU code flushes subnormal `y` to 0.)
+    slack = 4 * EPS32 / (1 - np.abs(y64[~edge])) ** 2 + np.finfo(np.float32).tiny
+    err = np.abs(got[~edge] - want)
+    assert np.all(err <= 1e-5 * np.abs(want) + slack), (y[~edge], got[~edge], want)
+
+
+def test_a_jump_through_sign_has_two_preimages_where_it_overlaps():
+    """`x - 0.5 sign(x)` jumps down by 1 at 0: `y` in `(-0.5, 0.5)` is taken
+    twice (NaN), `0` is the value at the jump itself and once more on
+    either side (NaN); outside, one preimage."""
+
+    def f(x):
+        return x - 0.5 * jnp.sign(x)
+
+    y = jnp.array([-2.0, -0.25, 0.0, 0.25, 0.75, 3.0], jnp.float32)
+    got = np.asarray(jaxinterp.inverse(f)(y))
+    want = np.array([-2.5, np.nan, np.nan, np.nan, 1.25, 3.5], np.float32)
+    np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import abs_no_formula
 from hypothesis import given, settings, strategies as st
 
 import jaxinterp
@@ -22,18 +23,17 @@ from jaxinterp._inverse import _solve
 from jaxinterp.testing import compare_with_reference
 
 
-# Softsign written so that no formula inverts it: `|x|` is a case of the
-# piecewise method (its cases `x / (1 +- x)` are linear-fractional), but
-# `x * sign(x)` (the same values and derivatives) is not, so these tests
-# exercise the numerical solver.
+# Softsign written so that no exact method inverts it (`abs_no_formula`:
+# `|x|` and `x * sign(x)` are case splits of the piecewise and interval
+# methods), so these tests exercise the numerical solver.
 def softsign(x):
-    return x / (1 + x * jnp.sign(x))
+    return x / (1 + abs_no_formula(x))
 
 
 def logit(x):  # defined on (0, 1) only: Newton steps leave the domain
-    # (`x * sign(x)`, not `x`, in the second term: written so, logit is not
-    # the logarithm of a linear-fractional map, which has a formula.)
-    return jnp.log(x) - jnp.log1p(-x * jnp.sign(x))
+    # (`abs_no_formula(x)`, not `x`, in the second term: written so, logit
+    # is not the logarithm of a linear-fractional map, which has a formula.)
+    return jnp.log(x) - jnp.log1p(-abs_no_formula(x))
 
 
 def cubic(x):
@@ -187,7 +187,7 @@ def test_outside_the_image_is_nan_in_every_tier():
 
 def test_vmap_runs_a_later_tier_for_one_member_only_where_needed():
     def scaled(x, a):
-        return x / (a + x * jnp.sign(x)) + 0.01 * x
+        return x / (a + abs_no_formula(x)) + 0.01 * x
 
     # The second member has a root far out (about 2900): later tiers.
     y = jnp.array([[0.5, 0.2, 0.9], [0.3, 30.0, -0.4]])
@@ -200,7 +200,7 @@ def test_vmap_runs_a_later_tier_for_one_member_only_where_needed():
 
 
 def scaled(x, a):
-    return x / (a + x * jnp.sign(x))
+    return x / (a + abs_no_formula(x))
 
 
 _scaled_inverse = jax.jit(jaxinterp.inverse(scaled, argnums=0))
@@ -421,8 +421,9 @@ def test_a_root_at_the_edge_of_a_constant_stretch_is_nan(s, c, xs):
 
 
 def test_the_edge_of_a_plateau_through_sign_is_nan():
-    # `x + x sign(x)` is `2x` for `x > 0` and 0 for `x <= 0`.
-    f = lambda x: x + x * jnp.sign(x)  # noqa: E731
+    # `x + |x|` (`abs_no_formula`: for the solver) is `2x` for `x > 0` and 0
+    # for `x <= 0`.
+    f = lambda x: x + abs_no_formula(x)  # noqa: E731
     got = np.asarray(jax.jit(jaxinterp.inverse(f))(jnp.array([0.0, 2.0, -1.0])))
     assert np.isnan(got[[0, 2]]).all(), got
     np.testing.assert_allclose(got[1], 1.0, rtol=1e-6)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import abs_no_formula
 from hypothesis import given, strategies as st
 
 import jaxinterp
@@ -25,22 +26,21 @@ from jaxinterp.testing import compare_with_reference
 N = _table.MIN_SIZE  # the smallest size with a table
 
 
-# Softsign written so that no formula inverts it: `|x|` is a case of the
-# piecewise method (its cases `x / (1 +- x)` are linear-fractional), but
-# `x * sign(x)` (the same values and derivatives) is not, so these tests
-# exercise the numerical solver.
+# Softsign written so that no exact method inverts it (`abs_no_formula`:
+# `|x|` and `x * sign(x)` are case splits of the piecewise and interval
+# methods), so these tests exercise the numerical solver.
 def softsign(x):
-    return x / (1 + x * jnp.sign(x))
+    return x / (1 + abs_no_formula(x))
 
 
 def falling(x):  # decreasing: the table is read off reversed samples
-    return -x / (1 + x * jnp.sign(x))
+    return -x / (1 + abs_no_formula(x))
 
 
 def logit(x):  # defined on (0, 1) only
-    # (`x * sign(x)`, not `x`, in the second term: written so, logit is not
-    # the logarithm of a linear-fractional map, which has a formula.)
-    return jnp.log(x) - jnp.log1p(-x * jnp.sign(x))
+    # (`abs_no_formula(x)`, not `x`, in the second term: written so, logit
+    # is not the logarithm of a linear-fractional map, which has a formula.)
+    return jnp.log(x) - jnp.log1p(-abs_no_formula(x))
 
 
 def sinh_arcsinh(x):
@@ -223,7 +223,7 @@ def test_the_table_reaches_the_edges_of_the_maps_domain():
 
 
 def _scaled_softsign(x, a):
-    return x / (a + x * jnp.sign(x))
+    return x / (a + abs_no_formula(x))
 
 
 def _with_undecided(count, seed=0):

@@ -794,12 +794,14 @@ def solve_piecewise(
 
 def one_preimage(x: Any, y: Any, slope: Any) -> Any:
     """How far apart two candidates may be and still count as one preimage:
-    a few ulps of `x`, or as far as rounding of `y` moves it (`16 eps |y| /
-    |g'(x)|`: at a jump of the program that rounding hides, two cases'
-    candidates)."""
+    a few ulps of `x`, or as far as rounding of `y` moves it (`16 (eps |y|
+    + tiny) / |g'(x)|`: at a jump of the program that rounding hides, two
+    cases' candidates; `tiny`, the smallest normal number, for `y` near 0,
+    which XLA's CPU code rounds to 0 below it)."""
     finfo = jnp.finfo(jnp.result_type(y))
     steep = jnp.isfinite(slope) & (slope != 0)
-    moved = 16 * finfo.eps * jnp.abs(y) / jnp.where(steep, jnp.abs(slope), 1)
+    rounding = 16 * (finfo.eps * jnp.abs(y) + finfo.tiny)
+    moved = rounding / jnp.where(steep, jnp.abs(slope), 1)
     return 8 * finfo.eps * jnp.maximum(jnp.abs(x), finfo.tiny) + jnp.where(
         steep, moved, 0
     )

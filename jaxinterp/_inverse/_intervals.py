@@ -10,7 +10,8 @@ has a formula the engine knows (a quadratic). Here it is inverted exactly:
 
 1. **Breakpoints.** Every discrete choice the block makes depends on its
    unknown `x` through a comparison (`x >= knot`), a `max`/`min`/`clamp`
-   against a known bound, or an `abs`, of a value `u` computed from `x` by
+   against a known bound, an `abs` or a `sign` (-1, 0 or 1: a comparison
+   with 0), of a value `u` computed from `x` by
    a chain of monotone steps, each with one unknown operand (`(x - k) / w`,
    `exp`, a clamp). The choice can change only where `u` crosses the bound,
    at the `x` the chain's inverse gives (and where a step of the chain
@@ -210,6 +211,12 @@ def _plan(closed: Any) -> _Plan | None:
             steady.update((v, level) for v in outs)
         elif name in _LOGIC:
             return None  # (a logical step on a value that is no comparison)
+        elif name == "sign":
+            # -1, 0 or 1 by a comparison with 0: piecewise constant.
+            level = add_break(eqn.invars[0], [0.0]) if floating else None
+            if level is None:
+                return None
+            steady.update((v, level) for v in outs)
         elif name in ("max", "min"):
             if sum(flags) != 1 or not floating:
                 return None
