@@ -779,6 +779,12 @@ def _padded(p: Poly) -> Poly:
     return tuple(p[i] if i < len(p) else 0.0 for i in range(_DEGREE + 1))
 
 
+def _static_zero(c: Any) -> bool:
+    """Whether a coefficient is 0 whatever the block's known values are (a
+    Python number: `_padded`'s, or a literal's)."""
+    return isinstance(c, (int, float)) and c == 0
+
+
 def _polyval(p: Poly, z: Any) -> Any:
     out = p[-1]
     for c in reversed(p[:-1]):
@@ -979,6 +985,8 @@ def _flat(tab: _Tables) -> _Tables:
     k1 = tab.r.shape[0]
 
     def one(v: Any, n: int) -> Any:
+        if _static_zero(v):
+            return v  # (kept static: `_looked_up` drops its terms)
         return jnp.broadcast_to(jnp.reshape(v, (-1,)) if jnp.ndim(v) else v, (n,))
 
     return _Tables(
@@ -1089,9 +1097,12 @@ def _looked_up(
     # else XLA computes their entries inside the chain, per element).
     above = [s * tab.y_t[j] < sy for j in range(k)]
     nan = jnp.full((1,), jnp.nan, tab.t.dtype)
+    # (Coefficients that are 0 whatever the knots, the quadratic terms of a
+    # linear-fractional block, stay out of the lookup: one root, no square
+    # root.)
+    fixed = {j: c for j, c in enumerate((*tab.num, *tab.den)) if _static_zero(c)}
     columns = [
-        *tab.num,
-        *tab.den,
+        *(c for j, c in enumerate((*tab.num, *tab.den)) if j not in fixed),
         tab.r,
         tab.lo,
         tab.hi,
@@ -1108,10 +1119,22 @@ def _looked_up(
         for j in range(k):
             v = jnp.where(above[j], c[j + 1], v)
         row.append(v)
-    n0, n1, n2, d0, d1, d2, r, lo, hi, y_lo, y_hi, scale = row
-    z1, z2 = _quadratic(n2 - y * d2, n1 - y * d1, n0 - y * d0)
+    *coefs, r, lo, hi, y_lo, y_hi, scale = row
+    it = iter(coefs)
+    n0, n1, n2, d0, d1, d2 = (fixed[j] if j in fixed else next(it) for j in range(6))
+    if 2 in fixed and 5 in fixed:
+        # (Linear in each interval: `(n1 - y d1) z = y d0 - n0`.)
+        slope = n1 - y * d1
+        nonzero = slope != 0
+        roots: tuple[Any, ...] = (
+            jnp.where(
+                nonzero, (y * d0 - n0) / jnp.where(nonzero, slope, 1.0), jnp.nan
+            ),
+        )
+    else:
+        roots = _quadratic(n2 - y * d2, n1 - y * d1, n0 - y * d0)
     cands, oks = [], []
-    for z in (z1, z2):
+    for z in roots:
         cands.append(r + z)
         oks.append(_in_interval(r + z, lo, hi, eps))
     cands += [lo, hi]
