@@ -1127,9 +1127,7 @@ def _looked_up(
         slope = n1 - y * d1
         nonzero = slope != 0
         roots: tuple[Any, ...] = (
-            jnp.where(
-                nonzero, (y * d0 - n0) / jnp.where(nonzero, slope, 1.0), jnp.nan
-            ),
+            jnp.where(nonzero, (y * d0 - n0) / jnp.where(nonzero, slope, 1.0), jnp.nan),
         )
     else:
         roots = _quadratic(n2 - y * d2, n1 - y * d1, n0 - y * d0)
