@@ -100,12 +100,11 @@ class SolveState:
         # kept after the operand is released: the interval method builds its
         # tables from a spline's knots, not from their copy per element.
         self.compacted: dict[Any, Any] = {}
-        # The unknown inputs, and where each element of the values they reach
-        # comes from (`_gram._sources`, computed when a completion asks).
+        # The unknown inputs (where each element of a value comes from among
+        # theirs: `_gram._sources`).
         self.unknown_invars = [
             v for v, val in zip(jaxpr.invars, invals, strict=True) if val is None
         ]
-        self.sources: dict[Any, Any] | None = None
         self.status = [UNUSED] * n
         self.reasons: dict[int, str] = {}
         self.methods: dict[int, str] = {}

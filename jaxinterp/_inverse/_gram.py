@@ -226,26 +226,46 @@ def _aligned(st: SolveState, v: Any, lost: np.ndarray) -> bool:
     no output reads: through a step that mixes elements, the inverse would
     mix the completion with `y` into elements of `x` no output reads (the
     preimage moves with `y` where the map ignores it)."""
-    if st.sources is None:
-        st.sources = _sources(st.jaxpr, st.unknown_invars)
-    got = st.sources.get(v)
+    got = _sources(st, v)
     return got is None or not np.any(got[lost] == _MIXED)
 
 
-def _sources(jaxpr: Any, unknown: list[Any]) -> dict[Any, np.ndarray | None]:
-    """For each value of `jaxpr` the `unknown` inputs reach, per element the
-    flat index (over all of them) of the one unknown element it is computed
-    from element by element, `_CONSTANT` if none, `_MIXED` if it mixes
-    several or passes a step that mixes (a product, a reduction, a solve).
-    Values the unknowns do not reach map to `None`."""
+def _sources(st: SolveState, v: Any) -> np.ndarray | None:
+    """Per element of `v`, the flat index (over all the unknown inputs) of
+    the one unknown element it is computed from element by element,
+    `_CONSTANT` if none, `_MIXED` if it mixes several or passes a step that
+    mixes (a product, a reduction, a solve); `None` if the unknowns do not
+    reach `v`. Only the steps `v` depends on are followed, and each value's
+    indices are dropped once no later one of them reads it."""
+    steps: set[int] = set()
+    stack = [v]
+    while stack:
+        i = st.producer.get(stack.pop())
+        if i is not None and i not in steps:
+            steps.add(i)
+            stack.extend(u for u in st.eqns[i].invars if type(u) is not _Literal)
+    order = sorted(steps)
+    reads: dict[Any, int] = {}
+    for i in order:
+        for u in st.eqns[i].invars:
+            if type(u) is not _Literal:
+                reads[u] = reads.get(u, 0) + 1
     out: dict[Any, np.ndarray | None] = {}
     start = 0
-    for u in unknown:
-        size = int(np.prod(u.aval.shape, dtype=np.int32))
-        out[u] = np.arange(start, start + size, dtype=np.int32).reshape(u.aval.shape)
+    for u in st.unknown_invars:
+        shape = mk._shape(u)
+        size = int(np.prod(shape, dtype=np.int64))
+        out[u] = np.arange(start, start + size, dtype=np.int32).reshape(shape)
         start += size
-    _propagate(jaxpr.eqns, out)
-    return out
+    for i in order:
+        eqn: Any = st.eqns[i]
+        _propagate([eqn], out)
+        for u in eqn.invars:
+            if type(u) is not _Literal and u is not v:
+                reads[u] -= 1
+                if not reads[u]:
+                    out.pop(u, None)
+    return out.get(v)
 
 
 def _propagate(eqns: Any, out: dict[Any, np.ndarray | None]) -> None:
