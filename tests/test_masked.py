@@ -229,8 +229,10 @@ def test_discarded_elements_that_mix_unknowns_are_not_completed(mix):
         return jnp.where(jnp.array(ONE), mix(x), -0.08)
 
     x = jnp.array([-1.53, -1.49, -1.46, 0.68], jnp.float32)
-    with pytest.raises(NotInvertibleError, match=re.escape("(0,), (2,), (3,) of (4,)")):
+    with pytest.raises(NotInvertibleError) as err:
         inverse(f, example_args=(x,))(f(x))
+    assert "(0,), (2,), (3,) of (4,) (not completed" in str(err.value)
+    assert "each mixes several elements of the unknowns" in str(err.value)
 
 
 @settings(max_examples=20, deadline=None)

@@ -58,6 +58,11 @@ from ._rules import agree_recomputed
 _Literal = compat.Literal
 
 GRAM = "principal Cholesky factor"
+NOT_COMPLETED = (
+    "not completed with what the step uses in their place: each mixes "
+    "several elements of the unknowns (a product, a solve, a running sum), "
+    "and the inverse would move elements of `x` that no output reads"
+)
 COMPLETED = mk.COMPLETED
 
 # Steps through which a value is the same matrix, possibly transposed.
@@ -180,6 +185,9 @@ def fill_step(walker: Any, st: SolveState) -> bool:
                 # Some discarded element mixes unknowns (`L @ x`, a
                 # triangular solve): completing it would mix the completion
                 # into elements of `x` that no output reads.
+                reason = st.reasons.get(c)
+                if reason is not None and NOT_COMPLETED not in reason:
+                    st.reasons[c] = f"{reason} ({NOT_COMPLETED})"
                 break
             if any(
                 _reads(walker, st, st.eqns[d], v, mask)
