@@ -20,7 +20,9 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 sys.path.insert(0, TESTS_DIR)
-from helpers import SinToCos, assert_tree_equal, primitive_names, top_level_primitives
+from helpers import (
+    SinToCos, abs_no_formula, assert_tree_equal, primitive_names, top_level_primitives,
+)
 import jaxinterp
 from jaxinterp import Interpreter, evaluate, stage
 
@@ -403,9 +405,8 @@ def _():
 def _():
     # The numerical solve in each shard's body, with few `y` off the image
     # per shard (one gather) and many (gathered in chunks, `_solve._chunks`).
-    # (`v * sign(v**3)`, not `|v|`: softsign with `|v|` or `v * sign(v)`
-    # has an exact method; see `helpers.abs_no_formula`.)
-    softsign = lambda v: v / (1 + v * jnp.sign(v * v * v))
+    # (Softsign with `|v|` or `v * sign(v)` has an exact method.)
+    softsign = lambda v: v / (1 + abs_no_formula(v))
     f = jax.shard_map(softsign, mesh=mesh, in_specs=P("i"), out_specs=P("i"))
     y0 = softsign(jnp.linspace(-4.0, 4.0, 8 * 8192))
     inv = jax.jit(jaxinterp.inverse(f))

@@ -756,10 +756,15 @@ def _frac_of(
 # -- solving -------------------------------------------------------------
 
 
-def _quadratic(a: Any, b: Any, c: Any) -> tuple[Any, Any]:
+def _quadratic(a: Any, b: Any, c: Any) -> tuple[Any, ...]:
     """Both real roots of `a z^2 + b z + c` (the stable pair of formulas; one
     root where `a == 0`), NaN where there is none. Safe to differentiate:
-    no NaN is computed where it is not returned."""
+    no NaN is computed where it is not returned. Only the one root of
+    `b z + c` where `a` is 0 whatever the known values are
+    (`_static_zero`: a linear-fractional block), with no square root."""
+    if _static_zero(a):
+        nonzero = b != 0
+        return (jnp.where(nonzero, -c / jnp.where(nonzero, b, 1.0), jnp.nan),)
     disc = b * b - 4 * a * c
     real = disc >= 0
     # (No square root of 0 or less is differentiated: its infinite slope
@@ -783,6 +788,12 @@ def _static_zero(c: Any) -> bool:
     """Whether a coefficient is 0 whatever the block's known values are (a
     Python number: `_padded`'s, or a literal's)."""
     return isinstance(c, (int, float)) and c == 0
+
+
+def _leading(n2: Any, d2: Any, y: Any) -> Any:
+    """The quadratic coefficient of `N(z) - y D(z)`: a static 0 where both
+    are (`_quadratic` then solves a linear equation)."""
+    return 0.0 if _static_zero(n2) and _static_zero(d2) else n2 - y * d2
 
 
 def _polyval(p: Poly, z: Any) -> Any:
@@ -910,7 +921,7 @@ def _every_interval(tab: _Tables, y: Any, eps: float, tiny: float) -> tuple:
     def interval(i: Any, carry: tuple) -> tuple:
         run, plateau = carry
         n0, n1, n2, d0, d1, d2 = (at(c, i) for c in coefs)
-        e0, e1, e2 = n0 - y * d0, n1 - y * d1, n2 - y * d2
+        e0, e1, e2 = n0 - y * d0, n1 - y * d1, _leading(n2, d2, y)
         r, lo, hi, scale = at(tab.r, i), at(tab.lo, i), at(tab.hi, i), at(ends, i)
         for z in _quadratic(e2, e1, e0):
             run = run.seen(r + z, _in_interval(r + z, lo, hi, eps), scale)
@@ -1032,7 +1043,7 @@ def _monotone(tab: _Tables, eps: float) -> tuple[Any, Any, Any]:
         return _polyval(tab.num, z) / jnp.where(d == 0, 1.0, d)
 
     q1, q2 = _quadratic(p2, p1, p0)
-    pole1, pole2 = _quadratic(d2, d1, d0)
+    poles = _quadratic(d2, d1, d0)
     finite_lo, finite_hi = jnp.isfinite(zlo), jnp.isfinite(zhi)
     finite = finite_lo & finite_hi
     z_lo = jnp.where(finite_lo, zlo, 0.0)
@@ -1063,8 +1074,7 @@ def _monotone(tab: _Tables, eps: float) -> tuple[Any, Any, Any]:
     )
     bad = (
         jnp.where(finite, back, inside(q1) | inside(q2) | (p0 == 0))
-        | inside(pole1)
-        | inside(pole2)
+        | functools.reduce(operator.or_, [inside(p) for p in poles])
         | (finite_lo & (den_lo == 0))
         | (finite_hi & (den_hi == 0))
         | ~jnp.isfinite(p0)
@@ -1100,9 +1110,9 @@ def _looked_up(
     # (Coefficients that are 0 whatever the knots, the quadratic terms of a
     # linear-fractional block, stay out of the lookup: one root, no square
     # root.)
-    fixed = {j: c for j, c in enumerate((*tab.num, *tab.den)) if _static_zero(c)}
+    coefs = (*tab.num, *tab.den)
     columns = [
-        *(c for j, c in enumerate((*tab.num, *tab.den)) if j not in fixed),
+        *(c for c in coefs if not _static_zero(c)),
         tab.r,
         tab.lo,
         tab.hi,
@@ -1119,20 +1129,11 @@ def _looked_up(
         for j in range(k):
             v = jnp.where(above[j], c[j + 1], v)
         row.append(v)
-    *coefs, r, lo, hi, y_lo, y_hi, scale = row
-    it = iter(coefs)
-    n0, n1, n2, d0, d1, d2 = (fixed[j] if j in fixed else next(it) for j in range(6))
-    if 2 in fixed and 5 in fixed:
-        # (Linear in each interval: `(n1 - y d1) z = y d0 - n0`.)
-        slope = n1 - y * d1
-        nonzero = slope != 0
-        roots: tuple[Any, ...] = (
-            jnp.where(nonzero, (y * d0 - n0) / jnp.where(nonzero, slope, 1.0), jnp.nan),
-        )
-    else:
-        roots = _quadratic(n2 - y * d2, n1 - y * d1, n0 - y * d0)
+    *picked, r, lo, hi, y_lo, y_hi, scale = row
+    it = iter(picked)
+    n0, n1, n2, d0, d1, d2 = (c if _static_zero(c) else next(it) for c in coefs)
     cands, oks = [], []
-    for z in roots:
+    for z in _quadratic(_leading(n2, d2, y), n1 - y * d1, n0 - y * d0):
         cands.append(r + z)
         oks.append(_in_interval(r + z, lo, hi, eps))
     cands += [lo, hi]
