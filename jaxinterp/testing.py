@@ -113,6 +113,7 @@ def compare_with_reference(
     check_vmap: bool = True,
     check_grad: bool = True,
     vmap_args: Sequence[Any] | None = None,
+    compiled: bool = False,
 ) -> None:
     """Check `transformed` against `reference` eagerly and under JAX transformations.
 
@@ -140,6 +141,12 @@ def compare_with_reference(
         check_grad: run the `jax.grad` check.
         vmap_args: the batched arguments for the `vmap` check (each leaf with
             a leading batch axis); by default built from `args`.
+        compiled: run the `vmap` and `grad` checks under `jax.jit`
+            (`jax.jit(jax.vmap(transformed))`): one compilation instead of
+            dispatching every step of a long program on its own, for
+            programs with hundreds of steps. Values under `vmap` and `grad`
+            are tracers either way; eagerly, `grad`'s also carry their
+            concrete primal values.
 
     Raises:
         AssertionError: on the first mismatch, naming the check.
@@ -157,7 +164,8 @@ def compare_with_reference(
     if check_vmap and jtu.tree_leaves(args):
         batch = tuple(vmap_args) if vmap_args is not None else _default_batch(args)
         size = jtu.tree_leaves(batch)[0].shape[0]
-        got = jax.vmap(lambda *a: transformed(*a, **kwargs))(*batch)
+        batched = jax.vmap(lambda *a: transformed(*a, **kwargs))
+        got = (jax.jit(batched) if compiled else batched)(*batch)
         loop = [
             reference(*jtu.tree_map(lambda x, i=i: x[i], batch), **kwargs)
             for i in range(size)
@@ -166,7 +174,7 @@ def compare_with_reference(
         tree_allclose(got, want, what="vmap", **tol)
 
     if check_grad:
-        _check_grad(transformed, reference, args, kwargs, expected, tol)
+        _check_grad(transformed, reference, args, kwargs, expected, tol, compiled)
 
 
 def _default_batch(args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -186,6 +194,7 @@ def _check_grad(
     kwargs: dict[str, Any],
     expected: PyTree,
     tol: dict[str, float | None],
+    compiled: bool = False,
 ) -> None:
     if not any(_is_float(leaf) for leaf in jtu.tree_leaves(expected)):
         return
@@ -204,7 +213,8 @@ def _check_grad(
         return loss
 
     primals = [jnp.asarray(leaves[i]) for i in float_idx]
-    got = jax.grad(scalar(transformed))(primals)
+    grad = jax.grad(scalar(transformed))
+    got = (jax.jit(grad) if compiled else grad)(primals)
     want = jax.grad(scalar(reference))(primals)
     rtol = tol["rtol"]
     atol = tol["atol"]

@@ -85,7 +85,8 @@ def slope64(x, widths, heights, slopes):
 raw_params = st.lists(
     st.floats(-1.5, 1.5, width=32), min_size=3 * BINS - 1, max_size=3 * BINS - 1
 )
-points = st.lists(st.floats(-3.0, 3.0, width=32), min_size=1, max_size=12)
+# A fixed number of points, so that every example reuses one compilation.
+points = st.lists(st.floats(-3.0, 3.0, width=32), min_size=8, max_size=8)
 
 
 @settings(deadline=None)
@@ -95,8 +96,11 @@ def test_where_spline_against_hand_written_inverse(raw, xs):
     params = [jnp.asarray(v, jnp.float32) for v in (widths, heights, slopes)]
     x = jnp.asarray(xs, jnp.float32)
     y = rq_spline(x, *params)
-    got = jaxinterp.inverse(rq_spline, argnums=0)(y, *params)
+    got = _JIT_INVERSE(y, *params)
     assert_preimage(got, y, widths, heights, slopes)
+
+
+_JIT_INVERSE = jax.jit(jaxinterp.inverse(rq_spline, argnums=0))
 
 
 def assert_preimage(got, y, widths, heights, slopes):
@@ -200,7 +204,7 @@ def test_nan_where_no_single_preimage(f, ys, want):
 
 
 @settings(deadline=None)
-@given(st.lists(st.floats(-3.0, 3.0, width=32), min_size=1, max_size=16))
+@given(st.lists(st.floats(-3.0, 3.0, width=32), min_size=12, max_size=12))
 def test_fold_only_unique_preimages(ys):
     y = np.asarray(ys, np.float64)
     got = np.asarray(jaxinterp.inverse(fold)(jnp.asarray(y, jnp.float32)))
@@ -260,14 +264,23 @@ def test_many_breakpoints_by_intervals():
 
 
 @settings(deadline=None)
-@given(st.lists(st.floats(-2.0, 3.0, width=32), min_size=1, max_size=32))
+@given(st.lists(st.floats(-2.0, 3.0, width=32), min_size=16, max_size=16))
 def test_many_breakpoints_not_monotone(ys):
     """Not monotone: every interval's candidates per element (one interval
-    at a time); the answer where `y` has one preimage, NaN where several."""
+    at a time); the answer where `y` has one preimage, NaN where several.
+    A candidate counts if it lies in its interval within `16 eps` of the
+    interval's larger end (it is computed from a point inside the interval),
+    so a `y` within that rounding (times the slope) of a knot's value may
+    also be NaN: a documented false NaN (`docs/concepts.md`)."""
     y = np.asarray(ys, np.float32)
     got = np.asarray(jaxinterp.inverse(zigzag)(jnp.asarray(y)))
+    at_knots = zigzag(jnp.arange(TEETH + 1, dtype=jnp.float32))
+    near = np.min(np.abs(y[:, None] - np.asarray(at_knots)[None]), axis=1)
+    rounding = 16 * EPS32 * (TEETH + 1) * 1.05
     for j, xs in enumerate(zigzag_preimages(y.astype(np.float64))):
         distinct = np.unique(np.round(np.asarray(xs), 4))
+        if np.isnan(got[j]) and near[j] <= rounding:
+            continue
         if len(distinct) == 1:
             np.testing.assert_allclose(got[j], distinct[0], rtol=1e-4, atol=1e-4)
         elif len(distinct) > 1 and np.ptp(distinct) > 1e-3:
@@ -313,9 +326,15 @@ def softsign_by_sign(x):
     return x / (1.0 + x * jnp.sign(x))
 
 
+# Compiled once for all examples.
+_JIT_SIGN_INVERSES = {
+    f: jax.jit(jaxinterp.inverse(f)) for f in (tfp_softsign, softsign_by_sign)
+}
+
+
 @pytest.mark.parametrize("f", [tfp_softsign, softsign_by_sign])
 @settings(deadline=None, max_examples=25)
-@given(ys=st.lists(st.floats(-1.0, 1.0, width=32), min_size=1, max_size=16))
+@given(ys=st.lists(st.floats(-1.0, 1.0, width=32), min_size=12, max_size=12))
 def test_sign_is_a_breakpoint(f, ys):
     """`sign(u)` is -1, 0 or 1 by a comparison of `u` with 0: piecewise
     constant, a breakpoint at `x = 0` (TFP's `Softsign` was a numerical
@@ -324,7 +343,7 @@ def test_sign_is_a_breakpoint(f, ys):
     y = np.asarray(ys, np.float32)
     report = str(jaxinterp.explain_inverse(f, jnp.asarray(y)))
     assert METHOD in report, report
-    got = np.asarray(jax.jit(jaxinterp.inverse(f))(jnp.asarray(y)))
+    got = np.asarray(_JIT_SIGN_INVERSES[f](jnp.asarray(y)))
     y64 = y.astype(np.float64)
     edge = np.abs(y64) == 1.0
     assert np.all(np.isnan(got[edge])), got

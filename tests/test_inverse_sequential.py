@@ -136,7 +136,13 @@ def test_autoregressive_flows(make, make_inverse):
     y = f(X)
     ys = jnp.stack([y, f(0.5 * X - 0.2)])
     compare_with_reference(
-        jaxinterp.inverse(f), reference, (y,), vmap_args=(ys,), atol=1e-5, rtol=1e-5
+        jaxinterp.inverse(f),
+        reference,
+        (y,),
+        vmap_args=(ys,),
+        atol=1e-5,
+        rtol=1e-5,
+        compiled=True,
     )
     x, ildj = jaxinterp.inverse_and_ildj(f)(y)
     np.testing.assert_allclose(x, X, atol=1e-5)
@@ -157,7 +163,13 @@ def test_stick_breaking_left_inverse():
     ys = jnp.stack([y, f(0.5 * X - 0.2)])
     # The gradient reads the first n coordinates, as the recursion does.
     compare_with_reference(
-        inverse, stick_breaking_inverse, (y,), vmap_args=(ys,), atol=2e-5, rtol=2e-5
+        inverse,
+        stick_breaking_inverse,
+        (y,),
+        vmap_args=(ys,),
+        atol=2e-5,
+        rtol=2e-5,
+        compiled=True,
     )
     # Its ildj is in the coordinates the inverse reads, the first n (NumPyro's
     # log-det).

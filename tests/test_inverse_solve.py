@@ -130,6 +130,7 @@ def test_inverse_matches_the_closed_form_eager_jit_vmap_and_grad(name):
         rtol=2e-3,
         atol=1e-4,
         vmap_args=(batch,),
+        compiled=True,
     )
 
 
@@ -400,7 +401,7 @@ def test_the_solvers_quotient_is_div_with_the_same_derivatives(a, b, da, db):
 @given(
     s=st.floats(-2.0, 2.0, width=32),
     c=st.floats(-2.0, 2.0, width=32),
-    xs=st.lists(st.floats(0.015625, 3.0, width=32), min_size=1, max_size=4),
+    xs=st.lists(st.floats(0.015625, 3.0, width=32), min_size=4, max_size=4),
 )
 def test_a_root_at_the_edge_of_a_constant_stretch_is_nan(s, c, xs):
     # `relu(u) + relu(u)**3 + c` is `c` for every `u <= 0`: a root found at

@@ -161,6 +161,7 @@ def test_inverse_at_table_size_matches_the_closed_form_jit_vmap_grad(name):
         rtol=2e-3,
         atol=1e-4,
         vmap_args=(jnp.stack([y, g(x / 2)]),),
+        compiled=True,
     )
 
 
