@@ -17,6 +17,8 @@ Two properties, each checked against a reference computed another way:
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -140,9 +142,15 @@ def _read(f, x):
 
 
 def _xs(shape):
+    # (Values below 1e-30 in magnitude are drawn as 0: `x / (3.08 - x)` of
+    # the smallest normal float32 is subnormal, which XLA's CPU code flushes
+    # to 0, and the denominator solved back from that 0 is `inf`, which no
+    # check can tell from a `y` off the image: a false NaN, not a wrong
+    # number. The coordinates of the ildj are what this file tests.)
     n = int(np.prod(shape))
+    value = st.floats(-1.25, 1.25, allow_nan=False, width=32)
     return st.lists(
-        st.floats(-1.25, 1.25, allow_nan=False, width=32), min_size=n, max_size=n
+        value.map(lambda v: v if abs(v) > 1e-30 else 0.0), min_size=n, max_size=n
     ).map(lambda v: jnp.asarray(np.reshape(np.asarray(v, np.float32), shape)))
 
 
@@ -158,9 +166,14 @@ def test_the_ildj_of_a_nonsquare_map_is_in_the_coordinates_its_inverse_reads(
     np.testing.assert_allclose(got, x, rtol=1e-5, atol=1e-5)
     want = _manifold_ildj(f, x, READS[name])
     np.testing.assert_allclose(ildj, want, rtol=1e-4, atol=1e-4)
-    # Compiled and batched alike.
-    jitted = jax.jit(jaxinterp.inverse_and_ildj(f, example_args=(x,)))(f(x))
+    # Compiled alike (once per map: every example has the same shape).
+    if name not in _COMPILED:
+        _COMPILED[name] = jax.jit(jaxinterp.inverse_and_ildj(f, example_args=(x,)))
+    jitted = _COMPILED[name](f(x))
     np.testing.assert_allclose(jitted[1], want, rtol=1e-4, atol=1e-4)
+
+
+_COMPILED: dict[str, Any] = {}
 
 
 @pytest.mark.parametrize("name", sorted(NONSQUARE))
