@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -204,18 +205,31 @@ def test_grad_of_the_ildj_matches_finite_differences():
 def test_round_trip_over_random_coefficients(amplitude, shift, length, reverse, seed):
     # |amplitude| < 1: `c + amplitude * sin(c * k + shift)` increases in `c`
     # for the factors `k` in [-1, 1] used here.
-    ks = jnp.linspace(-1.0, 1.0, length)
     reverse = reverse and not future_flags_on()  # (see `test_inverse_and_ildj`)
+    f = _random_coefficients_map(length, reverse)
+    x = jax.random.uniform(jax.random.PRNGKey(seed), (4,), minval=-4.0, maxval=4.0)
+    y = f(x, shift, amplitude)
+    # (Compiled once per length and direction: the coefficients are arguments.)
+    key = (length, reverse)
+    if key not in _COMPILED:
+        _COMPILED[key] = jax.jit(jaxinterp.inverse_and_ildj(f, argnums=0))
+    got, ildj = _COMPILED[key](y, shift, amplitude)
+    np.testing.assert_allclose(got, x, rtol=1e-4, atol=1e-4)
+    want = _slogdet_ildj(f, x, shift, amplitude)
+    np.testing.assert_allclose(ildj, want, rtol=1e-3, atol=1e-3)
 
-    def f(x, shift):
+
+_COMPILED: dict[tuple[int, bool], Any] = {}
+
+
+def _random_coefficients_map(length: int, reverse: bool) -> Any:
+    ks = jnp.linspace(-1.0, 1.0, length)
+
+    def f(x, shift, amplitude):
         body = lambda c, k: (c + amplitude * jnp.sin(c * k + shift), None)  # noqa: E731
         return lax.scan(body, x, ks, reverse=reverse)[0]
 
-    x = jax.random.uniform(jax.random.PRNGKey(seed), (4,), minval=-4.0, maxval=4.0)
-    y = f(x, shift)
-    got, ildj = jaxinterp.inverse_and_ildj(f, argnums=0)(y, shift)
-    np.testing.assert_allclose(got, x, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(ildj, _slogdet_ildj(f, x, shift), rtol=1e-3, atol=1e-3)
+    return f
 
 
 # -- refusals -------------------------------------------------------------------
