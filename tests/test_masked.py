@@ -3,11 +3,13 @@ and unknown values in both cases (`_inverse/_masked.py`).
 
 Each map is written as RealNVP / distrax `MaskedCoupling` / `TransformDiagonal`
 write it, checked against a hand-written inverse, its ildj against
-`-slogdet(jax.jacfwd(f))`, eagerly, under `jax.jit` and under `jax.vmap`.
+`-slogdet(jax.jacfwd(f))`, eagerly, under `jax.jit` and under `jax.vmap`
+(compiled).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 
 import jax
@@ -29,8 +31,19 @@ def _conditioner(u, w_s=W_S, w_t=W_T):
     return jnp.tanh(u @ w_s), u @ w_t
 
 
+@functools.cache
+def _coupling(mask_bits: tuple[bool, ...]):
+    return _make_coupling(np.array(mask_bits))
+
+
 def coupling(mask):
-    """RealNVP: `where(mask, x, x * exp(s(x * mask)) + t(x * mask))`."""
+    """RealNVP: `where(mask, x, x * exp(s(x * mask)) + t(x * mask))` and its
+    hand-written inverse (the same functions for the same mask, so that the
+    checks below compile once per mask)."""
+    return _coupling(tuple(bool(b) for b in np.ravel(mask)))
+
+
+def _make_coupling(mask):
 
     def f(x):
         s, t = _conditioner(x * mask)
@@ -48,17 +61,25 @@ def _slogdet_ildj(f, x):
     return -jnp.linalg.slogdet(jac)[1]
 
 
+@functools.cache
+def _compiled(f):
+    """`inverse_and_ildj(f)`, and it under `jax.jit` and `jax.jit(jax.vmap)`,
+    compiled once per `f` for all of a test's examples."""
+    inv = inverse_and_ildj(f)
+    return inv, jax.jit(inv), jax.jit(jax.vmap(inv))
+
+
 def _check(f, f_inv, x, rtol=2e-5, atol=2e-5):
     """`inverse_and_ildj(f)` against `f_inv` and slogdet, eager, jit, vmap."""
     y = f(x)
     want_x, want_ildj = f_inv(y), _slogdet_ildj(f, x)
-    inv = inverse_and_ildj(f)
-    for got_x, got_ildj in (inv(y), jax.jit(inv)(y)):
+    inv, jitted, batched = _compiled(f)
+    for got_x, got_ildj in (inv(y), jitted(y)):
         assert bool(jnp.all(jnp.isfinite(got_x))) and bool(jnp.isfinite(got_ildj))
         np.testing.assert_allclose(got_x, want_x, rtol=rtol, atol=atol)
         np.testing.assert_allclose(got_ildj, want_ildj, rtol=rtol, atol=10 * atol)
     ys = jnp.stack([y, f(x + 0.25)])
-    got_xs, got_ildjs = jax.vmap(inv)(ys)
+    got_xs, got_ildjs = batched(ys)
     np.testing.assert_allclose(got_xs, jax.vmap(f_inv)(ys), rtol=rtol, atol=atol)
     want = jnp.stack([want_ildj, _slogdet_ildj(f, x + 0.25)])
     np.testing.assert_allclose(got_ildjs, want, rtol=rtol, atol=10 * atol)
@@ -124,47 +145,54 @@ def test_a_2d_mask_with_an_mlp_conditioner_and_known_weights():
     np.testing.assert_allclose(got_x, f_inv(y, params), rtol=1e-5, atol=1e-5)
     want_ildj = _slogdet_ildj(lambda x: f(x, params), x)
     np.testing.assert_allclose(got_ildj, want_ildj, rtol=1e-5, atol=1e-4)
-    # Gradients of x and of the ildj with respect to y and the weights.
-    for k in (0, 1):
-        g_got = jax.grad(lambda y, p: inv(y, p)[1], argnums=k)(y, params)
-        g_want = jax.grad(
-            lambda y, p: _slogdet_ildj(lambda x: f(x, p), f_inv(y, p)), argnums=k
-        )(y, params)
-        for a, b in zip(jax.tree.leaves(g_got), jax.tree.leaves(g_want), strict=True):
-            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
-        gx_got = jax.grad(lambda y, p: jnp.sum(inv(y, p)[0] ** 2), argnums=k)(y, params)
-        gx_want = jax.grad(lambda y, p: jnp.sum(f_inv(y, p) ** 2), argnums=k)(y, params)
-        for a, b in zip(jax.tree.leaves(gx_got), jax.tree.leaves(gx_want), strict=True):
-            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    # Gradients of x and of the ildj with respect to y and the weights
+    # (compiled: one compilation each).
+    both = (0, 1)
+    g_got = jax.jit(jax.grad(lambda y, p: inv(y, p)[1], argnums=both))(y, params)
+    g_want = jax.grad(
+        lambda y, p: _slogdet_ildj(lambda x: f(x, p), f_inv(y, p)), argnums=both
+    )(y, params)
+    for a, b in zip(jax.tree.leaves(g_got), jax.tree.leaves(g_want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    gx_got = jax.jit(jax.grad(lambda y, p: jnp.sum(inv(y, p)[0] ** 2), argnums=both))(
+        y, params
+    )
+    gx_want = jax.grad(lambda y, p: jnp.sum(f_inv(y, p) ** 2), argnums=both)(y, params)
+    for a, b in zip(jax.tree.leaves(gx_got), jax.tree.leaves(gx_want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def _exp_on_checker(x):
+    return jnp.where(CHECKER, jnp.exp(x), x)
+
+
+def _exp_on_checker_inverse(y):
+    return jnp.where(CHECKER, jnp.log(jnp.where(CHECKER, y, 1.0)), y)
 
 
 @settings(max_examples=10, deadline=None)
 @given(st.lists(_finite, min_size=4, max_size=4))
 def test_exp_on_a_mask(xs):
-    mask = jnp.array(CHECKER)
+    _check(_exp_on_checker, _exp_on_checker_inverse, jnp.asarray(xs, jnp.float32))
 
-    def f(x):
-        return jnp.where(mask, jnp.exp(x), x)
 
-    def f_inv(y):
-        return jnp.where(mask, jnp.log(jnp.where(mask, y, 1.0)), y)
+_EYE = np.eye(3, dtype=bool)
 
-    _check(f, f_inv, jnp.asarray(xs, jnp.float32))
+
+def _softplus_on_diagonal(x):
+    return jnp.where(_EYE, jax.nn.softplus(x), x)
+
+
+def _softplus_on_diagonal_inverse(y):
+    safe = jnp.where(_EYE, y, 1.0)
+    return jnp.where(_EYE, safe + jnp.log(-jnp.expm1(-safe)), y)
 
 
 @settings(max_examples=10, deadline=None)
 @given(st.lists(_finite, min_size=9, max_size=9))
 def test_softplus_on_the_diagonal(xs):
-    eye = jnp.eye(3, dtype=bool)
-
-    def f(x):
-        return jnp.where(eye, jax.nn.softplus(x), x)
-
-    def f_inv(y):
-        safe = jnp.where(eye, y, 1.0)
-        return jnp.where(eye, safe + jnp.log(-jnp.expm1(-safe)), y)
-
-    _check(f, f_inv, jnp.asarray(xs, jnp.float32).reshape(3, 3), rtol=1e-4)
+    x = jnp.asarray(xs, jnp.float32).reshape(3, 3)
+    _check(_softplus_on_diagonal, _softplus_on_diagonal_inverse, x, rtol=1e-4)
 
 
 def test_off_mask_values_outside_the_masked_map_domain_stay_out_of_it():
