@@ -66,10 +66,10 @@ programs = st.lists(
 shapes = st.sampled_from([(), (1,), (3,), (2, 2)])
 
 
-# Three times the profile's examples (75 in `ci`), at most 500 (the `dev`
+# Twice the profile's examples (50 in `ci`), at most 500 (the `dev`
 # profile, `nox -s hypothesis_dev`): random programs are where a rare wrong
 # answer would show (the fuzzer, `tests/fuzz_inverse_main.py`, draws more).
-@settings(max_examples=min(500, 3 * settings.default.max_examples))
+@settings(max_examples=min(500, 2 * settings.default.max_examples))
 @given(
     program=programs,
     shape=shapes,

@@ -409,16 +409,26 @@ def test_a_root_at_the_edge_of_a_constant_stretch_is_nan(s, c, xs):
     # (Session 19; before, the solver answered the corner. With `u * u` the
     # map is piecewise quadratic, inverted interval by interval since
     # session 21: `test_inverse_intervals.py`.)
-    def f(x):
-        u = jnp.maximum(x - s, 0.0)
-        return u + u * u * u + c
-
+    # (The corner and the constant are known arguments: compiled once.)
     x = s + jnp.asarray(xs, jnp.float32)
-    y = jnp.concatenate([f(x), jnp.array([c, c - 1.0], jnp.float32)])
-    got = np.asarray(jaxinterp.inverse(f)(y))
-    assert "(elementwise solve)" in str(jaxinterp.explain_inverse(f, y))
+    y = jnp.concatenate([_relu_cubic(x, s, c), jnp.array([c, c - 1.0], jnp.float32)])
+    got = np.asarray(_RELU_CUBIC_INVERSE(y, s, c))
     np.testing.assert_allclose(got[:-2], x, rtol=1e-4, atol=1e-4)
     assert np.isnan(got[-2:]).all(), got
+
+
+def _relu_cubic(x, s, c):
+    u = jnp.maximum(x - s, 0.0)
+    return u + u * u * u + c
+
+
+_RELU_CUBIC_INVERSE = jax.jit(jaxinterp.inverse(_relu_cubic, argnums=0))
+
+
+def test_the_relu_cubic_is_an_elementwise_solve():
+    y = jnp.linspace(-1.0, 3.0, 6)
+    report = str(jaxinterp.explain_inverse(_relu_cubic, y, 0.5, -0.25, argnums=0))
+    assert "(elementwise solve)" in report, report
 
 
 def test_the_edge_of_a_plateau_through_sign_is_nan():
