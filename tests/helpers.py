@@ -7,10 +7,12 @@ module adds bitwise comparison, a few small interpreters and Jaxpr inspection.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -176,6 +178,50 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: int = 240)
         f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     )
     return proc.stdout
+
+
+def once_per_run(
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    compute: Callable[[], Any],
+    timeout: float = 600.0,
+) -> Any:
+    """`compute()` (a JSON value) once per test run, shared by the
+    pytest-xdist workers: a module fixture runs once per worker that runs
+    any of the module's tests, and a subprocess with 8 devices or two joined
+    processes should start once. The first worker to ask computes and
+    writes the result beside the workers' temporary directories; the others
+    wait for it and read it. Without xdist, `compute()`."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        return compute()
+    root = tmp_path_factory.getbasetemp().parent  # (shared by the workers)
+    done = root / f"{name}-{run}.json"
+    try:
+        fd = os.open(root / f"{name}-{run}.lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        fd = None  # another worker computes it
+    if fd is None:
+        deadline = time.monotonic() + timeout
+        while not done.exists():
+            assert time.monotonic() < deadline, f"{name}: no result after {timeout} s"
+            time.sleep(0.2)
+        payload = json.loads(done.read_text())
+        if "error" in payload:
+            raise AssertionError(f"{name} failed in another worker: {payload['error']}")
+        return payload["value"]
+    os.close(fd)
+    try:
+        value = compute()
+        payload = {"value": value}
+    except BaseException as e:
+        payload = {"error": f"{type(e).__name__}: {str(e)[-3000:]}"}
+        raise
+    finally:
+        partial = done.with_suffix(".partial")
+        partial.write_text(json.dumps(payload))
+        os.replace(partial, done)
+    return value
 
 
 def check_release_plan(jaxpr: Any) -> list[tuple[Any, ...]]:

@@ -10,7 +10,7 @@ import json
 import os
 
 import pytest
-from helpers import run_python
+from helpers import once_per_run, run_python
 from multidevice_matrix import CHECK_NAMES
 
 SCRIPT = r"""
@@ -477,14 +477,19 @@ print("RESULTS" + json.dumps(results))
 """
 
 
-@pytest.fixture(scope="module")
-def results() -> dict:
+def _run_eight_devices() -> dict:
     script = SCRIPT.replace("TESTS_DIR", repr(os.path.dirname(__file__)))
     out = run_python(
         script, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     )
     (line,) = [ln for ln in out.splitlines() if ln.startswith("RESULTS")]
     return json.loads(line[len("RESULTS") :])
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    # (Once per run, not once per pytest-xdist worker.)
+    return once_per_run(tmp_path_factory, "multidevice", _run_eight_devices)
 
 
 def test_eight_devices(results):

@@ -19,6 +19,7 @@ import tempfile
 import time
 
 import pytest
+from helpers import once_per_run
 
 # Seconds both processes get to start, join and run every check.
 TIMEOUT = 150
@@ -563,8 +564,9 @@ def _run_two_processes() -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def results() -> list[dict]:
-    return _run_two_processes()
+def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    # (Once per run, not once per pytest-xdist worker.)
+    return once_per_run(tmp_path_factory, "multiprocess", _run_two_processes)
 
 
 CHECKS = [
