@@ -180,6 +180,19 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: int = 240)
     return proc.stdout
 
 
+_JITTED: dict[Any, Any] = {}
+
+
+def jit_once(key: Any, build: Callable[[], Callable[..., Any]]) -> Any:
+    """`jax.jit(build())`, built once per `key` (hashable, unique across the
+    suite: start it with the test's name) for the whole run, so that the
+    examples of a hypothesis test reuse one compilation per map and shape
+    instead of compiling a new function each."""
+    if key not in _JITTED:
+        _JITTED[key] = jax.jit(build())
+    return _JITTED[key]
+
+
 def once_per_run(
     tmp_path_factory: pytest.TempPathFactory,
     name: str,

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import flags_off, future_flags_on, x64
+from helpers import flags_off, future_flags_on, jit_once, x64
 from hypothesis import given, settings, strategies as st
 from jax import lax
 
@@ -210,16 +210,14 @@ def test_round_trip_over_random_coefficients(amplitude, shift, length, reverse, 
     x = jax.random.uniform(jax.random.PRNGKey(seed), (4,), minval=-4.0, maxval=4.0)
     y = f(x, shift, amplitude)
     # (Compiled once per length and direction: the coefficients are arguments.)
-    key = (length, reverse)
-    if key not in _COMPILED:
-        _COMPILED[key] = jax.jit(jaxinterp.inverse_and_ildj(f, argnums=0))
-    got, ildj = _COMPILED[key](y, shift, amplitude)
+    inv = jit_once(
+        ("scan of random coefficients", length, reverse),
+        lambda: jaxinterp.inverse_and_ildj(f, argnums=0),
+    )
+    got, ildj = inv(y, shift, amplitude)
     np.testing.assert_allclose(got, x, rtol=1e-4, atol=1e-4)
     want = _slogdet_ildj(f, x, shift, amplitude)
     np.testing.assert_allclose(ildj, want, rtol=1e-3, atol=1e-3)
-
-
-_COMPILED: dict[tuple[int, bool], Any] = {}
 
 
 def _random_coefficients_map(length: int, reverse: bool) -> Any:

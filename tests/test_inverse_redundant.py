@@ -487,3 +487,21 @@ def test_a_zero_solved_back_through_a_solve_is_checked_at_its_values_rounding(x,
     y0, y1 = f(x)
     np.testing.assert_allclose(inverse((y0, y1)), x, rtol=0, atol=2e-5)
     assert np.all(np.isnan(inverse((y0, y1.at[1, 0].add(1e-3)))))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known false NaN (session 24, not fixed): one element 0 and another "
+    "small and non-zero, read by `2 x` and `exp(x)` through one call, gives NaN",
+)
+def test_copies_through_one_call_with_a_zero_element_and_a_small_one():
+    f, _ = NONSQUARE["one call reading x twice"]
+    x = jnp.array([0.001, 0.0], jnp.float32)
+    got, ildj = jaxinterp.inverse_and_ildj(f, example_args=(x,))(f(x))
+    np.testing.assert_allclose(got, x, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        ildj,
+        _manifold_ildj(f, x, READS["one call reading x twice"]),
+        rtol=1e-4,
+        atol=1e-4,
+    )

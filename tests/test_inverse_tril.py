@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import jit_once
 from hypothesis import given, settings, strategies as st
 from jax import lax
 
@@ -206,14 +206,11 @@ def test_vector_to_tril_hypothesis(n, seed, scale, name):
     x = _vector(n, seed=seed % 1000, scale=scale)
     y = f(x)
     # (Compiled once per map and size.)
-    if (name, n) not in _COMPILED:
-        _COMPILED[name, n] = jax.jit(inverse_and_ildj(f, example_args=(x,)))
-    x_back, ildj = _COMPILED[name, n](y)
+    x_back, ildj = jit_once(
+        ("vector to tril", name, n), lambda: inverse_and_ildj(f, example_args=(x,))
+    )(y)
     np.testing.assert_allclose(x_back, f_inv(y), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(ildj, _tril_ildj(f, x), rtol=1e-3, atol=1e-3)
-
-
-_COMPILED: dict[tuple[str, int], Any] = {}
 
 
 @pytest.mark.parametrize("name", sorted(VECTOR_MAPS))
