@@ -466,9 +466,16 @@ class InverseWalker:
                 and val is not env[v]  # (a known operand handed back as is)
             ):
                 # Solved again (an operand read twice, `concatenate([x, x])`):
-                # the two must agree, else `y` is off the image.
-                st.agreements.append((agree_solved(val, env[v]), eqn))
-                again = again or v in newly  # (read twice by this step)
+                # the two must agree, else `y` is off the image. Read twice by
+                # this step, the step recomputed forwards from the value kept
+                # must give its results (`_check_again`): that check is exact,
+                # while the two values solved here may differ by rounding this
+                # level cannot bound (`log(exp(x))` inside a call keeps the
+                # rounding of `exp(x)`, not of `x`).
+                if v in newly:
+                    again = True
+                else:
+                    st.agreements.append((agree_solved(val, env[v]), eqn))
                 if v in st.solved_by:
                     self._recheck_producer(st, v, val)
             if val is not None and type(v) is not _Literal and v not in env:
