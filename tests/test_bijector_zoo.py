@@ -392,6 +392,34 @@ def test_random_points_round_trip(data):
     _close(got, _reference_x(b, x, y), rtol=2e-3, atol=2e-4)
 
 
+@given(st.data())
+def test_any_y_gives_nan_or_a_preimage(data):
+    """Soundness for any `y`, on the image or off it: every element of the
+    inverse is NaN or a preimage of its element of `y` (the round trip),
+    never another number. Elements are drawn on the image, anywhere, or at
+    values where images end (0, +-1)."""
+    b = data.draw(st.sampled_from(ZOO), label="bijector")
+    on_image = st.floats(
+        float(np.float32(b.low)), float(np.float32(b.high)), width=32
+    ).map(lambda v: float(b.forward(jnp.float32(v))))
+    anywhere = st.floats(-30.0, 30.0, width=32)
+    ends = st.sampled_from([0.0, 1.0, -1.0, 0.5, 2.0])
+    values = data.draw(
+        st.lists(on_image | anywhere | ends, min_size=6, max_size=6), label="y"
+    )
+    y = np.asarray(values, np.float32)
+    got = np.asarray(inverse(b.forward, example_args=(b.sample(6),))(jnp.asarray(y)))
+    finite = np.isfinite(got)
+    got = np.where(finite, got, np.float32(b.low))
+    back, slope = jax.jvp(b.forward, (jnp.asarray(got),), (jnp.ones_like(got),))
+    # Within rounding of `y`, and of `x` itself through the map's slope (the
+    # nearest float32 to `logit`'s preimage of 15 maps to 14.84).
+    ulp = np.spacing(np.abs(got))
+    bound = 1e-3 * np.abs(y) + 1e-4 + 4 * np.abs(np.asarray(slope)) * ulp
+    error = np.abs(np.asarray(back, np.float64) - y)
+    assert np.all(error[finite] <= bound[finite]), (got, np.asarray(back), y)
+
+
 # ---------------------------------------------------------------------------
 # Known arguments, and what the blocks refuse or return as NaN.
 
