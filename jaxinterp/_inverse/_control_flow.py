@@ -498,7 +498,9 @@ def _cond_inverse(
 ) -> Any:
     if index is None:
         raise NotInvertibleError(
-            "the branch index of a `cond` depends on an unknown input"
+            "the branch index of a `cond` depends on an unknown input (such "
+            "a `cond` is unfolded into a piecewise map, unless its branches "
+            "have effects: every branch would run)"
         )
     if any(o is None for o in outvals):
         return None

@@ -50,6 +50,7 @@ from . import (
     _normalized as nz,
     _refusals as rf,
     _sequential as sq,
+    _unfold as uf,
 )
 from ._dataflow import (
     BLOCKING as BLOCKING,
@@ -197,6 +198,25 @@ class InverseWalker:
         st = SolveState(jaxpr, consts, invals, outvals, out_branches, options, seeds)
         while True:
             i = st.next_equation()
+            if i is None and (conds := uf.blocked_index(st)):
+                # Stuck at a `cond` whose index depends on the unknowns:
+                # solved again with it unfolded into a piecewise map.
+                unknown = [v is None for v in invals]
+                unfolded = uf.unfold_conds(jaxpr, consts, conds, unknown)
+                if unfolded is not None:
+                    return self.solve(
+                        *unfolded,
+                        invals,
+                        outvals,
+                        strict=strict,
+                        out_branches=out_branches,
+                        nan_checks=nan_checks,
+                        want_ildj=want_ildj,
+                        solvers=solvers,
+                        blocks=blocks,
+                        seeds=seeds,
+                        complete=complete,
+                    )
             if i is None:
                 # Stuck: a principal factor of `L @ L.T` may be taken (first:
                 # a block solve of the product, with the factor filled in by

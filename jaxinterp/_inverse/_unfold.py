@@ -1,0 +1,157 @@
+"""A `cond` whose branch index depends on the unknowns, unfolded.
+
+`lax.cond(x > 0, f, g, x)` and `lax.switch(k(x), branches, x)` choose their
+branch by a value the inverse does not know yet, so the `cond` rule cannot
+invert one branch. Unfolded, every branch runs and `select_n` on the index
+picks among their results, which is what JAX's `vmap` makes of such a
+`cond` (and what `jnp.where` writes): a piecewise map, which the engine
+inverts case by case (`_branches.py`, `_intervals.py`), recomputing the
+index on each candidate.
+
+The engine unfolds only when it is stuck at such a `cond`, and solves the
+unfolded Jaxpr from the start: a `cond` whose index the outputs determine
+first (`(x, lax.cond(x > 0, ...))`) keeps its own rule. A `cond` with effects
+is not unfolded (every branch would run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+from jax import lax
+
+from .. import _jax_compat as compat
+
+_Literal = compat.Literal
+
+
+def blocked_index(st: Any) -> list[int]:
+    """The `cond`s the engine is stuck at for want of their index."""
+    return [
+        i
+        for i in sorted(st.reasons)
+        if st.eqns[i].primitive is compat.cond_p
+        and type(st.eqns[i].invars[0]) is not _Literal
+        and st.eqns[i].invars[0] not in st.env
+        and _unfoldable(st.eqns[i])
+    ]
+
+
+def _unfoldable(eqn: Any) -> bool:
+    return not eqn.effects and compat.cond_platform_branch(eqn) is None
+
+
+def _run(
+    jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], tainted: Sequence[bool]
+) -> list[Any]:
+    """`jaxpr` evaluated on `args`, each equation in its own source context
+    (so that errors about the unfolded steps cite the user's lines), and a
+    `cond` whose index depends on the arguments marked `tainted` (those that
+    depend on the unknowns) unfolded in turn."""
+    env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts, strict=True))
+    env.update(zip(jaxpr.invars, args, strict=True))
+    dirty = {v for v, t in zip(jaxpr.invars, tainted, strict=True) if t}
+
+    def read(v: Any) -> Any:
+        return v.val if type(v) is _Literal else env[v]
+
+    for eqn in jaxpr.eqns:
+        flags = [type(v) is not _Literal and v in dirty for v in eqn.invars]
+        ins = [read(v) for v in eqn.invars]
+        if eqn.primitive is compat.cond_p and flags[0] and _unfoldable(eqn):
+            outs = _select_branches(eqn, ins, flags)
+        else:
+            user, ctx = compat.eqn_contexts(eqn)
+            with user, ctx:
+                outs = compat.bind_eqn(eqn.primitive, ins, eqn.params)
+        env.update(zip(eqn.outvars, outs, strict=True))
+        if any(flags):
+            dirty.update(eqn.outvars)
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _select_branches(
+    eqn: Any, ins: Sequence[Any], tainted: Sequence[bool]
+) -> list[Any]:
+    """`eqn` (a `cond`) on `ins`: every branch, then `select_n` on the
+    index (clamped, as `cond` does)."""
+    index, *ops = ins
+    branches = compat.cond_branches(eqn)
+    cases = [
+        _run(compat.open_jaxpr(b), compat.jaxpr_consts(b), ops, tainted[1:])
+        for b in branches
+    ]
+    user, ctx = compat.eqn_contexts(eqn)
+    with user, ctx:
+        index = lax.clamp(0, index, len(branches) - 1)
+        return [lax.select_n(index, *c) for c in zip(*cases, strict=True)]
+
+
+def _unfolded(
+    eqn: Any, tainted: Sequence[bool]
+) -> tuple[list[Any], list[Any], list[Any]] | None:
+    """The equations computing `eqn`'s results from its operands by running
+    every branch and selecting on the index (`_select_branches`), with the
+    constants they need (variables, values); `None` where a result is not
+    computed by an equation of them. `tainted`: per operand, whether it
+    depends on the unknowns."""
+
+    def unfold(*ins: Any) -> list[Any]:
+        return _select_branches(eqn, ins, tainted)
+
+    specs = [compat.staging_spec(v.aval) for v in eqn.invars]
+    closed = jax.make_jaxpr(unfold)(*specs)
+    small = compat.open_jaxpr(closed)
+    produced = {v for e in small.eqns for v in e.outvars}
+    if any(type(v) is _Literal or v not in produced for v in small.outvars):
+        return None
+    rename: dict[Any, Any] = dict(zip(small.invars, eqn.invars, strict=True))
+    rename.update(zip(small.outvars, eqn.outvars, strict=True))
+
+    def renamed(v: Any) -> Any:
+        return v if type(v) is _Literal else rename.get(v, v)
+
+    eqns = [
+        e.replace(
+            invars=[renamed(v) for v in e.invars],
+            outvars=[renamed(v) for v in e.outvars],
+        )
+        for e in small.eqns
+    ]
+    return eqns, list(small.constvars), list(compat.jaxpr_consts(closed))
+
+
+def unfold_conds(
+    jaxpr: Any,
+    consts: Sequence[Any],
+    targets: Sequence[int],
+    unknown: Sequence[bool],
+) -> tuple[Any, list[Any]] | None:
+    """`jaxpr` (and its constants) with the `cond` equations at `targets`
+    unfolded (module docstring), its inputs and outputs the same variables;
+    `None` if none of them can be. `unknown`: per input, whether it is one
+    of the unknowns (`cond`s inside the branches whose index depends on
+    them are unfolded too)."""
+    constvars, values = list(jaxpr.constvars), list(consts)
+    eqns: list[Any] = []
+    changed = False
+    wanted = set(targets)
+    dirty = {v for v, u in zip(jaxpr.invars, unknown, strict=True) if u}
+    for i, eqn in enumerate(jaxpr.eqns):
+        flags = [type(v) is not _Literal and v in dirty for v in eqn.invars]
+        if any(flags):
+            dirty.update(eqn.outvars)
+        got = _unfolded(eqn, flags) if i in wanted else None
+        if got is None:
+            eqns.append(eqn)
+            continue
+        new_eqns, new_constvars, new_consts = got
+        eqns.extend(new_eqns)
+        constvars.extend(new_constvars)
+        values.extend(new_consts)
+        changed = True
+    if not changed:
+        return None
+    return jaxpr.replace(constvars=constvars, eqns=eqns), values

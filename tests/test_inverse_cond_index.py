@@ -1,0 +1,183 @@
+"""`lax.cond` and `lax.switch` whose branch index depends on the unknowns.
+
+The engine unfolds such a `cond` into its branches and a `select_n` on the
+index, a piecewise map (`jaxinterp/_inverse/_unfold.py`). Each map here is
+checked against a hand-written inverse and `-log|f'(x)|` from `jax.grad`,
+and under `jax.jit`, `jax.vmap` and `jax.grad`; a `y` with no preimage or
+several gives NaN.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+from jax import lax
+
+import jaxinterp
+from jaxinterp import NotInvertibleError
+
+
+def two_slopes(x):
+    return lax.cond(x > 0, lambda v: 2.0 * v, lambda v: 0.5 * v, x)
+
+
+def two_slopes_inverse(y):
+    return jnp.where(y > 0, y / 2.0, y / 0.5)
+
+
+def three_pieces(x):
+    k = jnp.clip(jnp.floor(x), 0, 2).astype(jnp.int32)
+    return lax.switch(k, [lambda v: v, lambda v: 2 * v - 1, lambda v: 3 * v - 3], x)
+
+
+def three_pieces_inverse(y):
+    return jnp.where(y < 1, y, jnp.where(y < 3, (y + 1) / 2, (y + 3) / 3))
+
+
+def nested(x):
+    def positive(v):
+        return lax.cond(v > 1, lambda u: 3 * u - 2, lambda u: u, v)
+
+    return lax.cond(x > 0, positive, lambda v: jnp.expm1(v), x)
+
+
+def nested_inverse(y):
+    return jnp.where(y > 1, (y + 2) / 3, jnp.where(y > 0, y, jnp.log1p(y)))
+
+
+def inside_jit(x):
+    # The `cond` inside a `jit` body, with a known closed-over parameter.
+    a = jnp.float32(0.25)
+    return jax.jit(
+        lambda v: lax.cond(v > a, lambda w: jnp.exp(w - a) + a - 1, lambda w: w, v)
+    )(x)
+
+
+def inside_jit_inverse(y):
+    a = 0.25
+    return jnp.where(y > a, jnp.log(jnp.maximum(y - a + 1, 1e-30)) + a, y)
+
+
+MAPS = {
+    "cond, two slopes": (two_slopes, two_slopes_inverse),
+    "switch, three pieces": (three_pieces, three_pieces_inverse),
+    "nested conds": (nested, nested_inverse),
+    "cond inside a jit": (inside_jit, inside_jit_inverse),
+}
+
+X = jnp.float32(0.3)
+
+
+@functools.cache
+def _compiled(name):
+    f, _ = MAPS[name]
+    return jax.jit(jaxinterp.inverse_and_ildj(f, example_args=(X,)))
+
+
+@pytest.mark.parametrize("name", sorted(MAPS))
+@given(x=st.floats(-3.0, 4.0, width=32))
+def test_inverse_and_ildj_match_hand_written_and_the_derivative(name, x):
+    f, f_inv = MAPS[name]
+    x = jnp.float32(x)
+    y = f(x)
+    got, ildj = _compiled(name)(y)
+    np.testing.assert_allclose(got, f_inv(y), rtol=1e-5, atol=1e-6)
+    want = -jnp.log(jnp.abs(jax.grad(f)(f_inv(y))))
+    np.testing.assert_allclose(ildj, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(MAPS))
+def test_eager_vmap_and_grad(name):
+    f, f_inv = MAPS[name]
+    xs = jnp.array([-2.5, -0.4, 0.3, 1.2, 2.2, 3.5], jnp.float32)
+    ys = jax.vmap(f)(xs)
+    inv = jaxinterp.inverse(f, example_args=(X,))
+    np.testing.assert_allclose(inv(ys[2]), f_inv(ys[2]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(jax.vmap(inv)(ys), xs, rtol=1e-5, atol=1e-6)
+    grads = jax.vmap(jax.grad(inv))(ys)
+    np.testing.assert_allclose(grads, 1 / jax.vmap(jax.grad(f))(xs), rtol=1e-5)
+
+
+def test_explain_names_the_piecewise_method_at_the_users_line():
+    report = jaxinterp.explain_inverse(two_slopes, X)
+    assert report.endswith("Invertible: every unknown input is recovered."), report
+    assert "= select_n" in report and "(piecewise)" in report, report
+
+
+def test_a_y_off_the_image_or_with_two_preimages_is_nan():
+    def gap(x):  # image: (-inf, -1] and (1, inf)
+        return lax.cond(x > 0, lambda v: 1 + v, lambda v: v - 1, x)
+
+    def fold(x):  # y > 0 has two preimages
+        return lax.cond(x > 0, lambda v: 2.0 * v, lambda v: -v, x)
+
+    inv = jaxinterp.inverse(gap, example_args=(X,))
+    got = [float(inv(jnp.float32(y))) for y in (-2.0, -0.5, 0.5, 1.0, 2.0)]
+    np.testing.assert_allclose(got, [-1.0, np.nan, np.nan, np.nan, 1.0])
+    assert np.isnan(jaxinterp.inverse(fold, example_args=(X,))(jnp.float32(0.6)))
+
+
+def test_a_cond_with_a_known_parameter_and_its_gradient():
+    def scaled(x, a):
+        return lax.cond(x > 0, lambda v: a * v, lambda v: v, x)
+
+    ildj = jaxinterp.ildj(scaled, argnums=0, example_args=(X,))
+    np.testing.assert_allclose(ildj(jnp.float32(0.6), 2.0), -np.log(2.0), rtol=1e-6)
+    np.testing.assert_allclose(ildj(jnp.float32(-0.6), 2.0), 0.0, atol=1e-7)
+    # d ildj / d a = -1 / a on the positive branch.
+    grad = jax.grad(ildj, argnums=1)(jnp.float32(0.6), jnp.float32(2.0))
+    np.testing.assert_allclose(grad, -0.5, rtol=1e-6)
+
+
+def test_a_cond_in_a_scan_body():
+    def f(x):
+        def body(c, _):
+            return lax.cond(c > 0, lambda v: 1.5 * v, lambda v: 0.5 * v, c), None
+
+        return lax.scan(body, x, None, length=3)[0]
+
+    inv = jaxinterp.inverse(f, example_args=(X,))
+    for x in (-1.0, 0.7):
+        np.testing.assert_allclose(inv(f(jnp.float32(x))), x, rtol=1e-6)
+
+
+def test_an_index_the_outputs_give_first_keeps_the_cond_rule():
+    def f(x):
+        return x, lax.cond(x > 0, lambda v: 2.0 * v, lambda v: 0.5 * v, x)
+
+    inv = jaxinterp.inverse(f, example_args=(X,))
+    np.testing.assert_allclose(inv(f(jnp.float32(-0.4))), -0.4)
+    # The second output disagrees with the first: NaN.
+    assert np.isnan(inv((jnp.float32(-0.4), jnp.float32(3.0))))
+    report = jaxinterp.explain_inverse(f, X)
+    assert "= cond " in report and "select_n" not in report, report
+
+
+def test_a_cond_whose_branches_have_effects_is_refused():
+    def f(x):
+        def loud(v):
+            jax.debug.print("positive {}", v)
+            return 2.0 * v
+
+        return lax.cond(x > 0, loud, lambda v: 0.5 * v, x)
+
+    with pytest.raises(NotInvertibleError) as info:
+        jaxinterp.inverse(f, example_args=(X,))(jnp.float32(0.6))
+    message = " ".join(str(info.value).split())
+    assert "the branch index of a `cond` depends on an unknown input" in message
+    assert "test_inverse_cond_index.py:" in message
+
+
+def test_a_scalar_index_of_a_whole_vector_is_refused_at_the_users_line():
+    def f(x):
+        return lax.cond(jnp.sum(x) > 0, lambda v: 2.0 * v, lambda v: 0.5 * v, x)
+
+    line = f.__code__.co_firstlineno + 1
+    with pytest.raises(NotInvertibleError) as info:
+        jaxinterp.inverse(f, example_args=(jnp.ones(3),))(jnp.ones(3))
+    assert f"test_inverse_cond_index.py:{line}" in str(info.value)
