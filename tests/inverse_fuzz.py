@@ -1933,6 +1933,21 @@ _JUMPS: list[_BlockRow] = [
         lambda a, c: bool(np.all(np.abs(a - 2.0) > c + 0.05)),
         (0.1, 0.5),
     ),
+    # A `cond` and a `switch` on each element (`lax.map`: a `scan` whose
+    # body chooses by the unknown), unfolded into piecewise maps (session 25).
+    (
+        "lax.map(lambda u: lax.cond(u > C, lambda v: v * 2.0 + 0.5, lambda v: v,"
+        " u), jnp.ravel({0})).reshape(jnp.shape({0}))",
+        lambda a, c: True,
+        (-1, 1),
+    ),
+    (
+        "lax.map(lambda u: lax.switch(jnp.clip(jnp.floor(u + 1.0), 0, 2)"
+        ".astype(jnp.int32), [lambda v: v, lambda v: v * (1.0 + C),"
+        " lambda v: v * 2.0 + C], u), jnp.ravel({0})).reshape(jnp.shape({0}))",
+        lambda a, c: True,
+        (0.1, 1),
+    ),
     # Piecewise quadratics through clips (session 21: inverted interval by
     # interval), and a spline-like chain of `where`s over four bins.
     ("{0} + C * jnp.clip({0}, 0.0, 1.0) ** 2", lambda a, c: True, (0.1, 2)),
