@@ -19,7 +19,7 @@ from jax.experimental import checkify
 
 import jaxinterp
 from jaxinterp import NotInvertibleError
-from jaxinterp._inverse import _gram
+from jaxinterp._inverse import _gram, _rules
 
 X0 = jnp.array([0.5, -1.0])
 X1 = jnp.array([1.0, 2.0, 3.0])
@@ -594,3 +594,38 @@ def test_a_jump_back_among_more_switches_than_are_located_is_seen():
     x = jaxinterp.inverse(staircase)(y)
     np.testing.assert_allclose(staircase(x), y, rtol=1e-6)
     np.testing.assert_allclose(x, y - 1e-6 * np.floor(1000 * np.asarray(y)), atol=2e-6)
+
+
+@pytest.mark.parametrize("low", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
+def test_a_rounded_copy_off_the_image_is_nan(low):
+    """A value held twice, once rounded to a dtype of few mantissa bits: the
+    check allowed 64 of that dtype's epsilons (half the magnitude for
+    bfloat16), so a `y` off the image by 10% came back as the other path's
+    `x` (found by the fuzzer's moved `y`, session 25)."""
+
+    def f(x):
+        return x**3, x.astype(low).astype(jnp.float32)
+
+    rng = np.random.default_rng(0)
+    # (Magnitudes from 0.05: the checks also allow 16 times the dtype's
+    # smallest normal number, 1e-3 for float16.)
+    x = rng.uniform(0.05, 3.0, 2000) * rng.choice([-1.0, 1.0], 2000)
+    x = jnp.asarray(x, jnp.float32)
+    inv = jax.jit(jax.vmap(jaxinterp.inverse(f, example_args=(x[0],))))
+    y0, y1 = jax.vmap(f)(x)
+    # On the image, every element comes back (no false NaN at rounding
+    # boundaries of the narrow dtype) ...
+    np.testing.assert_allclose(inv((y0, y1)), x, rtol=1e-6, atol=1e-6)
+    # ... off it by 10% in the rounded output, or by 50% in the other (`x`
+    # by 15%, many ulps of the narrow dtype), NaN.
+    assert np.all(np.isnan(inv((y0, y1 * 1.1))))
+    assert np.all(np.isnan(inv((y0 * 1.5, y1))))
+    # Closer, what comes back is within the rounding allowed (a few of the
+    # narrow dtype's epsilons, `_rules.LOW_PRECISION_ROUNDING`).
+    got = np.asarray(inv((y0 * 1.1 + 0.1, y1)))
+    answered = ~np.isnan(got)
+    rounded = np.asarray(jnp.asarray(got[answered]).astype(low), np.float64)
+    allowed = _rules.LOW_PRECISION_ROUNDING * float(jnp.finfo(low).eps)
+    want = np.asarray(y1, np.float64)[answered]
+    slack = 2 * allowed * (np.abs(rounded) + np.abs(want))
+    assert np.all(np.abs(rounded - want) <= slack)

@@ -383,6 +383,22 @@ def agree_within_rounding(a: Any, b: Any, scale: Any) -> Any:
 # value recomputed from solved inputs may differ from the same value known
 # from the outputs (two paths round differently).
 REDUNDANT_ROUNDING = 64
+# The same for dtypes of fewer than 23 mantissa bits (bfloat16, float16):
+# 64 of its epsilons are half its magnitude (a `y` off the image by 10%
+# passed the check of `bf16(x)` against it). Two epsilons of each of the two
+# magnitudes allow four to eight ulps: XLA computes a chain of bfloat16
+# steps in float32 inside a fusion and rounds once, so a chain recomputed
+# under `jax.jit` and the same chain run step by step differ by a few.
+LOW_PRECISION_ROUNDING = 2
+
+
+def rounding_allowed(dtype: Any) -> Any:
+    """How far, relative to the magnitudes involved, two values of `dtype`
+    computed along different paths may differ: `REDUNDANT_ROUNDING`
+    epsilons, `LOW_PRECISION_ROUNDING` for a dtype of few mantissa bits."""
+    finfo = jnp.finfo(dtype)
+    ulps = REDUNDANT_ROUNDING if finfo.nmant >= 23 else LOW_PRECISION_ROUNDING
+    return ulps * finfo.eps
 
 
 def agree(a: Any, b: Any, slope: Any = 0.0, excused: Any = False) -> Any:
@@ -400,8 +416,10 @@ def agree(a: Any, b: Any, slope: Any = 0.0, excused: Any = False) -> Any:
     if not jnp.issubdtype(dtype, jnp.inexact):
         return jnp.all(a == b)
     finfo = jnp.finfo(dtype)
-    scale = jnp.abs(a) + jnp.abs(b) + slope
-    bound = REDUNDANT_ROUNDING * finfo.eps * scale + 16 * finfo.tiny
+    # Their own rounding, and that of what they were computed from (`slope`,
+    # which carries the rounding of values solved before).
+    own = rounding_allowed(dtype) * (jnp.abs(a) + jnp.abs(b))
+    bound = own + REDUNDANT_ROUNDING * finfo.eps * slope + 16 * finfo.tiny
     # An infinite value agrees only with itself (the bound is inf there).
     close = (jnp.abs(a - b) <= bound) & ((a == b) | (jnp.isfinite(a) & jnp.isfinite(b)))
     return jnp.all(close | jnp.isnan(b) | (jnp.isnan(a) & excused))
@@ -478,8 +496,12 @@ def agree_recomputed(
         if inherited is not None and inherited[k] is not None:
             size = size + inherited[k]
         outs, tangents = jax.jvp(moved, (at,), (size.astype(at.dtype),))
+        # The operand's rounding is of its own dtype: a result of another
+        # dtype (a conversion) weighs its slope by the two dtypes' epsilons.
         slopes = [
-            s + jnp.nan_to_num(jnp.abs(t), nan=0.0, posinf=0.0)
+            s
+            + jnp.nan_to_num(jnp.abs(t), nan=0.0, posinf=0.0)
+            * _eps_ratio(at.dtype, jnp.result_type(t))
             if jnp.issubdtype(jnp.result_type(t), jnp.inexact)
             else s
             for s, t in zip(slopes, tangents, strict=True)
@@ -524,7 +546,20 @@ def inherited_rounding(forward: Callable[[Any], Any], solved: Any, result: Any) 
     ok = (slope > 0) & jnp.isfinite(slope) & jnp.isfinite(size)
     # (`integer_pow`, not `div`: a check, told apart from solving steps.)
     inverse_slope = lax.integer_pow(jnp.where(ok, slope, 1), -1)
-    return jnp.where(ok, size * inverse_slope, 0).astype(at.dtype)
+    # In epsilons of `solved`'s dtype: `bf16(y)` solved from a float32 `y`
+    # took float32's rounding, not 65,536 times more.
+    ratio = _eps_ratio(jnp.result_type(result), at.dtype)
+    return jnp.where(ok, size * inverse_slope * ratio, 0).astype(at.dtype)
+
+
+def _eps_ratio(source: Any, target: Any) -> float:
+    """`eps(source) / eps(target)` for floating dtypes (1 otherwise): a
+    rounding of `source`'s precision in epsilons of `target`."""
+    if not (
+        jnp.issubdtype(source, jnp.inexact) and jnp.issubdtype(target, jnp.inexact)
+    ):
+        return 1.0
+    return float(jnp.finfo(source).eps / jnp.finfo(target).eps)
 
 
 def agree_piece(piece: Any, whole: Any) -> Any:
