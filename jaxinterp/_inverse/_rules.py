@@ -386,9 +386,8 @@ REDUNDANT_ROUNDING = 64
 # The same for dtypes of fewer than 23 mantissa bits (bfloat16, float16):
 # 64 of its epsilons are half its magnitude (a `y` off the image by 10%
 # passed the check of `bf16(x)` against it). Two epsilons of each of the two
-# magnitudes allow four to eight ulps: XLA computes a chain of bfloat16
-# steps in float32 inside a fusion and rounds once, so a chain recomputed
-# under `jax.jit` and the same chain run step by step differ by a few.
+# magnitudes allow four to eight ulps, for values solved backwards through a
+# few steps of the narrow dtype (fewer gave false NaNs in such chains).
 LOW_PRECISION_ROUNDING = 2
 
 
