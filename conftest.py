@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -12,11 +14,71 @@ import pytest
 from _pytest.doctest import DoctestItem
 from hypothesis import HealthCheck, settings
 
+# --- How the suite compiles -----------------------------------------------
+# XLA's compile time is most of the suite's time: a test compiles its
+# inverse eagerly, under `jit`, `vmap` and `grad`, many small programs each
+# compiled once. Two settings cut it; both are also exported as JAX's
+# environment variables, so the scripts and subprocesses tests start share
+# them.
+# * A persistent compilation cache in `.jax-test-cache/<JAX version>/`: the
+#   pytest-xdist workers reuse what the other compiled, and a second run
+#   reuses the first's (CI's run with the future flags reuses the run before
+#   it). `JAXINTERP_TEST_CACHE=0` turns it off; the folder is emptied when it
+#   passes 2 GiB.
+# * XLA's backend optimizations off (`jax_disable_most_optimizations`, which
+#   halves the compile time of small programs), unless
+#   `JAXINTERP_TEST_XLA_OPTIMIZE=1`. CI runs the newest JAX with them on,
+#   the code users get; `benchmarks/` always run with them on.
+_CACHE_LIMIT_BYTES = 2 << 30
+
+
+def _flag_on(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
+
+
+def _configure_compilation() -> None:
+    settings_: dict[str, str] = {}
+    if not _flag_on("JAXINTERP_TEST_XLA_OPTIMIZE"):
+        settings_["jax_disable_most_optimizations"] = "1"
+    if os.environ.get("JAXINTERP_TEST_CACHE", "1") not in ("", "0"):
+        root = Path(__file__).resolve().parent / ".jax-test-cache"
+        folder = root / jax.__version__
+        if "PYTEST_XDIST_WORKER" not in os.environ and root.is_dir():
+            size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+            if size > _CACHE_LIMIT_BYTES:
+                shutil.rmtree(root, ignore_errors=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        settings_["jax_compilation_cache_dir"] = str(folder)
+        # Every program, however small or quick to compile.
+        settings_["jax_persistent_cache_min_compile_time_secs"] = "0"
+        settings_["jax_persistent_cache_min_entry_size_bytes"] = "-1"
+    for name, value in settings_.items():
+        os.environ[name.upper()] = value
+        if name == "jax_compilation_cache_dir":
+            jax.config.update(name, value)
+        elif name == "jax_disable_most_optimizations":
+            jax.config.update(name, True)
+        else:
+            jax.config.update(name, float(value) if "secs" in name else int(value))
+
+
+_configure_compilation()
+
 settings.register_profile(
     "ci",
     derandomize=True,
     deadline=None,
     max_examples=25,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+# CI's second runs (the future flags, the oldest JAX) draw fewer examples:
+# the newest JAX and the README's command draw the `ci` profile's.
+settings.register_profile(
+    "quick",
+    derandomize=True,
+    deadline=None,
+    max_examples=8,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     print_blob=True,
 )

@@ -425,6 +425,7 @@ def test_substitute_dot_general_and_count_call_sites(rnn_model):
 # 7. Normalizing flow.
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not hasattr(jaxinterp, "inverse_and_ildj"), reason="inverse not landed yet"
 )

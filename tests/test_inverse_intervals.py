@@ -114,6 +114,7 @@ def assert_preimage(got, y, widths, heights, slopes):
     assert np.all(np.abs(got - want) <= tol), (got, want, tol)
 
 
+@pytest.mark.slow
 def test_where_spline_is_exact_method_and_composes():
     rng = np.random.default_rng(3)
     widths, heights, slopes = spline_params(rng.normal(size=3 * BINS - 1))
