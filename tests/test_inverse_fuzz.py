@@ -68,9 +68,10 @@ NOT_GENERATED = {
 }
 
 
-# Ten programs (about 40 s on one core): the suite's share of the fuzzer;
-# the long runs are `fuzz_inverse_main.py` and `nox -s hypothesis_dev`.
-@settings(max_examples=min(500, 10 * settings.default.max_examples // 25))
+# Ten programs in the `ci` profile (about 40 s on one core): the suite's
+# share of the fuzzer; the long runs are `fuzz_inverse_main.py` and
+# `nox -s hypothesis_dev`.
+@settings(max_examples=min(500, 10 * settings.default.max_examples // 15))
 @given(prog=programs(max_stmts=8, exclude=KNOWN_BUGGY_OPS, injective=True, seeded=True))
 def test_random_programs_are_inverted_correctly_or_refused(prog):
     outcome = classify(prog)
