@@ -20,6 +20,10 @@ from jax import lax
 import jaxinterp
 from jaxinterp._inverse._implicit import explicit_broadcasts
 
+# One of the inverse's methods on many maps: CI's oldest-JAX run deselects
+# these files (`-m "not methods"`); `nox -s tests_oldest_jax` runs them.
+pytestmark = pytest.mark.methods
+
 
 def ildj_reference(f, x):
     """`-log|det J|` of `f` at `x`, from `jax.jacfwd`."""

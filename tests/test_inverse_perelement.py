@@ -25,6 +25,10 @@ import jaxinterp
 from jaxinterp import NotInvertibleError, inverse, inverse_and_ildj
 from jaxinterp.testing import compare_with_reference
 
+# One of the inverse's methods on many maps: CI's oldest-JAX run deselects
+# these files (`-m "not methods"`); `nox -s tests_oldest_jax` runs them.
+pytestmark = pytest.mark.methods
+
 BOUND = 3.0
 
 

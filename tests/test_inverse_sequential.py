@@ -21,6 +21,10 @@ from jax import lax
 import jaxinterp
 from jaxinterp.testing import compare_with_reference
 
+# One of the inverse's methods on many maps: CI's oldest-JAX run deselects
+# these files (`-m "not methods"`); `nox -s tests_oldest_jax` runs them.
+pytestmark = pytest.mark.methods
+
 D = 4
 
 

@@ -22,6 +22,10 @@ import jaxinterp
 from jaxinterp._inverse import _solve
 from jaxinterp.testing import compare_with_reference
 
+# One of the inverse's methods on many maps: CI's oldest-JAX run deselects
+# these files (`-m "not methods"`); `nox -s tests_oldest_jax` runs them.
+pytestmark = pytest.mark.methods
+
 
 # Softsign written so that no exact method inverts it (`abs_no_formula`:
 # `|x|` and `x * sign(x)` are case splits of the piecewise and interval

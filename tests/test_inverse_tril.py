@@ -25,6 +25,10 @@ from jax import lax
 import jaxinterp
 from jaxinterp import NotInvertibleError, inverse, inverse_and_ildj
 
+# One of the inverse's methods on many maps: CI's oldest-JAX run deselects
+# these files (`-m "not methods"`); `nox -s tests_oldest_jax` runs them.
+pytestmark = pytest.mark.methods
+
 # ---------------------------------------------------------------------------
 # The bijectors, written as the libraries write them.
 
