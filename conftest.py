@@ -64,31 +64,22 @@ def _configure_compilation() -> None:
 
 _configure_compilation()
 
+_QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large]
+# Reproducible draws: the same examples on every run of one hypothesis release.
+_FIXED = {
+    "derandomize": True,
+    "deadline": None,
+    "print_blob": True,
+    "suppress_health_check": _QUIET,
+}
 # `ci`: the suite's default. 15 examples (25 until session 26, when CI's
-# time ran out); tests that need more say so.
+# time ran out); tests that need more say so. `quick`: CI's second runs (the
+# future flags, the oldest JAX); the newest JAX and the README's command
+# draw the `ci` profile's.
+settings.register_profile("ci", max_examples=15, **_FIXED)
+settings.register_profile("quick", max_examples=8, **_FIXED)
 settings.register_profile(
-    "ci",
-    derandomize=True,
-    deadline=None,
-    max_examples=15,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    print_blob=True,
-)
-# CI's second runs (the future flags, the oldest JAX) draw fewer examples:
-# the newest JAX and the README's command draw the `ci` profile's.
-settings.register_profile(
-    "quick",
-    derandomize=True,
-    deadline=None,
-    max_examples=8,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    print_blob=True,
-)
-settings.register_profile(
-    "dev",
-    deadline=None,
-    max_examples=500,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    "dev", deadline=None, max_examples=500, suppress_health_check=_QUIET
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
