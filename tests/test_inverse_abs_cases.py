@@ -18,8 +18,8 @@ from hypothesis import given, strategies as st
 import jaxinterp
 from jaxinterp import inverse, inverse_and_ildj
 
-# One of the inverse's methods on many maps: CI's oldest-JAX run deselects
-# these files (`-m "not methods"`); `nox -s tests_oldest_jax` runs them.
+# One of the inverse's methods on many maps: CI's second runs (future flags,
+# oldest JAX) deselect these files (`-m "not methods"`); nox runs them.
 pytestmark = pytest.mark.methods
 
 

@@ -28,8 +28,8 @@ from hypothesis import given, settings, strategies as st
 import jaxinterp
 from jaxinterp import _jax_compat as compat
 
-# One of the inverse's methods on many maps: CI's oldest-JAX run deselects
-# these files (`-m "not methods"`); `nox -s tests_oldest_jax` runs them.
+# One of the inverse's methods on many maps: CI's second runs (future flags,
+# oldest JAX) deselect these files (`-m "not methods"`); nox runs them.
 pytestmark = pytest.mark.methods
 
 # Each example traces and compiles a new inverse: fewer than the profile's.

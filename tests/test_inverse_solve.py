@@ -22,8 +22,8 @@ import jaxinterp
 from jaxinterp._inverse import _solve
 from jaxinterp.testing import compare_with_reference
 
-# One of the inverse's methods on many maps: CI's oldest-JAX run deselects
-# these files (`-m "not methods"`); `nox -s tests_oldest_jax` runs them.
+# One of the inverse's methods on many maps: CI's second runs (future flags,
+# oldest JAX) deselect these files (`-m "not methods"`); nox runs them.
 pytestmark = pytest.mark.methods
 
 
