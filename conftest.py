@@ -32,34 +32,29 @@ from hypothesis import HealthCheck, settings
 _CACHE_LIMIT_BYTES = 2 << 30
 
 
-def _flag_on(name: str) -> bool:
-    return os.environ.get(name, "") not in ("", "0")
+def _flag_on(name: str, default: str = "") -> bool:
+    return os.environ.get(name, default) not in ("", "0")
 
 
 def _configure_compilation() -> None:
-    settings_: dict[str, str] = {}
+    options: dict[str, object] = {}
     if not _flag_on("JAXINTERP_TEST_XLA_OPTIMIZE"):
-        settings_["jax_disable_most_optimizations"] = "1"
-    if os.environ.get("JAXINTERP_TEST_CACHE", "1") not in ("", "0"):
+        options["jax_disable_most_optimizations"] = True
+    if _flag_on("JAXINTERP_TEST_CACHE", default="1"):
         root = Path(__file__).resolve().parent / ".jax-test-cache"
-        folder = root / jax.__version__
         if "PYTEST_XDIST_WORKER" not in os.environ and root.is_dir():
             size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
             if size > _CACHE_LIMIT_BYTES:
                 shutil.rmtree(root, ignore_errors=True)
+        folder = root / jax.__version__
         folder.mkdir(parents=True, exist_ok=True)
-        settings_["jax_compilation_cache_dir"] = str(folder)
+        options["jax_compilation_cache_dir"] = str(folder)
         # Every program, however small or quick to compile.
-        settings_["jax_persistent_cache_min_compile_time_secs"] = "0"
-        settings_["jax_persistent_cache_min_entry_size_bytes"] = "-1"
-    for name, value in settings_.items():
-        os.environ[name.upper()] = value
-        if name == "jax_compilation_cache_dir":
-            jax.config.update(name, value)
-        elif name == "jax_disable_most_optimizations":
-            jax.config.update(name, True)
-        else:
-            jax.config.update(name, float(value) if "secs" in name else int(value))
+        options["jax_persistent_cache_min_compile_time_secs"] = 0.0
+        options["jax_persistent_cache_min_entry_size_bytes"] = -1
+    for name, value in options.items():
+        jax.config.update(name, value)
+        os.environ[name.upper()] = str(int(value)) if value is True else str(value)
 
 
 _configure_compilation()
