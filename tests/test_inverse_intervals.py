@@ -118,6 +118,49 @@ def assert_preimage(got, y, widths, heights, slopes):
     assert np.all(np.abs(got - want) <= tol), (got, want, tol)
 
 
+def overwriting_spline(x, widths, heights, slopes):
+    """The spline as the gallery's flow writes it: each bin's formula on its
+    clipped position overwrites the result from its left knot on, so
+    that between a bin's clip saturating and the next knot (a few ulps
+    apart: the knots are cumulative sums from `-BOUND`) the block is a
+    constant sliver."""
+    zero = jnp.zeros(1, widths.dtype)
+    kx = -BOUND + jnp.concatenate([zero, jnp.cumsum(widths)])
+    ky = -BOUND + jnp.concatenate([zero, jnp.cumsum(heights)])
+    inside = (x > -BOUND) & (x < BOUND)
+    out = x
+    for k in range(BINS):
+        t = jnp.clip((x - kx[k]) / widths[k], 0.0, 1.0)
+        s = heights[k] / widths[k]
+        mix = t * (1 - t)
+        num = heights[k] * (s * t * t + slopes[k] * mix)
+        den = s + (slopes[k + 1] + slopes[k] - 2 * s) * mix
+        out = jnp.where(inside & (x >= kx[k]), ky[k] + num / den, out)
+    return out
+
+
+_JIT_OVERWRITING = jax.jit(jaxinterp.inverse(overwriting_spline, argnums=0))
+
+
+@settings(deadline=None)
+@given(raw_params, st.integers(0, 6))
+def test_y_near_a_knot_has_its_preimage(raw, ulps):
+    # At an interior knot the two bins' formulas meet to within rounding of
+    # `BOUND` (not of the knot's height, which may be near 0), and a sliver
+    # of constant value lies between them: `y` within a few ulps of the
+    # knot's height has one preimage within rounding (session 26's flow
+    # trained to NaN on a data point 2 ulps below a knot's height).
+    widths, heights, slopes = spline_params(raw)
+    params = [jnp.asarray(v, jnp.float32) for v in (widths, heights, slopes)]
+    kx = -BOUND + jnp.cumsum(params[0])[:-1]
+    at_knots = np.asarray(overwriting_spline(kx, *params))
+    bits = at_knots.view(np.int32)
+    y = np.concatenate([(bits + ulps).view(np.float32), (bits - ulps).view(np.float32)])
+    got = _JIT_OVERWRITING(jnp.asarray(y), *params)
+    assert np.all(np.isfinite(np.asarray(got))), (y, got)
+    assert_preimage(got, y, widths, heights, slopes)
+
+
 @pytest.mark.slow
 def test_where_spline_is_exact_method_and_composes():
     rng = np.random.default_rng(3)

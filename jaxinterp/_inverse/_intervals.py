@@ -975,14 +975,26 @@ def _ends(tab: _Tables) -> Any:
 
 
 def _interior(tab: _Tables, eps: float) -> Any:
-    """Which intervals are wider than rounding of their ends. A sliver a few
-    ulps wide (a bin's clip saturating a few ulps before the next bin's
-    knot, which the bin widths' rounding puts elsewhere) may hold a
+    """Which intervals are wider than rounding of the breakpoints. A sliver
+    a few ulps wide (a bin's clip saturating a few ulps before the next
+    bin's knot, which the bin widths' rounding puts elsewhere) may hold a
     constant: its points are one preimage within rounding, and its ends
-    are breakpoint candidates."""
+    are breakpoint candidates. The rounding is that of the largest finite
+    breakpoint, not of the sliver's ends: a spline's knots are cumulative
+    sums from its left bound, so a knot near 0 carries the rounding of the
+    bound (in the gallery's flow, a sliver 16 ulps wide at -0.069, its
+    knots on [-3, 3], made `y` within rounding of its value NaN)."""
     finite = jnp.isfinite(tab.lo) & jnp.isfinite(tab.hi)
-    scale = jnp.maximum(jnp.abs(tab.lo), jnp.abs(tab.hi))
+    scale = jnp.maximum(jnp.maximum(jnp.abs(tab.lo), jnp.abs(tab.hi)), _span(tab))
     return ~finite | (tab.hi - tab.lo > 8 * eps * scale)
+
+
+def _span(tab: _Tables) -> Any:
+    """The largest finite breakpoint's magnitude (per element): the
+    breakpoints, and so the candidates, are computed to rounding of it."""
+    if not tab.t.shape[0]:
+        return jnp.zeros((), tab.t.dtype)
+    return jnp.max(jnp.abs(_finite_or_0(tab.t)), axis=0)
 
 
 def _uniform(tab: _Tables) -> bool:
@@ -1244,7 +1256,10 @@ def _answer(
     # after the answer made XLA's CPU code write every column out, four
     # times slower for the gallery's spline.)
     g_x, slope = jax.jvp(lambda u: block.g(u, *known), (x,), (jnp.ones_like(x),))
-    tol = bl.one_preimage(x, y, slope)
+    # (Candidates are within rounding of the breakpoints, and the block's
+    # values of its ends' magnitude: at a knot of a spline on [-3, 3] near
+    # 0, its two bins' candidates are an ulp of 3 apart.)
+    tol = bl.one_preimage(x, y, slope, _span(tab), scale)
     back = bl.maps_back(block, x, g_x, y, known, slope) | (
         jnp.abs(g_x - y) <= 16 * eps * scale
     )
