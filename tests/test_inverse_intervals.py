@@ -203,6 +203,36 @@ def test_decreasing_spline_and_float64():
         np.testing.assert_allclose(got, x, atol=1e-12)
 
 
+def far_knotted_fold(x):
+    """A V at 0.5 (slopes -0.75 and 1.25, minimum 1/8) plus eight clamps
+    far away (at 1000 to 1071): every `y` above 1/8 (below the clamps) has
+    two preimages, `0.5 - d / 0.75` and `0.5 + d / 1.25` for `y = 1/8 + d`."""
+    out = jnp.abs(x - 0.5) + 0.25 * x
+    for k in range(8):
+        out = out + 0.01 * jnp.clip(x - (1000.0 + 10 * k), 0.0, 1.0)
+    return out
+
+
+_JIT_FAR_KNOTTED = jax.jit(jaxinterp.inverse(far_knotted_fold))
+
+
+@settings(deadline=None)
+@given(st.floats(1e-6, 100.0, allow_subnormal=False))
+def test_far_breakpoints_do_not_loosen_one_preimage(d):
+    # The clamps' breakpoints are computed to rounding of 1000; the V's
+    # two candidates are roots of its two intervals, each to rounding of
+    # itself: `d` of 1e-6 apart is two preimages, NaN (a rounding scale
+    # taken from the largest breakpoint accepted 0.49987 for d = 1e-4).
+    report = str(jaxinterp.explain_inverse(far_knotted_fold, jnp.zeros(2)))
+    assert METHOD in report, report
+    y = jnp.full(2, 0.125 + d, jnp.float32)
+    two = (0.5 - d / 0.75, 0.5 + d / 1.25)
+    assert two[1] - two[0] > 1e-6  # not one preimage within rounding
+    assert np.all(np.isnan(np.asarray(_JIT_FAR_KNOTTED(y))))
+    # Its minimum has one preimage.
+    np.testing.assert_allclose(_JIT_FAR_KNOTTED(jnp.full(2, 0.125)), 0.5, rtol=1e-6)
+
+
 def fold(x):
     """Rises as `x` below 0, then `x^2 - x` dips to -1/4 and rises: values
     in [-1/4, 0] are taken two or three times."""

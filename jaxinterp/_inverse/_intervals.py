@@ -547,37 +547,71 @@ def _known_env(plan: _Plan, known: Sequence[Any]) -> dict[Any, Any]:
     return env
 
 
-def _pulled(brk: _Break, read: Callable[[Any], Any], dtype: Any) -> list[Any]:
-    """The values of `x` at which `brk`'s choice may change."""
-    values = [
-        jnp.asarray(b if isinstance(b, float) else read(b), dtype) for b in brk.bounds
-    ]
+def _pulled(
+    brk: _Break, read: Callable[[Any], Any], dtype: Any
+) -> list[tuple[Any, Any]]:
+    """The values of `x` at which `brk`'s choice may change, each with the
+    magnitude it is computed to rounding of (`_rounding_scale`)."""
+    values = []
+    for b in brk.bounds:
+        c = jnp.asarray(b if isinstance(b, float) else read(b), dtype)
+        values.append((c, jnp.abs(c)))
     for eqn, i in brk.steps:
-        values = [p for c in values for p in _pull(eqn, i, c, read)]
+        values = [p for c, s in values for p in _pull_scaled(eqn, i, c, s, read)]
         if len(values) > MAX_BREAKS:
             raise _Failed
     return values
 
 
-def _sorted(found: list[Any], rank: int, dtype: Any) -> Any:
-    """Breakpoints (each entry of `found` a leading axis of them), sorted,
-    shape `(K, ...)`: non-finite ones (a bound the chain never reaches, a
-    candidate outside its interval) replaced by the largest finite one (an
-    empty interval)."""
-    shape = jnp.broadcast_shapes(*(jnp.shape(v)[1:] for v in found))
+def _pull_scaled(
+    eqn: Any, i: int, c: Any, s: Any, read: Callable[[Any], Any]
+) -> list[tuple[Any, Any]]:
+    """`_pull`, each value with its rounding scale: `s` (that of `c`)
+    carried through the pull's derivative, at least the value's own
+    magnitude, and for a sum the known term's (the program's `x - knot`
+    rounds at the knot's magnitude). A spline's bin that saturates at
+    `knot + width` near 0, with the knot at -1.4, is computed to rounding
+    of 1.4, not of its value; the next bin's knot, a cumulative sum of
+    widths, lies a few such ulps away."""
+    values, moved = jax.jvp(lambda u: _pull(eqn, i, u, read), (c,), (s,))
+    extra = 0.0
+    if eqn.primitive.name in ("add", "add_any", "sub"):
+        extra = jnp.abs(read(eqn.invars[1 - i]))
+    out = []
+    for v, m in zip(values, moved, strict=True):
+        m = jnp.where(jnp.isfinite(m), jnp.abs(m), 0.0)
+        out.append((v, jnp.maximum(jnp.maximum(m, jnp.abs(v)), extra)))
+    return out
+
+
+def _sorted(found: list[tuple[Any, Any]], rank: int, dtype: Any) -> tuple[Any, Any]:
+    """Breakpoints (each entry of `found` a leading axis of them, with their
+    rounding scales), sorted, shape `(K, ...)`: non-finite ones (a bound the
+    chain never reaches, a candidate outside its interval) replaced by the
+    largest finite one (an empty interval), of scale 0. And their scales."""
+    shape = jnp.broadcast_shapes(*(jnp.shape(v)[1:] for v, _ in found))
     if len(shape) > rank:
         raise _Failed
     shape = (1,) * (rank - len(shape)) + tuple(shape)
-    t = jnp.concatenate(
-        [jnp.broadcast_to(jnp.asarray(v, dtype), (v.shape[0], *shape)) for v in found]
-    )
+
+    def stacked(k: int) -> Any:
+        return jnp.concatenate(
+            [
+                jnp.broadcast_to(jnp.asarray(f[k], dtype), (f[0].shape[0], *shape))
+                for f in found
+            ]
+        )
+
+    t, scale = stacked(0), stacked(1)
     if t.shape[0] > MAX_BREAKS:
         raise _Failed
     ok = jnp.isfinite(t)
     top = jnp.max(jnp.where(ok, t, -jnp.inf), axis=0)
     # (No finite breakpoint at all: one interval around 0.)
     top = jnp.where(jnp.isfinite(top), top, 0.0)
-    return jnp.sort(jnp.where(ok, t, top), axis=0)
+    t, scale = jnp.where(ok, t, top), jnp.where(ok & jnp.isfinite(scale), scale, 0.0)
+    t, scale = jax.lax.sort((t, scale), dimension=0, num_keys=1)
+    return t, scale
 
 
 def _reps(t: Any) -> tuple[Any, Any, Any]:
@@ -593,25 +627,27 @@ def _reps(t: Any) -> tuple[Any, Any, Any]:
     return jnp.concatenate([below[None], mids, above[None]]), lo, hi
 
 
-def _breakpoints(plan: _Plan, env: dict[Any, Any], rank: int, dtype: Any) -> Any:
-    """The sorted breakpoints, shape `(K, ...)`: those of level 0 from the
-    known values; those of level 1 per interval between the level-0 ones,
-    from the piecewise-constant values there (kept where they fall inside
-    it)."""
+def _breakpoints(
+    plan: _Plan, env: dict[Any, Any], rank: int, dtype: Any
+) -> tuple[Any, Any]:
+    """The sorted breakpoints, shape `(K, ...)`, and their rounding scales:
+    those of level 0 from the known values; those of level 1 per interval
+    between the level-0 ones, from the piecewise-constant values there
+    (kept where they fall inside it)."""
 
     def read(v: Any) -> Any:
         return jnp.asarray(v.val if type(v) is _Literal else env[v], dtype)
 
     found = [
-        v[None]
+        (v[None], s[None])
         for brk in plan.breaks
         if brk.level == 0
-        for v in _pulled(brk, read, dtype)
+        for v, s in _pulled(brk, read, dtype)
     ]
-    t = _sorted(found, rank, dtype)
+    t, t_scale = _sorted(found, rank, dtype)
     upper = [brk for brk in plan.breaks if brk.level == 1]
     if not upper:
-        return t
+        return t, t_scale
     reps, lo, hi = _reps(t)
     point = _walk(plan, env, reps, None).point
     needed = list(
@@ -632,11 +668,16 @@ def _breakpoints(plan: _Plan, env: dict[Any, Any], rank: int, dtype: Any) -> Any
             return read(v)
 
         pieces = [
-            _full_rank(p, rank) for brk in upper for p in _pulled(brk, read_here, dtype)
+            _full_rank(p, rank)
+            for brk in upper
+            for pair in _pulled(brk, read_here, dtype)
+            for p in pair
         ]
-        return jnp.stack(jnp.broadcast_arrays(*pieces))
+        both = jnp.stack(jnp.broadcast_arrays(*pieces))
+        return both[0::2], both[1::2]
 
-    cands = jax.vmap(per_interval)([point[v] for v in needed])  # (K+1, P, ...)
+    # (K+1, P, ...) each
+    cands, scales = jax.vmap(per_interval)([point[v] for v in needed])
     lo, hi = (
         _full_rank(lo, cands.ndim - 1)[:, None],
         _full_rank(hi, cands.ndim - 1)[:, None],
@@ -644,7 +685,8 @@ def _breakpoints(plan: _Plan, env: dict[Any, Any], rank: int, dtype: Any) -> Any
     inside = (cands > lo) & (cands < hi)
     cands = jnp.where(inside, cands, jnp.nan)
     cands = jnp.reshape(cands, (-1, *cands.shape[2:]))
-    return _sorted([t, cands], rank, dtype)
+    scales = jnp.reshape(scales, (-1, *scales.shape[2:]))
+    return _sorted([(t, t_scale), (cands, scales)], rank, dtype)
 
 
 class _Walked(NamedTuple):
@@ -807,7 +849,8 @@ class _Tables(NamedTuple):
     """Per interval (leading axis, `K + 1`): the quotient's coefficients
     (in `x - r`), the point `r` they are expanded about and the ends; per
     breakpoint (`K`): where it is and the block's value there; per
-    interval, the block's value at a point inside it."""
+    interval, the block's value at a point inside it; per breakpoint, the
+    magnitude it is computed to rounding of."""
 
     num: Poly
     den: Poly
@@ -817,11 +860,12 @@ class _Tables(NamedTuple):
     t: Any
     y_t: Any
     y_r: Any
+    t_scale: Any  # per breakpoint, the magnitude it is rounded at
 
 
 def _tables(plan: _Plan, known: Sequence[Any], rank: int, dtype: Any) -> _Tables:
     env = _known_env(plan, known)
-    t = _breakpoints(plan, env, rank, dtype)  # (K, ...)
+    t, t_scale = _breakpoints(plan, env, rank, dtype)  # (K, ...) each
     # Representatives: one inside each interval (K + 1), then the K
     # breakpoints themselves (the block's value there).
     inside, lo, hi = _reps(t)
@@ -849,6 +893,7 @@ def _tables(plan: _Plan, known: Sequence[Any], rank: int, dtype: Any) -> _Tables
         t,
         walked.point[k + 1 :],
         walked.point[: k + 1],
+        t_scale,
     )
 
 
@@ -866,20 +911,22 @@ def _in_interval(x: Any, lo: Any, hi: Any, eps: float) -> Any:
 
 class _Running(NamedTuple):
     """Candidates seen so far, per element: the first accepted (NaN until
-    one is), its scale, the largest and smallest accepted."""
+    one is), its scale, the largest and smallest accepted, and the largest
+    rounding scale of the breakpoints they come from."""
 
     x: Any
     scale: Any
     top: Any
     bottom: Any
+    rounding: Any
 
     @staticmethod
     def start(zero: Any) -> _Running:
         # (From `zero`, computed from `y`: inside a `shard_map` the loop's
         # carry must vary over the mesh as `y` does.)
-        return _Running(zero + jnp.nan, zero, zero - jnp.inf, zero + jnp.inf)
+        return _Running(zero + jnp.nan, zero, zero - jnp.inf, zero + jnp.inf, zero)
 
-    def seen(self, cand: Any, ok: Any, scale: Any) -> _Running:
+    def seen(self, cand: Any, ok: Any, scale: Any, rounding: Any) -> _Running:
         ok = ok & ~jnp.isnan(cand)
         take = ok & jnp.isnan(self.x)
         return _Running(
@@ -887,6 +934,7 @@ class _Running(NamedTuple):
             jnp.where(take, scale, self.scale),
             jnp.where(ok, jnp.maximum(self.top, cand), self.top),
             jnp.where(ok, jnp.minimum(self.bottom, cand), self.bottom),
+            jnp.where(ok, jnp.maximum(self.rounding, rounding), self.rounding),
         )
 
     def spread(self) -> Any:
@@ -896,7 +944,8 @@ class _Running(NamedTuple):
 def _every_interval(tab: _Tables, y: Any, eps: float, tiny: float) -> tuple:
     """The first candidate of every interval and breakpoint accepted, per
     element (NaN where none is, or on a plateau at `y`), how far apart the
-    accepted ones are, and the scale of the first.
+    accepted ones are, the scale of the first, and the rounding scale of
+    the breakpoints they come from.
 
     One interval at a time (a loop): stacking every interval's candidates
     held `(3K + 2) n` values at once, gigabytes for a million elements and
@@ -924,7 +973,9 @@ def _every_interval(tab: _Tables, y: Any, eps: float, tiny: float) -> tuple:
         e0, e1, e2 = n0 - y * d0, n1 - y * d1, _leading(n2, d2, y)
         r, lo, hi, scale = at(tab.r, i), at(tab.lo, i), at(tab.hi, i), at(ends, i)
         for z in _quadratic(e2, e1, e0):
-            run = run.seen(r + z, _in_interval(r + z, lo, hi, eps), scale)
+            # (A root is computed to rounding of itself: its interval's
+            # ends may be far, and computed at another scale.)
+            run = run.seen(r + z, _in_interval(r + z, lo, hi, eps), scale, 0.0)
         # An interval (of some length) on which the block is the constant `y`.
         constant = ((e0 == 0) & (e1 == 0) & (e2 == 0)) | (
             at(fixed, i) & _close(at(tab.y_r, i), y, eps, tiny)
@@ -937,13 +988,14 @@ def _every_interval(tab: _Tables, y: Any, eps: float, tiny: float) -> tuple:
             jnp.broadcast_to(at(tab.t, j), y.shape),
             _close(y_t, y, eps, tiny),
             jnp.abs(_finite_or_0(y_t)),
+            at(tab.t_scale, j),
         )
 
     zero = jnp.where(y == y, 0.0, 0.0).astype(y.dtype)
     start = (_Running.start(zero), zero != 0)
     run, plateau = _loop(k + 1, interval, start)
     run = _loop(k, breakpoint_, run)
-    return jnp.where(plateau, jnp.nan, run.x), run.spread(), run.scale
+    return jnp.where(plateau, jnp.nan, run.x), run.spread(), run.scale, run.rounding
 
 
 def _loop(n: int, body: Callable[[Any, Any], Any], carry: Any) -> Any:
@@ -975,32 +1027,32 @@ def _ends(tab: _Tables) -> Any:
 
 
 def _interior(tab: _Tables, eps: float) -> Any:
-    """Which intervals are wider than rounding of the breakpoints. A sliver
-    a few ulps wide (a bin's clip saturating a few ulps before the next
-    bin's knot, which the bin widths' rounding puts elsewhere) may hold a
+    """Which intervals are wider than rounding of their ends. A sliver a few
+    ulps wide (a bin's clip saturating a few ulps before the next bin's
+    knot, which the bin widths' rounding puts elsewhere) may hold a
     constant: its points are one preimage within rounding, and its ends
-    are breakpoint candidates. The rounding is that of the largest finite
-    breakpoint, not of the sliver's ends: a spline's knots are cumulative
-    sums from its left bound, so a knot near 0 carries the rounding of the
-    bound (in the gallery's flow, a sliver 16 ulps wide at -0.069, its
-    knots on [-3, 3], made `y` within rounding of its value NaN)."""
+    are breakpoint candidates. The rounding is that of the computation of
+    the ends (`t_scale`), not of their values: in the gallery's flow, a bin
+    saturating at `knot + width = -0.069` (knot -1.38) made a sliver 16
+    ulps of 0.069 wide, whose value a `y` within rounding of it hit (NaN)."""
     finite = jnp.isfinite(tab.lo) & jnp.isfinite(tab.hi)
-    scale = jnp.maximum(jnp.maximum(jnp.abs(tab.lo), jnp.abs(tab.hi)), _span(tab))
+    scale = jnp.maximum(jnp.maximum(jnp.abs(tab.lo), jnp.abs(tab.hi)), _scales(tab))
     return ~finite | (tab.hi - tab.lo > 8 * eps * scale)
 
 
-def _span(tab: _Tables) -> Any:
-    """The largest finite breakpoint's magnitude (per element): the
-    breakpoints, and so the candidates, are computed to rounding of it."""
-    if not tab.t.shape[0]:
-        return jnp.zeros((), tab.t.dtype)
-    return jnp.max(jnp.abs(_finite_or_0(tab.t)), axis=0)
+def _scales(tab: _Tables) -> Any:
+    """Per interval, the larger rounding scale of its two ends (0 for an
+    infinite end)."""
+    zero = jnp.zeros_like(tab.t_scale[:1])
+    lower = jnp.concatenate([zero, tab.t_scale])
+    upper = jnp.concatenate([tab.t_scale, zero])
+    return jnp.maximum(lower, upper)
 
 
 def _uniform(tab: _Tables) -> bool:
     """Whether the tables are the same for every element (each value's
     elements' axes of size one): then the interval of each `y` is looked up."""
-    values = [*tab.num, *tab.den, tab.r, tab.t, tab.y_t]
+    values = [*tab.num, *tab.den, tab.r, tab.t, tab.y_t, tab.t_scale]
     return all(int(np.prod(jnp.shape(v)[1:])) == 1 for v in values)
 
 
@@ -1021,6 +1073,7 @@ def _flat(tab: _Tables) -> _Tables:
         one(tab.t, k1 - 1),
         one(tab.y_t, k1 - 1),
         one(tab.y_r, k1),
+        one(tab.t_scale, k1 - 1),
     )
 
 
@@ -1131,6 +1184,8 @@ def _looked_up(
         jnp.concatenate([nan, tab.y_t]),  # the value at the lower end
         jnp.concatenate([tab.y_t, nan]),  # at the upper end
         _ends(tab),
+        jnp.concatenate([jnp.zeros_like(nan), tab.t_scale]),  # the lower end's
+        jnp.concatenate([tab.t_scale, jnp.zeros_like(nan)]),  # rounding scales
     ]
     columns = jax.lax.optimization_barrier(
         [jnp.broadcast_to(c, tab.r.shape) for c in columns]
@@ -1141,7 +1196,7 @@ def _looked_up(
         for j in range(k):
             v = jnp.where(above[j], c[j + 1], v)
         row.append(v)
-    *picked, r, lo, hi, y_lo, y_hi, scale = row
+    *picked, r, lo, hi, y_lo, y_hi, scale, s_lo, s_hi = row
     it = iter(picked)
     n0, n1, n2, d0, d1, d2 = (c if _static_zero(c) else next(it) for c in coefs)
     cands, oks = [], []
@@ -1152,6 +1207,8 @@ def _looked_up(
     oks += [_close(y_lo, y, eps, tiny), _close(y_hi, y, eps, tiny)]
     # (Row by row: a reduction over a stacked axis is several times slower.)
     oks = [o & ~jnp.isnan(c) for c, o in zip(cands, oks, strict=True)]
+    # The rounding scale of the accepted ends (a root's is its own).
+    rounding = jnp.maximum(jnp.where(oks[-2], s_lo, 0.0), jnp.where(oks[-1], s_hi, 0.0))
     x = jnp.full(jnp.shape(y), jnp.nan, jnp.result_type(y))
     for c, o in reversed(list(zip(cands, oks, strict=True))):
         x = jnp.where(o, c, x)
@@ -1165,7 +1222,7 @@ def _looked_up(
         operator.or_,
         [flat[i] & _close(tab.y_r[i], y, eps, tiny) for i in range(k + 1)],
     )
-    return jnp.where(plateau, jnp.nan, x), spread, scale
+    return jnp.where(plateau, jnp.nan, x), spread, scale, rounding
 
 
 def solve(
@@ -1240,26 +1297,29 @@ def _answer(
             lambda: tuple(jnp.zeros_like(v) for v in fast),
             lambda: _every_interval(tab, y, eps, tiny),
         )
-        x, spread, scale = (
+        x, spread, scale, rounding = (
             jnp.where(monotone, a, b) for a, b in zip(fast, full, strict=True)
         )
     else:
-        x, spread, scale = _every_interval(tab, y, eps, tiny)
+        x, spread, scale, rounding = _every_interval(tab, y, eps, tiny)
     # Candidates within rounding of each other are one preimage (as in
     # `_blocks.solve_piecewise`); the answer must map back to `y`.
     # (`x` computed once: XLA's CPU fusion would otherwise recompute it
     # inside the checks, once per use of the unknown in the block.)
-    x, spread, scale = jax.lax.optimization_barrier((x, spread, scale))
+    x, spread, scale, rounding = jax.lax.optimization_barrier(
+        (x, spread, scale, rounding)
+    )
     # The block and its slope, once, at the answer (a spline of 16 bins
     # through one-hot sums costs as much as its library's inverse). (The
     # slope is not the interval quotient's: reading the looked-up row again
     # after the answer made XLA's CPU code write every column out, four
     # times slower for the gallery's spline.)
     g_x, slope = jax.jvp(lambda u: block.g(u, *known), (x,), (jnp.ones_like(x),))
-    # (Candidates are within rounding of the breakpoints, and the block's
-    # values of its ends' magnitude: at a knot of a spline on [-3, 3] near
-    # 0, its two bins' candidates are an ulp of 3 apart.)
-    tol = bl.one_preimage(x, y, slope, _span(tab), scale)
+    # (Candidates are within rounding of the breakpoints they come from,
+    # and the block's values of its ends' magnitude: at a knot of a spline
+    # on [-3, 3] near 0, its two bins' candidates are an ulp of the knots'
+    # sums apart.)
+    tol = bl.one_preimage(x, y, slope, rounding, scale)
     back = bl.maps_back(block, x, g_x, y, known, slope) | (
         jnp.abs(g_x - y) <= 16 * eps * scale
     )
