@@ -574,7 +574,7 @@ def _pull_scaled(
     of 1.4, not of its value; the next bin's knot, a cumulative sum of
     widths, lies a few such ulps away."""
     values, moved = jax.jvp(lambda u: _pull(eqn, i, u, read), (c,), (s,))
-    extra = 0.0
+    extra: Any = 0.0
     if eqn.primitive.name in ("add", "add_any", "sub"):
         extra = jnp.abs(read(eqn.invars[1 - i]))
     out = []
