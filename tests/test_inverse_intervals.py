@@ -46,19 +46,30 @@ def spline_params(raw):
 def rq_spline(x, widths, heights, slopes):
     """The spline on [-BOUND, BOUND], the identity outside: each bin's
     formula on its clipped position, the bins picked by `jnp.where`."""
+    kx, ky = knots(widths, heights)
+    out = x
+    for k in range(BINS):
+        inside = (x >= kx[k]) & (x < kx[k + 1])
+        out = jnp.where(inside, bin_value(x, k, widths, heights, slopes), out)
+    return out
+
+
+def knots(widths, heights):
     zero = jnp.zeros(1, widths.dtype)
     kx = -BOUND + jnp.concatenate([zero, jnp.cumsum(widths)])
     ky = -BOUND + jnp.concatenate([zero, jnp.cumsum(heights)])
-    out = x
-    for k in range(BINS):
-        t = jnp.clip((x - kx[k]) / widths[k], 0.0, 1.0)
-        s = heights[k] / widths[k]
-        mix = t * (1 - t)
-        num = heights[k] * (s * t * t + slopes[k] * mix)
-        den = s + (slopes[k + 1] + slopes[k] - 2 * s) * mix
-        inside = (x >= kx[k]) & (x < kx[k + 1])
-        out = jnp.where(inside, ky[k] + num / den, out)
-    return out
+    return kx, ky
+
+
+def bin_value(x, k, widths, heights, slopes):
+    """Bin `k`'s formula at its clipped position."""
+    kx, ky = knots(widths, heights)
+    t = jnp.clip((x - kx[k]) / widths[k], 0.0, 1.0)
+    s = heights[k] / widths[k]
+    mix = t * (1 - t)
+    num = heights[k] * (s * t * t + slopes[k] * mix)
+    den = s + (slopes[k + 1] + slopes[k] - 2 * s) * mix
+    return ky[k] + num / den
 
 
 def reference_inverse(y, widths, heights, slopes):
@@ -124,18 +135,12 @@ def overwriting_spline(x, widths, heights, slopes):
     that between a bin's clip saturating and the next knot (a few ulps
     apart: the knots are cumulative sums from `-BOUND`) the block is a
     constant sliver."""
-    zero = jnp.zeros(1, widths.dtype)
-    kx = -BOUND + jnp.concatenate([zero, jnp.cumsum(widths)])
-    ky = -BOUND + jnp.concatenate([zero, jnp.cumsum(heights)])
+    kx, _ = knots(widths, heights)
     inside = (x > -BOUND) & (x < BOUND)
     out = x
     for k in range(BINS):
-        t = jnp.clip((x - kx[k]) / widths[k], 0.0, 1.0)
-        s = heights[k] / widths[k]
-        mix = t * (1 - t)
-        num = heights[k] * (s * t * t + slopes[k] * mix)
-        den = s + (slopes[k + 1] + slopes[k] - 2 * s) * mix
-        out = jnp.where(inside & (x >= kx[k]), ky[k] + num / den, out)
+        picked = inside & (x >= kx[k])
+        out = jnp.where(picked, bin_value(x, k, widths, heights, slopes), out)
     return out
 
 
