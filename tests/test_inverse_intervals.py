@@ -344,6 +344,13 @@ def zigzag_preimages(y):
 def test_many_breakpoints_by_intervals():
     report = str(jaxinterp.explain_inverse(zigzag, jnp.zeros(4)))
     assert METHOD in report, report
+    # Just below 0 the only preimage is on the ray of slope 0.05; the root
+    # of `[0, 1]`'s piece lies 1e-6 outside it, which is beyond rounding of
+    # its end at 0 (it was judged by its end at 1: a false NaN).
+    y = jnp.asarray([-1e-6, -1e-5, 1e-6], jnp.float32)
+    want = [xs[0] for xs in zigzag_preimages(np.asarray(y, np.float64))]
+    got = jaxinterp.inverse(zigzag)(y)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
 @settings(deadline=None)

@@ -902,11 +902,18 @@ def _close(value: Any, y: Any, eps: float, tiny: float) -> Any:
     return jnp.abs(value - y) <= 16 * eps * jnp.abs(y) + 16 * tiny
 
 
-def _in_interval(x: Any, lo: Any, hi: Any, eps: float) -> Any:
-    span = jnp.maximum(jnp.abs(jnp.where(jnp.isfinite(lo), lo, 0.0)), jnp.abs(hi))
-    span = jnp.where(jnp.isfinite(span), span, 0.0)
-    slack = 16 * eps * jnp.maximum(span, jnp.abs(x))
-    return (x >= lo - slack) & (x <= hi + slack)
+def _in_interval(x: Any, lo: Any, hi: Any, s_lo: Any, s_hi: Any, eps: float) -> Any:
+    """Whether a root `x` of an interval's quotient lies in the interval,
+    within rounding at each end: of the end's value and of the magnitude
+    it is computed from (`s_lo`, `s_hi`), and of `x`. (Not of the other
+    end: a root of `[0, 16]` at -1e-6 is outside it, where another
+    interval's root is the preimage.)"""
+
+    def slack(end: Any, s: Any) -> Any:
+        return 16 * eps * jnp.maximum(jnp.maximum(jnp.abs(x), s), jnp.abs(end))
+
+    slack_lo, slack_hi = slack(_finite_or_0(lo), s_lo), slack(_finite_or_0(hi), s_hi)
+    return (x >= lo - slack_lo) & (x <= hi + slack_hi)
 
 
 class _Running(NamedTuple):
@@ -955,6 +962,7 @@ def _every_interval(tab: _Tables, y: Any, eps: float, tiny: float) -> tuple:
     rank = y.ndim
     k = tab.t.shape[0]
     ends, interior = _ends(tab), _interior(tab, eps)
+    lower, upper = _end_scales(tab)
     coefs = (*tab.num, *tab.den)
     # Per interval, whether its quotient is a constant (no `z` terms).
     fixed = functools.reduce(
@@ -972,10 +980,12 @@ def _every_interval(tab: _Tables, y: Any, eps: float, tiny: float) -> tuple:
         n0, n1, n2, d0, d1, d2 = (at(c, i) for c in coefs)
         e0, e1, e2 = n0 - y * d0, n1 - y * d1, _leading(n2, d2, y)
         r, lo, hi, scale = at(tab.r, i), at(tab.lo, i), at(tab.hi, i), at(ends, i)
+        s_lo, s_hi = at(lower, i), at(upper, i)
         for z in _quadratic(e2, e1, e0):
             # (A root is computed to rounding of itself: its interval's
             # ends may be far, and computed at another scale.)
-            run = run.seen(r + z, _in_interval(r + z, lo, hi, eps), scale, 0.0)
+            inside = _in_interval(r + z, lo, hi, s_lo, s_hi, eps)
+            run = run.seen(r + z, inside, scale, 0.0)
         # An interval (of some length) on which the block is the constant `y`.
         constant = ((e0 == 0) & (e1 == 0) & (e2 == 0)) | (
             at(fixed, i) & _close(at(tab.y_r, i), y, eps, tiny)
@@ -1040,13 +1050,16 @@ def _interior(tab: _Tables, eps: float) -> Any:
     return ~finite | (tab.hi - tab.lo > 8 * eps * scale)
 
 
-def _scales(tab: _Tables) -> Any:
-    """Per interval, the larger rounding scale of its two ends (0 for an
-    infinite end)."""
+def _end_scales(tab: _Tables) -> tuple[Any, Any]:
+    """Per interval, the rounding scales of its lower and upper ends (0 for
+    an infinite end)."""
     zero = jnp.zeros_like(tab.t_scale[:1])
-    lower = jnp.concatenate([zero, tab.t_scale])
-    upper = jnp.concatenate([tab.t_scale, zero])
-    return jnp.maximum(lower, upper)
+    return jnp.concatenate([zero, tab.t_scale]), jnp.concatenate([tab.t_scale, zero])
+
+
+def _scales(tab: _Tables) -> Any:
+    """Per interval, the larger rounding scale of its two ends."""
+    return jnp.maximum(*_end_scales(tab))
 
 
 def _uniform(tab: _Tables) -> bool:
@@ -1184,8 +1197,7 @@ def _looked_up(
         jnp.concatenate([nan, tab.y_t]),  # the value at the lower end
         jnp.concatenate([tab.y_t, nan]),  # at the upper end
         _ends(tab),
-        jnp.concatenate([jnp.zeros_like(nan), tab.t_scale]),  # the lower end's
-        jnp.concatenate([tab.t_scale, jnp.zeros_like(nan)]),  # rounding scales
+        *_end_scales(tab),  # the ends' rounding scales
     ]
     columns = jax.lax.optimization_barrier(
         [jnp.broadcast_to(c, tab.r.shape) for c in columns]
@@ -1202,7 +1214,7 @@ def _looked_up(
     cands, oks = [], []
     for z in _quadratic(_leading(n2, d2, y), n1 - y * d1, n0 - y * d0):
         cands.append(r + z)
-        oks.append(_in_interval(r + z, lo, hi, eps))
+        oks.append(_in_interval(r + z, lo, hi, s_lo, s_hi, eps))
     cands += [lo, hi]
     oks += [_close(y_lo, y, eps, tiny), _close(y_hi, y, eps, tiny)]
     # (Row by row: a reduction over a stacked axis is several times slower.)
