@@ -1236,9 +1236,7 @@ def _looked_up(
     pairs = list(zip(cands, oks, strict=True))
     top = functools.reduce(jnp.maximum, [jnp.where(o, c, -jnp.inf) for c, o in pairs])
     bottom = functools.reduce(jnp.minimum, [jnp.where(o, c, jnp.inf) for c, o in pairs])
-    spread = _beyond_rounding(
-        jnp.where(top > bottom, top - bottom, 0.0), rounding, eps
-    )
+    spread = _beyond_rounding(jnp.where(top > bottom, top - bottom, 0.0), rounding, eps)
     plateau = functools.reduce(
         operator.or_,
         [flat[i] & _close(tab.y_r[i], y, eps, tiny) for i in range(k + 1)],
