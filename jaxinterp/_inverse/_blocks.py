@@ -792,23 +792,21 @@ def solve_piecewise(
     return jnp.where(~ambiguous & ~flat & back, x, jnp.nan)
 
 
-def one_preimage(
-    x: Any, y: Any, slope: Any, x_scale: Any = 0.0, y_scale: Any = 0.0
-) -> Any:
+def one_preimage(x: Any, y: Any, slope: Any, y_scale: Any = 0.0) -> Any:
     """How far apart two candidates may be and still count as one preimage:
     a few ulps of `x`, or as far as rounding of `y` moves it (`16 (eps |y|
     + tiny) / |g'(x)|`: at a jump of the program that rounding hides, two
     cases' candidates; `tiny`, the smallest normal number, for `y` near 0,
-    which XLA's CPU code rounds to 0 below it). `x_scale` and `y_scale`:
-    magnitudes the candidates and the block's values are computed to
-    rounding of, where larger than `|x|` and `|y|` (a spline's knots, sums
-    from its left bound)."""
+    which XLA's CPU code rounds to 0 below it). `y_scale`: the magnitude
+    the block's values are computed to rounding of, where larger than `|y|`
+    (a spline's value near 0 is its knot's height plus the bin's part)."""
     finfo = jnp.finfo(jnp.result_type(y))
     steep = jnp.isfinite(slope) & (slope != 0)
     rounding = 16 * (finfo.eps * jnp.maximum(jnp.abs(y), y_scale) + finfo.tiny)
     moved = rounding / jnp.where(steep, jnp.abs(slope), 1)
-    size = jnp.maximum(jnp.maximum(jnp.abs(x), x_scale), finfo.tiny)
-    return 8 * finfo.eps * size + jnp.where(steep, moved, 0)
+    return 8 * finfo.eps * jnp.maximum(jnp.abs(x), finfo.tiny) + jnp.where(
+        steep, moved, 0
+    )
 
 
 def _agreeing(

@@ -1199,7 +1199,12 @@ def _looked_up(
         jnp.concatenate([tab.y_t, nan]),  # at the upper end
         _ends(tab),
     ]
-    columns, largest = jax.lax.optimization_barrier(
+    # The breakpoints' rounding: the largest of any (not a column per end:
+    # two more columns made the gallery's spline 12% slower). The block is
+    # monotone, so a candidate that counts by it is one preimage within
+    # it, which the check of the answer then confirms; not so for a block
+    # that turns (`_every_interval`: each end's own).
+    columns, rounding = jax.lax.optimization_barrier(
         (
             [jnp.broadcast_to(c, tab.r.shape) for c in columns],
             jnp.max(tab.t_scale, initial=0.0),
@@ -1212,12 +1217,6 @@ def _looked_up(
             v = jnp.where(above[j], c[j + 1], v)
         row.append(v)
     *picked, r, lo, hi, y_lo, y_hi, scale = row
-    # The breakpoints' rounding: the largest of any (not a column per end:
-    # two more columns made the gallery's spline 12% slower). The block is
-    # monotone, so a candidate that counts by it is one preimage within
-    # it, which the check of the answer then confirms; not so for a block
-    # that turns (`_every_interval`: each end's own).
-    rounding = jnp.broadcast_to(largest, jnp.shape(y))
     it = iter(picked)
     n0, n1, n2, d0, d1, d2 = (c if _static_zero(c) else next(it) for c in coefs)
     cands, oks = [], []
