@@ -1,7 +1,7 @@
 """`inverse` benchmarks: compiled speed, tracing cost and eager calls.
 
 Run: `python benchmarks/bench_inverse.py` (add `--quick` for small sizes,
-`--only blocks` for one section: compiled, blocks, tracing, eager).
+`--only blocks` for one section: compiled, blocks, compile, tracing, eager).
 
 * compiled: `jit(inverse(f))` against a hand-written inverse under `jit`, for
   an elementwise chain, a stack of affine coupling layers and a `scan` of
@@ -11,6 +11,9 @@ Run: `python benchmarks/bench_inverse.py` (add `--quick` for small sizes,
   10,000, and the scaling to 100,000; a wide graph of k independent inputs;
 * blocks: `jit(inverse(f))` of maps solved as blocks (numerically, case by
   case, by a linear solve) against their closed-form inverses under `jit`;
+* compile: the gallery's spline compiled with its parameters closed over
+  and as arguments, against its hand-written inverse, and its time per call
+  with the parameters as arguments (no targets);
 * eager: repeated `inverse(f)(y)` calls against the hand-written inverse
   called eagerly.
 """
@@ -18,6 +21,7 @@ Run: `python benchmarks/bench_inverse.py` (add `--quick` for small sizes,
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -157,6 +161,42 @@ def bench_compiled(quick: bool) -> None:
         )
 
 
+def gallery_spline():
+    """The gallery flow's rational-quadratic spline (`jnp.where` over its
+    bins, a clip per bin; 4 bins on [-3, 3], the identity outside), random
+    parameters, and its inverse by hand, both taking the parameters as an
+    argument: the bin of `y` by `searchsorted` on the knots' heights, the
+    root of its quadratic."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
+    import normalizing_flow as nf
+
+    rng = np.random.default_rng(0)
+    sp = {k: jnp.asarray(rng.normal(size=n), jnp.float32) for k, n in
+          (("w", nf.BINS), ("h", nf.BINS), ("d", nf.BINS - 1))}  # fmt: skip
+    bound = nf.BOUND
+
+    def inverse(y, p):
+        widths = jax.nn.softmax(p["w"]) * 2 * bound
+        heights = jax.nn.softmax(p["h"]) * 2 * bound
+        zero = jnp.zeros(1)
+        kx = jnp.concatenate([zero - bound, -bound + jnp.cumsum(widths)])
+        ky = jnp.concatenate([zero - bound, -bound + jnp.cumsum(heights)])
+        slopes = jnp.concatenate([zero + 1, jax.nn.softplus(p["d"]), zero + 1])
+        k = jnp.clip(
+            jnp.searchsorted(ky, y, side="right", method="compare_all") - 1,
+            0,
+            nf.BINS - 1,
+        )
+        w, h, d0, d1 = widths[k], heights[k], slopes[k], slopes[k + 1]
+        s, r = h / w, y - ky[k]
+        a = h * (s - d0) + r * (d1 + d0 - 2 * s)
+        b = h * d0 - r * (d1 + d0 - 2 * s)
+        t = -2 * s * r / (-b - jnp.sqrt(b * b + 4 * a * s * r))
+        return jnp.where((y > -bound) & (y < bound), kx[k] + t * w, y)
+
+    return sp, nf.spline, inverse
+
+
 def bench_blocks(quick: bool) -> None:
     print("## blocks: jit(inverse(f)) / jit(closed-form inverse)")
     n = 100_000 if quick else 1_000_000
@@ -188,39 +228,13 @@ def bench_blocks(quick: bool) -> None:
         tails = jnp.where(w > 0.0, 2.0 - lax.erfc(z), lax.erfc(z))
         return 0.5 * jnp.where(z < 0.5 * np.sqrt(2.0), 1.0 + lax.erf(w), tails)
 
-    # The gallery flow's rational-quadratic spline (`jnp.where` over its
-    # bins, a clip per bin; 4 bins on [-3, 3], the identity outside), with
-    # fixed parameters, and its inverse by hand: the bin of `y` by
-    # `searchsorted` on the knots' heights, the root of its quadratic.
-    sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
-    import normalizing_flow as nf
-
-    rng = np.random.default_rng(0)
-    sp = {k: jnp.asarray(rng.normal(size=n), jnp.float32) for k, n in
-          (("w", nf.BINS), ("h", nf.BINS), ("d", nf.BINS - 1))}  # fmt: skip
-    bound = nf.BOUND
-    widths = jax.nn.softmax(sp["w"]) * 2 * bound
-    heights = jax.nn.softmax(sp["h"]) * 2 * bound
-    zero = jnp.zeros(1)
-    kx = jnp.concatenate([zero - bound, -bound + jnp.cumsum(widths)])
-    ky = jnp.concatenate([zero - bound, -bound + jnp.cumsum(heights)])
-    slopes = jnp.concatenate([zero + 1, jax.nn.softplus(sp["d"]), zero + 1])
+    sp, spline_of, spline_inverse_of = gallery_spline()
 
     def spline(x):
-        return nf.spline(x, sp)
+        return spline_of(x, sp)
 
     def spline_inverse(y):
-        k = jnp.clip(
-            jnp.searchsorted(ky, y, side="right", method="compare_all") - 1,
-            0,
-            nf.BINS - 1,
-        )
-        w, h, d0, d1 = widths[k], heights[k], slopes[k], slopes[k + 1]
-        s, r = h / w, y - ky[k]
-        a = h * (s - d0) + r * (d1 + d0 - 2 * s)
-        b = h * d0 - r * (d1 + d0 - 2 * s)
-        t = -2 * s * r / (-b - jnp.sqrt(b * b + 4 * a * s * r))
-        return jnp.where((y > -bound) & (y < bound), kx[k] + t * w, y)
+        return spline_inverse_of(y, sp)
 
     def householder(x):
         v = jnp.ones(x.shape[-1]) / jnp.sqrt(x.shape[-1])
@@ -431,6 +445,53 @@ def bench_tracing(quick: bool) -> None:
 
 
 # ---------------------------------------------------------------------------
+# Compile time and known values passed as arguments.
+
+
+def _compile_seconds(fn, args) -> float:
+    """Seconds to trace, lower and compile `jit(fn)` afresh (XLA's
+    optimizations on, as users compile)."""
+    start = time.perf_counter()
+    jax.jit(fn).trace(*args).lower().compile()
+    return time.perf_counter() - start
+
+
+def bench_compile(quick: bool) -> None:
+    """The gallery's spline (`piecewise by intervals`) compiled with its
+    parameters closed over (constant tables, which XLA folds) and passed
+    as arguments (tables computed per call, as in the flow's training),
+    against its hand-written inverse compiled the same way; and the time
+    per call with the parameters as arguments."""
+    print("## compile: jit(inverse(f)) / jit(hand-written inverse), compile and run")
+    sp, spline_of, inverse_of = gallery_spline()
+    n = 100_000 if quick else 1_000_000
+    x = jnp.linspace(-4.0, 4.0, n)
+    y = spline_of(x, sp)
+    ours_args = jaxinterp.inverse(spline_of, argnums=0)
+    pairs = {
+        "parameters closed over": (
+            jaxinterp.inverse(lambda u: spline_of(u, sp)),
+            lambda v: inverse_of(v, sp),
+            (y,),
+        ),
+        "parameters as arguments": (ours_args, inverse_of, (y, sp)),
+    }
+    repeats = 1 if quick else 3
+    for name, (ours, hand, args) in pairs.items():
+        t_ours = min(_compile_seconds(ours, args) for _ in range(repeats))
+        t_hand = min(_compile_seconds(hand, args) for _ in range(repeats))
+        print(
+            f"spline, {name}: compile {t_ours:.2f} s (hand-written {t_hand:.2f} s,"
+            f" ratio {t_ours / t_hand:.1f}; no target)"
+        )
+    ratio, in_steady = _ratios(jax.jit(ours_args), jax.jit(inverse_of), (y, sp), quick)
+    print(
+        "spline, parameters as arguments: time ratio, calls back to back"
+        f" {in_steady:.2f} (single calls after a collection: {ratio:.2f}; no target)"
+    )
+
+
+# ---------------------------------------------------------------------------
 # Eager calls.
 
 
@@ -456,6 +517,7 @@ def main() -> None:
     sections = {
         "compiled": bench_compiled,
         "blocks": bench_blocks,
+        "compile": bench_compile,
         "tracing": bench_tracing,
         "eager": bench_eager,
     }
