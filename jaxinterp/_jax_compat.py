@@ -177,6 +177,22 @@ def make_closed_jaxpr(jaxpr: Any, consts: Sequence[Any]) -> Any:
     return ClosedJaxpr(jaxpr, list(consts))
 
 
+# From JAX 0.11 a `Jaxpr` carries its consts: its constvars are the leading
+# inputs it holds values for.
+_JAXPR_CARRIES_CONSTS = hasattr(Jaxpr, "consts")
+
+
+def replace_with_consts(
+    jaxpr: Any, constvars: Sequence[Any], consts: Sequence[Any], **changes: Any
+) -> Any:
+    """`jaxpr.replace(constvars=constvars, **changes)`, with the values of
+    those constvars where a `Jaxpr` carries them (JAX 0.11 on: replacing its
+    constvars alone would make them inputs)."""
+    if _JAXPR_CARRIES_CONSTS:
+        changes["consts"] = list(consts)
+    return jaxpr.replace(constvars=list(constvars), **changes)
+
+
 def as_closed(jaxpr: Any) -> Any:
     """`jaxpr` as a `ClosedJaxpr`: a closed one as it is, an open one with no consts.
 

@@ -4,7 +4,9 @@ The engine unfolds such a `cond` into its branches and a `select_n` on the
 index, a piecewise map (`jaxinterp/_inverse/_unfold.py`). Each map here is
 checked against a hand-written inverse and `-log|f'(x)|` from `jax.grad`,
 and under `jax.jit`, `jax.vmap` and `jax.grad`; a `y` with no preimage or
-several gives NaN.
+several gives NaN. An index computed from a whole vector (`jnp.sum(x) >
+0`) is not elementwise: the program is then solved once per branch, and
+the candidate that takes its own branch kept (`InverseWalker._by_branch`).
 """
 
 from __future__ import annotations
@@ -173,9 +175,116 @@ def test_a_cond_whose_branches_have_effects_is_refused():
     assert "test_inverse_cond_index.py:" in message
 
 
-def test_a_scalar_index_of_a_whole_vector_is_refused_at_the_users_line():
+# -- an index computed from a whole vector: solved once per branch ----------
+
+
+def scaled_by_sum(x):
+    return lax.cond(jnp.sum(x) > 0, lambda v: 2.0 * v, lambda v: 0.5 * v, x)
+
+
+def scaled_by_sum_inverse(y):
+    return jnp.where(jnp.sum(y) > 0, y / 2.0, y / 0.5)
+
+
+def switched_by_sum(x):
+    k = jnp.clip(jnp.floor(jnp.sum(x)), 0, 2).astype(jnp.int32)
+    return lax.switch(
+        k, [lambda v: v - 10.0, lambda v: 3.0 * v, lambda v: jnp.exp(v) + 10.0], x
+    )
+
+
+def switched_by_sum_inverse(y):
+    # Branch 0 gives sums below -20 + 1, branch 1 in [3, 6), branch 2 above 20.
+    total = jnp.sum(y)
+    return jnp.where(
+        total < 0, y + 10.0, jnp.where(total < 10, y / 3.0, jnp.log(y - 10.0))
+    )
+
+
+WHOLE = {
+    "scaled_by_sum": (scaled_by_sum, scaled_by_sum_inverse),
+    "switched_by_sum": (switched_by_sum, switched_by_sum_inverse),
+}
+vectors = st.lists(
+    st.floats(-3.0, 3.0, width=32).filter(lambda v: abs(v) > 1e-3),
+    min_size=2,
+    max_size=2,
+)
+
+
+@pytest.mark.parametrize("name", sorted(WHOLE))
+@given(x=vectors)
+def test_an_index_of_a_whole_vector_is_solved_by_branch(name, x):
+    f, f_inv = WHOLE[name]
+    x = jnp.asarray(x, jnp.float32)
+    # (Away from the switching sums: there, rounding of the sum decides.)
+    total = float(jnp.sum(x))
+    if min(abs(total - c) for c in (0.0, 1.0, 2.0)) < 1e-3:
+        return
+    y = f(x)
+    got, ildj = jaxinterp.inverse_and_ildj(f)(y)
+    np.testing.assert_allclose(got, f_inv(y), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, x, rtol=1e-5, atol=1e-6)
+    _, logdet = np.linalg.slogdet(np.asarray(jax.jacfwd(f)(x), np.float64))
+    np.testing.assert_allclose(ildj, -logdet, rtol=1e-5, atol=1e-5)
+
+
+def test_by_branch_under_jit_vmap_and_grad():
+    f, f_inv = WHOLE["switched_by_sum"]
+    xs = jnp.array([[-0.5, 0.25], [0.5, 0.75], [1.5, 1.25]], jnp.float32)
+    ys = jax.vmap(f)(xs)
+    inv = jaxinterp.inverse(f)
+    np.testing.assert_allclose(jax.jit(jax.vmap(inv))(ys), xs, rtol=1e-5)
+    for y in ys:
+        np.testing.assert_allclose(
+            jax.grad(lambda v: jnp.sum(inv(v) ** 2))(y),
+            jax.grad(lambda v: jnp.sum(f_inv(v) ** 2))(y),
+            rtol=1e-5,
+        )
+
+
+def test_by_branch_nan_off_the_image_or_with_two_preimages():
+    def shifted(x):  # sums in (-2, 0] are no branch's
+        return lax.cond(jnp.sum(x) > 0, lambda v: 2.0 * v, lambda v: v - 1.0, x)
+
+    def folded(x):  # x and -x map alike where sum(x) > 0
+        return lax.cond(jnp.sum(x) > 0, lambda v: v, lambda v: -v, x)
+
+    off = jnp.array([0.5, -0.75], jnp.float32)
+    assert np.isnan(jaxinterp.inverse(shifted)(off)).all()
+    x, ildj = jaxinterp.inverse_and_ildj(folded)(jnp.array([0.5, 0.25], jnp.float32))
+    assert np.isnan(x).all() and np.isnan(ildj)
+
+    # A `y` whose preimage is the same in both branches is answered.
+    def same(x):
+        return lax.cond(jnp.sum(x) > 0, lambda v: 2.0 * v, lambda v: v + v, x)
+
+    y = jnp.array([0.5, -1.5], jnp.float32)
+    np.testing.assert_allclose(jaxinterp.inverse(same)(y), y / 2.0)
+
+
+def test_explain_names_the_by_branch_method():
+    report = jaxinterp.explain_inverse(scaled_by_sum, jnp.ones(2, jnp.float32))
+    assert "= cond " in report and "(by branch)" in report
+    assert report.splitlines()[-1].startswith("Invertible")
+
+
+def test_a_cond_after_an_implicit_broadcast_is_unfolded():
+    # (`x * scale` with `scale` of shape (1,) is a broadcast written out
+    # before the engine runs: the `cond`'s index is read from that program.)
+    scale = jnp.array([2.0], jnp.float32)
+
     def f(x):
-        return lax.cond(jnp.sum(x) > 0, lambda v: 2.0 * v, lambda v: 0.5 * v, x)
+        z = x * scale
+        return lax.cond(z[0] > 0, lambda v: 2.0 * v, lambda v: v - 1.0, z)
+
+    for x in (jnp.array([0.5, 0.25]), jnp.array([-0.5, 0.25])):
+        np.testing.assert_allclose(jaxinterp.inverse(f)(f(x)), x, rtol=1e-6)
+
+
+def test_a_branch_that_is_not_invertible_is_refused_at_the_users_line():
+    def f(x):
+        return lax.cond(jnp.sum(x) > 0, lambda v: 2.0 * v, jnp.floor, x)
 
     line = f.__code__.co_firstlineno + 1
     with pytest.raises(NotInvertibleError) as info:

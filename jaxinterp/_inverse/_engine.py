@@ -133,6 +133,21 @@ class Solution:
     unique_choices: bool = True
 
 
+# At most this many branches of a `cond` whose index depends on the
+# unknowns are each solved (`InverseWalker._by_branch`).
+MAX_BRANCHES = 8
+# How `explain_inverse` names that method.
+BY_BRANCH = "by branch"
+
+
+def _complete(sol: Solution, invals: Sequence[Any]) -> bool:
+    """Whether `sol` found every unknown input."""
+    return all(
+        v is not None or got is not None
+        for v, got in zip(invals, sol.invals, strict=True)
+    )
+
+
 class InverseWalker:
     """Solves a Jaxpr for its unknown inputs given its outputs.
 
@@ -200,23 +215,34 @@ class InverseWalker:
             i = st.next_equation()
             if i is None and (conds := uf.blocked_index(st)):
                 # Stuck at a `cond` whose index depends on the unknowns:
-                # solved again with it unfolded into a piecewise map.
+                # solved again with it unfolded into a piecewise map, else
+                # once per branch (`_by_branch`).
+                again = functools.partial(
+                    self.solve,
+                    out_branches=out_branches,
+                    nan_checks=nan_checks,
+                    want_ildj=want_ildj,
+                    solvers=solvers,
+                    blocks=blocks,
+                    seeds=seeds,
+                    complete=complete,
+                )
                 unknown = [v is None for v in invals]
-                unfolded = uf.unfold_conds(jaxpr, consts, conds, unknown)
+                # (`st.jaxpr`: the indices are its equations', implicit
+                # broadcasts written out.)
+                unfolded = uf.unfold_conds(st.jaxpr, consts, conds, unknown)
                 if unfolded is not None:
-                    return self.solve(
-                        *unfolded,
-                        invals,
-                        outvals,
-                        strict=strict,
-                        out_branches=out_branches,
-                        nan_checks=nan_checks,
-                        want_ildj=want_ildj,
-                        solvers=solvers,
-                        blocks=blocks,
-                        seeds=seeds,
-                        complete=complete,
-                    )
+                    sol = again(*unfolded, invals, outvals, strict=False)
+                    if _complete(sol, invals):
+                        return sol
+                    enumerated = None
+                    if not seeds:
+                        enumerated = self._by_branch(
+                            st.jaxpr, consts, conds[0], invals, outvals, again
+                        )
+                    if enumerated is not None:
+                        return enumerated
+                    return again(*unfolded, invals, outvals, strict=strict)
             if i is None:
                 # Stuck: a principal factor of `L @ L.T` may be taken (first:
                 # a block solve of the product, with the factor filled in by
@@ -239,6 +265,109 @@ class InverseWalker:
             else:
                 self._invert(st, i)
         return self._solution(st, invals, strict)
+
+    def _by_branch(
+        self,
+        jaxpr: compat.Jaxpr,
+        consts: Sequence[Any],
+        target: int,
+        invals: Sequence[Any],
+        outvals: Sequence[Any],
+        again: Any,
+    ) -> Solution | None:
+        """The unknowns, solved once per branch of the `cond` at `target`
+        (its index fixed), each candidate kept where the index it gives is
+        that branch's: `lax.cond(jnp.sum(x) > 0, f, g, x)`, whose index no
+        elementwise piecewise method reads. NaN where no branch's candidate
+        takes its own branch (`y` off the image) or several different ones
+        do (not injective). `None` if some branch cannot be solved, or the
+        `cond` has more than `MAX_BRANCHES` branches."""
+        eqn = jaxpr.eqns[target]
+        n = len(compat.cond_branches(eqn))
+        unknown = [k for k, v in enumerate(invals) if v is None]
+        floating = all(
+            jnp.issubdtype(getattr(jaxpr.invars[k].aval, "dtype", bool), jnp.inexact)
+            for k in unknown
+        )
+        if n > MAX_BRANCHES or not floating:
+            return None
+        sols = []
+        for b in range(n):
+            fixed, fixed_consts = uf.with_branch(jaxpr, consts, target, b)
+            try:
+                sol = again(fixed, fixed_consts, invals, outvals, strict=True)
+            except NotInvertibleError:
+                return None
+            if sol.pieces or sol.uncovered:
+                return None
+            sols.append(sol)
+        takes = [
+            (uf.index_at(jaxpr, consts, sol.invals, target) == b)
+            & ~functools.reduce(
+                jnp.logical_or, [jnp.any(jnp.isnan(sol.invals[k])) for k in unknown]
+            )
+            for b, sol in enumerate(sols)
+        ]
+        first = jnp.argmax(jnp.stack(takes)).astype(jnp.int32)
+
+        def pick(values: Sequence[Any]) -> Any:
+            return jax.lax.select_n(first, *jnp.broadcast_arrays(*values))
+
+        invals_out = list(sols[0].invals)
+        same = jnp.any(jnp.stack(takes))
+        for k in unknown:
+            chosen = pick([sol.invals[k] for sol in sols])
+            for took, sol in zip(takes, sols, strict=True):
+                same = same & (~took | jnp.all(sol.invals[k] == chosen))
+            invals_out[k] = chosen
+        for k in unknown:
+            invals_out[k] = jnp.where(same, invals_out[k], jnp.nan)
+        ildjs = [jnp.asarray(sol.ildj) for sol in sols]
+        ildj = jnp.where(same, pick(ildjs), jnp.nan).astype(ildjs[0].dtype)
+        outs = list(sols[0].outvals)
+        for j, v in enumerate(outvals):
+            if v is None and all(sol.outvals[j] is not None for sol in sols):
+                outs[j] = pick([sol.outvals[j] for sol in sols])
+        checks = [
+            (jnp.where(first == b, count, 0), message)
+            for b, sol in enumerate(sols)
+            for count, message in sol.nan_checks
+        ]
+        # Reported on `jaxpr` itself: its other equations as the first
+        # branch's run treated them, the `cond` solved by branch.
+        shift = len(sols[0].jaxpr.eqns) - len(jaxpr.eqns)
+
+        def moved(i: int) -> int:
+            return i if i < target else i + shift
+
+        outer = [i for i in range(len(jaxpr.eqns)) if i != target]
+        status = [INVERTED] * len(jaxpr.eqns)
+        for i in outer:
+            status[i] = sols[0].status[moved(i)]
+        methods = {
+            i: sols[0].methods[moved(i)] for i in outer if moved(i) in sols[0].methods
+        }
+        methods[target] = BY_BRANCH
+        return dataclasses.replace(
+            sols[0],
+            jaxpr=jaxpr,
+            status=status,
+            methods=methods,
+            reasons={},
+            invals=invals_out,
+            outvals=outs,
+            ildj=ildj,
+            nan_checks=checks,
+            branches=[
+                functools.reduce(br.union, [sol.branches[k] for sol in sols])
+                for k in range(len(invals))
+            ],
+            # (The branch is not a choice: every one is tried, and the
+            # answer must be the only one consistent.)
+            chose=any(sol.chose for sol in sols),
+            agreed=pick([jnp.asarray(sol.agreed) for sol in sols]),
+            unique_choices=all(sol.unique_choices for sol in sols),
+        )
 
     # -- forwards -------------------------------------------------------
 

@@ -69,7 +69,9 @@ def explain_inverse(
     / `(symmetric solve)` for a linear block, `(normalization)` for a value
     divided by a function of itself and pinned by elements no unknown
     reaches, `(projective solve)` for a ratio of affine maps, `(clamp)` for a
-    clamp inverted on its unsaturated range.
+    clamp inverted on its unsaturated range, `(by branch)` for a `cond`
+    whose index is computed from a whole vector of unknowns, solved once
+    per branch.
 
     Args:
         fn: the function.

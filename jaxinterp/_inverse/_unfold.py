@@ -89,26 +89,24 @@ def _select_branches(
         return [lax.select_n(index, *c) for c in zip(*cases, strict=True)]
 
 
-def _unfolded(
-    eqn: Any, tainted: Sequence[bool]
-) -> tuple[list[Any], list[Any], list[Any]] | None:
-    """The equations computing `eqn`'s results from its operands by running
-    every branch and selecting on the index (`_select_branches`), with the
-    constants they need (variables, values); `None` where a result is not
-    computed by an equation of them. `tainted`: per operand, whether it
-    depends on the unknowns."""
-
-    def unfold(*ins: Any) -> list[Any]:
-        return _select_branches(eqn, ins, tainted)
-
+def _spliced(eqn: Any, fn: Any) -> tuple[list[Any], list[Any], list[Any], dict]:
+    """The equations of `fn` staged on `eqn`'s operands, in place of `eqn`:
+    their constants (variables, values), and the substitutions for `eqn`'s
+    results that are no equation's (an operand or a literal passed
+    through, as an identity branch does), for the equations after it."""
     specs = [compat.staging_spec(v.aval) for v in eqn.invars]
-    closed = jax.make_jaxpr(unfold)(*specs)
+    closed = jax.make_jaxpr(fn)(*specs)
     small = compat.open_jaxpr(closed)
-    produced = {v for e in small.eqns for v in e.outvars}
-    if any(type(v) is _Literal or v not in produced for v in small.outvars):
-        return None
     rename: dict[Any, Any] = dict(zip(small.invars, eqn.invars, strict=True))
-    rename.update(zip(small.outvars, eqn.outvars, strict=True))
+    produced = {v for e in small.eqns for v in e.outvars}
+    subst: dict[Any, Any] = {}
+    for inner, outer in zip(small.outvars, eqn.outvars, strict=True):
+        if type(outer) is compat.DropVar:
+            continue
+        if type(inner) is not _Literal and inner in produced and inner not in rename:
+            rename[inner] = outer
+        else:
+            subst[outer] = inner if type(inner) is _Literal else rename[inner]
 
     def renamed(v: Any) -> Any:
         return v if type(v) is _Literal else rename.get(v, v)
@@ -120,7 +118,37 @@ def _unfolded(
         )
         for e in small.eqns
     ]
-    return eqns, list(small.constvars), list(compat.jaxpr_consts(closed))
+    return eqns, list(small.constvars), list(compat.jaxpr_consts(closed)), subst
+
+
+def _rebuilt(
+    jaxpr: Any, consts: Sequence[Any], parts: dict[int, tuple]
+) -> tuple[Any, list[Any]]:
+    """`jaxpr` with the equations at `parts`' keys replaced (`_spliced`)."""
+    constvars, values = list(jaxpr.constvars), list(consts)
+    eqns: list[Any] = []
+    subst: dict[Any, Any] = {}
+
+    def sub(v: Any) -> Any:
+        return v if type(v) is _Literal else subst.get(v, v)
+
+    for i, eqn in enumerate(jaxpr.eqns):
+        if subst:
+            eqn = eqn.replace(invars=[sub(v) for v in eqn.invars])
+        got = parts.get(i)
+        if got is None:
+            eqns.append(eqn)
+            continue
+        new_eqns, new_constvars, new_consts, new_subst = got
+        eqns.extend(new_eqns)
+        constvars.extend(new_constvars)
+        values.extend(new_consts)
+        subst.update({k: sub(v) for k, v in new_subst.items()})
+    outvars = [sub(v) for v in jaxpr.outvars]
+    rebuilt = compat.replace_with_consts(
+        jaxpr, constvars, values, eqns=eqns, outvars=outvars
+    )
+    return rebuilt, values
 
 
 def unfold_conds(
@@ -134,24 +162,64 @@ def unfold_conds(
     `None` if none of them can be. `unknown`: per input, whether it is one
     of the unknowns (`cond`s inside the branches whose index depends on
     them are unfolded too)."""
-    constvars, values = list(jaxpr.constvars), list(consts)
-    eqns: list[Any] = []
-    changed = False
     wanted = set(targets)
     dirty = {v for v, u in zip(jaxpr.invars, unknown, strict=True) if u}
+    parts: dict[int, tuple] = {}
     for i, eqn in enumerate(jaxpr.eqns):
         flags = [type(v) is not _Literal and v in dirty for v in eqn.invars]
         if any(flags):
             dirty.update(eqn.outvars)
-        got = _unfolded(eqn, flags) if i in wanted else None
-        if got is None:
-            eqns.append(eqn)
-            continue
-        new_eqns, new_constvars, new_consts = got
-        eqns.extend(new_eqns)
-        constvars.extend(new_constvars)
-        values.extend(new_consts)
-        changed = True
-    if not changed:
+        if i in wanted:
+
+            def unfold(*ins: Any, eqn: Any = eqn, flags: list = flags) -> list[Any]:
+                return _select_branches(eqn, ins, flags)
+
+            parts[i] = _spliced(eqn, unfold)
+    if not parts:
         return None
-    return jaxpr.replace(constvars=constvars, eqns=eqns), values
+    return _rebuilt(jaxpr, consts, parts)
+
+
+def with_branch(
+    jaxpr: Any, consts: Sequence[Any], target: int, b: int
+) -> tuple[Any, list[Any]]:
+    """`jaxpr` with the `cond` at `target` replaced by its branch `b` (as
+    if its index were `b`), its inputs and outputs the same variables."""
+    eqn = jaxpr.eqns[target]
+    branch = compat.cond_branches(eqn)[b]
+
+    def run(index: Any, *ops: Any) -> list[Any]:
+        del index
+        inner = compat.open_jaxpr(branch)
+        return _run(inner, compat.jaxpr_consts(branch), ops, [False] * len(ops))
+
+    return _rebuilt(jaxpr, consts, {target: _spliced(eqn, run)})
+
+
+def index_at(
+    jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], target: int
+) -> Any:
+    """The branch the `cond` at `target` takes (its index clamped, as
+    `cond` clamps it) when `jaxpr` runs on `args`."""
+    env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts, strict=True))
+    env.update(zip(jaxpr.invars, args, strict=True))
+
+    def read(v: Any) -> Any:
+        return v.val if type(v) is _Literal else env[v]
+
+    needed = {v for v in jaxpr.eqns[target].invars[:1] if type(v) is not _Literal}
+    for eqn in reversed(jaxpr.eqns[:target]):
+        if any(v in needed for v in eqn.outvars):
+            needed.update(v for v in eqn.invars if type(v) is not _Literal)
+    for eqn in jaxpr.eqns[:target]:
+        if not any(v in needed for v in eqn.outvars):
+            continue
+        user, ctx = compat.eqn_contexts(eqn)
+        with user, ctx:
+            outs = compat.bind_eqn(
+                eqn.primitive, [read(v) for v in eqn.invars], eqn.params
+            )
+        env.update(zip(eqn.outvars, outs, strict=True))
+    eqn = jaxpr.eqns[target]
+    n = len(compat.cond_branches(eqn))
+    return lax.clamp(0, read(eqn.invars[0]), n - 1)
