@@ -2001,6 +2001,41 @@ _block_op("block_turning", _TURNING, ["exp", "integer_pow"], 1)
 _block_op("block_jumps", _JUMPS, ["select_n", "gt", "floor", "sign"], 1)
 
 
+# A `cond` / `switch` whose index is computed from the whole unknown (its
+# sum): solved once per branch (session 28). Each branch's image is apart
+# from the others' (sums below, between and above), and the sample's sum
+# is kept off the switching values.
+_WHOLE_INDEX = [
+    (
+        "lax.cond(jnp.sum({0}) > C, lambda v: v * 2.0 + 0.5, lambda v: v - 3.0, {0})",
+        lambda a, c: abs(float(np.sum(a)) - c) > 0.05,
+        (-1, 1),
+    ),
+    (
+        "lax.switch(jnp.clip(jnp.floor(jnp.sum({0}) * 0.5 + 1.0), 0, 2)"
+        ".astype(jnp.int32), [lambda v: v - 8.0, lambda v: v * (1.0 + C),"
+        " lambda v: v * 2.0 + 8.0], {0})",
+        lambda a, c: min(abs(float(np.sum(a)) - t) for t in (-2.0, 0.0)) > 0.05,
+        (0.1, 1),
+    ),
+]
+
+
+@_op("cond_of_a_sum", ["cond", "reduce_sum"], 1)
+def _cond_of_a_sum(g: _Gen) -> Stmt | None:
+    expr, guard, (lo, hi) = g.ch.choice(_WHOLE_INDEX)
+    c = round(float(g.rng().uniform(lo, hi)), 2)
+    v = g.operand(lambda v: guard(v.np, c))
+    if v is None:
+        return None
+    return Stmt(
+        "cond_of_a_sum",
+        (v.name,),
+        expr.replace("C", _lit(c)),
+        guard=lambda vs: bool(guard(vs[0].astype(np.float64), c)),
+    )
+
+
 @_op("partly_known_chain", ["slice", "reduce_sum", "mul"], 1)
 def _partly_known_chain(g: _Gen) -> Stmt | None:
     """`(x[..., 1:], sum(c * x))`: the sum solved for the element left."""
