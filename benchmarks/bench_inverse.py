@@ -450,7 +450,10 @@ def bench_tracing(quick: bool) -> None:
 
 def _compile_seconds(fn, args) -> float:
     """Seconds to trace, lower and compile `jit(fn)` afresh (XLA's
-    optimizations on, as users compile)."""
+    optimizations on, as users compile): JAX's and jaxinterp's caches are
+    cleared first (JAX would otherwise reuse the executable)."""
+    jax.clear_caches()
+    jaxinterp.clear_caches()
     start = time.perf_counter()
     jax.jit(fn).trace(*args).lower().compile()
     return time.perf_counter() - start
