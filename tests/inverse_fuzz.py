@@ -1977,7 +1977,13 @@ _JUMPS: list[_BlockRow] = [
 ]
 
 
-def _block_op(name: str, rows: list[_BlockRow], prims: Sequence[str], weight: int):
+def _block_op(
+    name: str,
+    rows: list[_BlockRow],
+    prims: Sequence[str],
+    weight: int,
+    elementwise: bool = True,
+):
     def draw(g: _Gen) -> Stmt | None:
         expr, guard, (lo, hi) = g.ch.choice(rows)
         c = round(float(g.rng().uniform(lo, hi)), 2)
@@ -1989,7 +1995,7 @@ def _block_op(name: str, rows: list[_BlockRow], prims: Sequence[str], weight: in
             (v.name,),
             expr.replace("C", _lit(c)),
             guard=lambda vs: bool(guard(vs[0].astype(np.float64), c)),
-            elementwise=True,
+            elementwise=elementwise,
         )
 
     _op(name, prims, weight)(draw)
@@ -2005,7 +2011,7 @@ _block_op("block_jumps", _JUMPS, ["select_n", "gt", "floor", "sign"], 1)
 # sum): solved once per branch (session 28). Each branch's image is apart
 # from the others' (sums below, between and above), and the sample's sum
 # is kept off the switching values.
-_WHOLE_INDEX = [
+_WHOLE_INDEX: list[_BlockRow] = [
     (
         "lax.cond(jnp.sum({0}) > C, lambda v: v * 2.0 + 0.5, lambda v: v - 3.0, {0})",
         lambda a, c: abs(float(np.sum(a)) - c) > 0.05,
@@ -2021,19 +2027,8 @@ _WHOLE_INDEX = [
 ]
 
 
-@_op("cond_of_a_sum", ["cond", "reduce_sum"], 1)
-def _cond_of_a_sum(g: _Gen) -> Stmt | None:
-    expr, guard, (lo, hi) = g.ch.choice(_WHOLE_INDEX)
-    c = round(float(g.rng().uniform(lo, hi)), 2)
-    v = g.operand(lambda v: guard(v.np, c))
-    if v is None:
-        return None
-    return Stmt(
-        "cond_of_a_sum",
-        (v.name,),
-        expr.replace("C", _lit(c)),
-        guard=lambda vs: bool(guard(vs[0].astype(np.float64), c)),
-    )
+# (Not elementwise: the index reads the whole operand.)
+_block_op("cond_of_a_sum", _WHOLE_INDEX, ["cond", "reduce_sum"], 1, elementwise=False)
 
 
 @_op("partly_known_chain", ["slice", "reduce_sum", "mul"], 1)
