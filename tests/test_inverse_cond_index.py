@@ -289,4 +289,21 @@ def test_a_branch_that_is_not_invertible_is_refused_at_the_users_line():
     line = f.__code__.co_firstlineno + 1
     with pytest.raises(NotInvertibleError) as info:
         jaxinterp.inverse(f, example_args=(jnp.ones(3),))(jnp.ones(3))
-    assert f"test_inverse_cond_index.py:{line}" in str(info.value)
+    message = str(info.value)
+    assert f"test_inverse_cond_index.py:{line}" in message
+    assert "solved once per branch: its branch 0 alone is refused" in message
+    assert "Blocked at `floor`" in message
+
+
+def test_a_switch_of_more_branches_than_are_tried_says_so():
+    def f(x):
+        k = jnp.clip(jnp.floor(jnp.sum(x)), 0, 9).astype(jnp.int32)
+        branches = [lambda v, i=i: v * (i + 1.0) + 10.0 * i for i in range(10)]
+        return lax.switch(k, branches, x)
+
+    with pytest.raises(NotInvertibleError) as info:
+        jaxinterp.inverse(f, example_args=(jnp.ones(2),))(jnp.ones(2))
+    message = " ".join(str(info.value).split())
+    line = f.__code__.co_firstlineno + 3
+    assert f"test_inverse_cond_index.py:{line}" in message
+    assert "has 10 branches: at most 8 are tried" in message

@@ -36,6 +36,7 @@ from .._errors import (
     describe_values,
     operands_detail,
     reraise,
+    source_line,
 )
 from .._registry import RuleRegistry
 from . import (
@@ -235,14 +236,18 @@ class InverseWalker:
                     sol = again(*unfolded, invals, outvals, strict=False)
                     if _complete(sol, invals):
                         return sol
-                    enumerated = None
-                    if not seeds:
-                        enumerated = self._by_branch(
-                            st.jaxpr, consts, conds[0], invals, outvals, again
-                        )
-                    if enumerated is not None:
+                    if seeds:
+                        return again(*unfolded, invals, outvals, strict=strict)
+                    enumerated = self._by_branch(
+                        st.jaxpr, consts, conds[0], invals, outvals, again
+                    )
+                    if isinstance(enumerated, Solution):
                         return enumerated
-                    return again(*unfolded, invals, outvals, strict=strict)
+                    try:
+                        return again(*unfolded, invals, outvals, strict=strict)
+                    except NotInvertibleError as err:
+                        # (Why solving it by branch did not answer either.)
+                        raise NotInvertibleError(f"{err}\n{enumerated}") from None
             if i is None:
                 # Stuck: a principal factor of `L @ L.T` may be taken (first:
                 # a block solve of the product, with the factor filled in by
@@ -274,32 +279,36 @@ class InverseWalker:
         invals: Sequence[Any],
         outvals: Sequence[Any],
         again: Any,
-    ) -> Solution | None:
+    ) -> Solution | str:
         """The unknowns, solved once per branch of the `cond` at `target`
         (its index fixed), each candidate kept where the index it gives is
         that branch's: `lax.cond(jnp.sum(x) > 0, f, g, x)`, whose index no
         elementwise piecewise method reads. NaN where no branch's candidate
         takes its own branch (`y` off the image) or several different ones
-        do (not injective). `None` if some branch cannot be solved, or the
-        `cond` has more than `MAX_BRANCHES` branches."""
+        do (not injective). Where it cannot be solved so (a branch is
+        refused, more than `MAX_BRANCHES` branches), why, in words."""
         eqn = jaxpr.eqns[target]
         n = len(compat.cond_branches(eqn))
+        where = f"The `cond` at {source_line(eqn)}, solved once per branch"
         unknown = [k for k, v in enumerate(invals) if v is None]
         floating = all(
             jnp.issubdtype(getattr(jaxpr.invars[k].aval, "dtype", bool), jnp.inexact)
             for k in unknown
         )
-        if n > MAX_BRANCHES or not floating:
-            return None
+        if n > MAX_BRANCHES:
+            return f"{where}, has {n} branches: at most {MAX_BRANCHES} are tried."
+        if not floating:
+            return f"{where}, has unknowns that are not floating: not tried."
         sols = []
         for b in range(n):
             fixed, fixed_consts = uf.with_branch(jaxpr, consts, target, b)
             try:
                 sol = again(fixed, fixed_consts, invals, outvals, strict=True)
-            except NotInvertibleError:
-                return None
+            except NotInvertibleError as err:
+                line = str(err).splitlines()[0]
+                return f"{where}: its branch {b} alone is refused ({line})"
             if sol.pieces or sol.uncovered:
-                return None
+                return f"{where}: its branch {b} leaves unknowns known in parts."
             sols.append(sol)
         takes = [
             (uf.index_at(jaxpr, consts, sol.invals, target) == b)
