@@ -29,6 +29,14 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
                 "piecewise (leaky ReLU)",
             ],
         ),
+        (
+            "compile",
+            [
+                "spline, parameters closed over: compile",
+                "spline, parameters as arguments: compile",
+                "spline, parameters as arguments: time ratio",
+            ],
+        ),
     ],
 )
 def test_bench_inverse_section_runs(section, lines):
