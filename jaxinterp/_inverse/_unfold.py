@@ -200,26 +200,16 @@ def index_at(
     jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], target: int
 ) -> Any:
     """The branch the `cond` at `target` takes (its index clamped, as
-    `cond` clamps it) when `jaxpr` runs on `args`."""
-    env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts, strict=True))
-    env.update(zip(jaxpr.invars, args, strict=True))
-
-    def read(v: Any) -> Any:
-        return v.val if type(v) is _Literal else env[v]
-
-    needed = {v for v in jaxpr.eqns[target].invars[:1] if type(v) is not _Literal}
-    for eqn in reversed(jaxpr.eqns[:target]):
-        if any(v in needed for v in eqn.outvars):
-            needed.update(v for v in eqn.invars if type(v) is not _Literal)
-    for eqn in jaxpr.eqns[:target]:
-        if not any(v in needed for v in eqn.outvars):
-            continue
-        user, ctx = compat.eqn_contexts(eqn)
-        with user, ctx:
-            outs = compat.bind_eqn(
-                eqn.primitive, [read(v) for v in eqn.invars], eqn.params
-            )
-        env.update(zip(eqn.outvars, outs, strict=True))
+    `cond` clamps it) when `jaxpr` runs on `args`: the equations before it
+    that the index needs, run by `_run`."""
     eqn = jaxpr.eqns[target]
-    n = len(compat.cond_branches(eqn))
-    return lax.clamp(0, read(eqn.invars[0]), n - 1)
+    index = eqn.invars[0]
+    needed = {index} if type(index) is not _Literal else set()
+    kept = []
+    for e in reversed(jaxpr.eqns[:target]):
+        if any(v in needed for v in e.outvars):
+            needed.update(v for v in e.invars if type(v) is not _Literal)
+            kept.append(e)
+    prefix = jaxpr.replace(eqns=kept[::-1], outvars=[index])
+    (value,) = _run(prefix, consts, args, [False] * len(args))
+    return lax.clamp(0, value, len(compat.cond_branches(eqn)) - 1)
