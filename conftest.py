@@ -79,6 +79,63 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+# --- Which tests run by default ---------------------------------------------
+# The default run (the README's command) leaves out the tests marked `methods`
+# (files that test one of the inverse's numerical methods on many maps) and
+# `slow` (long runs of code the rest of the suite also covers): about half of
+# the suite's time. `--full` (or `JAXINTERP_TEST_FULL=1`) runs them too, as
+# CI's run on the newest JAX and the nox sessions do; so does naming their
+# file on the command line, or any `-m` expression.
+_LEFT_OUT = ("methods", "slow")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--full",
+        action="store_true",
+        default=False,
+        help="also run the tests marked `methods` and `slow` (left out by default)",
+    )
+
+
+def _full_run(config: pytest.Config) -> bool:
+    return bool(
+        config.getoption("--full")
+        or _flag_on("JAXINTERP_TEST_FULL")
+        or config.getoption("markexpr", "")
+    )
+
+
+def _named_files(config: pytest.Config) -> set[Path]:
+    """The test files named on the command line (alone or in a node id)."""
+    named = set()
+    for arg in config.args:
+        path = Path(config.invocation_params.dir, arg.split("::")[0])
+        if path.is_file():
+            named.add(path.resolve())
+    return named
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    if _full_run(config):
+        return
+    named = _named_files(config)
+    keep, left_out = [], []
+    for item in items:
+        marked = any(item.get_closest_marker(m) for m in _LEFT_OUT)
+        named_here = Path(item.path).resolve() in named
+        (left_out if marked and not named_here else keep).append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = keep
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if _full_run(config):
+        return "all tests selected (--full, JAXINTERP_TEST_FULL or -m)"
+    return "tests marked `methods` or `slow` left out: `--full` runs them (conftest.py)"
+
+
 @pytest.fixture(autouse=True)
 def _add_doctest_namespace(doctest_namespace: dict) -> None:
     import jaxinterp

@@ -18,8 +18,9 @@ PYTHONS = ["3.11", "3.12", "3.13"]
 # Sessions that run code on both ends of the range: the oldest Python's newest
 # JAX and the newest JAX.
 ENDS = ["3.11", "3.12"]
-# The suite spreads over one pytest-xdist worker per core.
-PYTEST = ("pytest", "-n", "auto")
+# The whole suite (`--full`: with the tests marked `methods` and `slow`, which
+# the README's command leaves out), spread over one pytest-xdist worker per core.
+PYTEST = ("pytest", "-n", "auto", "--full")
 
 
 @nox.session(python=PYTHONS)

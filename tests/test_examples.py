@@ -445,6 +445,29 @@ def test_normalizing_flow_trains_and_integrates_to_one():
     np.testing.assert_allclose(ildj, -jnp.log(jnp.abs(jnp.linalg.det(jac))), atol=1e-4)
 
 
+def test_normalizing_flow_inverse_of_random_parameters():
+    """The quick check of the flow (its training is `slow`): with random
+    parameters, spline knot slopes away from 1 included, the inverse maps
+    data points back to the noise the forward flow took, and the ildj is
+    minus the log-determinant of the forward Jacobian there."""
+    ex = load("normalizing_flow")
+    rng = np.random.default_rng(7)
+    params = ex.init(rng, layers=2, hidden=8)
+    params = jax.tree_util.tree_map(
+        lambda v: v + jnp.asarray(rng.normal(scale=0.5, size=v.shape), v.dtype), params
+    )
+    z = jnp.asarray(rng.normal(size=(2, 16)), jnp.float32)
+    x1, x2 = jax.vmap(ex.flow, in_axes=(0, 0, None))(z[0], z[1], params)
+    inverse = jax.jit(jax.vmap(ex.inverse_flow, in_axes=((0, 0), None)))
+    (z1, z2), ildj = inverse((x1, x2), params)
+    np.testing.assert_allclose(z1, z[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(z2, z[1], rtol=1e-4, atol=1e-4)
+    for i in (0, 5):
+        jac = jax.jacfwd(lambda u: jnp.stack(ex.flow(u[0], u[1], params)))(z[:, i])
+        want = -np.linalg.slogdet(np.asarray(jac, np.float64))[1]
+        np.testing.assert_allclose(ildj[i], want, rtol=1e-4, atol=1e-4)
+
+
 def test_normalizing_flow_draws_a_png(tmp_path):
     pytest.importorskip("matplotlib")
     ex = load("normalizing_flow")

@@ -18,8 +18,8 @@ from inverse_fuzz import check_inverse
 
 import jaxinterp
 
-# One of the inverse's methods on many maps: CI's second runs (future flags,
-# oldest JAX) deselect these files (`-m "not methods"`); nox runs them.
+# One of the inverse's methods on many maps: left out of the default run
+# (conftest.py); `--full`, CI's newest-JAX run and nox run them.
 pytestmark = pytest.mark.methods
 
 X = jnp.array([0.5, -1.2, 0.8])

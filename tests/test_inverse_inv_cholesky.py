@@ -24,8 +24,8 @@ from jax.extend.core import primitives as jex_prims
 import jaxinterp
 from jaxinterp._inverse._rules import InverseContext, PieceResult, inverse_rules
 
-# One of the inverse's methods on many maps: CI's second runs (future flags,
-# oldest JAX) deselect these files (`-m "not methods"`); nox runs them.
+# One of the inverse's methods on many maps: left out of the default run
+# (conftest.py); `--full`, CI's newest-JAX run and nox run them.
 pytestmark = pytest.mark.methods
 
 FEW = settings(max_examples=min(4, settings.default.max_examples))

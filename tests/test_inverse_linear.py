@@ -14,8 +14,8 @@ from hypothesis.extra import numpy as hnp
 import jaxinterp
 from jaxinterp import NotInvertibleError
 
-# One of the inverse's methods on many maps: CI's second runs (future flags,
-# oldest JAX) deselect these files (`-m "not methods"`); nox runs them.
+# One of the inverse's methods on many maps: left out of the default run
+# (conftest.py); `--full`, CI's newest-JAX run and nox run them.
 pytestmark = pytest.mark.methods
 
 FLOATS = st.floats(-3, 3, allow_nan=False, width=32)

@@ -21,8 +21,8 @@ from hypothesis import given, settings, strategies as st
 
 import jaxinterp
 
-# One of the inverse's methods on many maps: CI's second runs (future flags,
-# oldest JAX) deselect these files (`-m "not methods"`); nox runs them.
+# One of the inverse's methods on many maps: left out of the default run
+# (conftest.py); `--full`, CI's newest-JAX run and nox run them.
 pytestmark = pytest.mark.methods
 
 # Each example traces and compiles a new inverse: fewer than the profile's.

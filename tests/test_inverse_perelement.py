@@ -25,8 +25,8 @@ import jaxinterp
 from jaxinterp import NotInvertibleError, inverse, inverse_and_ildj
 from jaxinterp.testing import compare_with_reference
 
-# One of the inverse's methods on many maps: CI's second runs (future flags,
-# oldest JAX) deselect these files (`-m "not methods"`); nox runs them.
+# One of the inverse's methods on many maps: left out of the default run
+# (conftest.py); `--full`, CI's newest-JAX run and nox run them.
 pytestmark = pytest.mark.methods
 
 BOUND = 3.0

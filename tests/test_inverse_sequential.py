@@ -21,8 +21,8 @@ from jax import lax
 import jaxinterp
 from jaxinterp.testing import compare_with_reference
 
-# One of the inverse's methods on many maps: CI's second runs (future flags,
-# oldest JAX) deselect these files (`-m "not methods"`); nox runs them.
+# One of the inverse's methods on many maps: left out of the default run
+# (conftest.py); `--full`, CI's newest-JAX run and nox run them.
 pytestmark = pytest.mark.methods
 
 D = 4

@@ -23,8 +23,8 @@ import jaxinterp
 from jaxinterp._inverse import _solve, _table
 from jaxinterp.testing import compare_with_reference
 
-# One of the inverse's methods on many maps: CI's second runs (future flags,
-# oldest JAX) deselect these files (`-m "not methods"`); nox runs them.
+# One of the inverse's methods on many maps: left out of the default run
+# (conftest.py); `--full`, CI's newest-JAX run and nox run them.
 pytestmark = pytest.mark.methods
 
 N = _table.MIN_SIZE  # the smallest size with a table
