@@ -315,6 +315,27 @@ def is_eager() -> bool:
 _trace_ctx = _private_attr("jax._src.core", "trace_ctx")
 _EvalTrace = _private_attr("jax._src.core", "EvalTrace")
 
+# The effects of `jax.debug.print` and `jax.debug.callback` (unordered and
+# ordered): their classes have no public name.
+_DEBUG_EFFECTS = tuple(
+    c
+    for c in (
+        _private_attr("jax._src.debugging", "DebugEffect"),
+        _private_attr("jax._src.debugging", "OrderedDebugEffect"),
+    )
+    if c is not None
+)
+
+
+def debug_effects_only(effects: Any) -> bool:
+    """Whether `effects` (an equation's) are all those of debug prints and
+    callbacks (`jax.debug.print`, `jax.debug.callback`), and there is one."""
+    return (
+        bool(effects)
+        and bool(_DEBUG_EFFECTS)
+        and all(isinstance(e, _DEBUG_EFFECTS) for e in effects)
+    )
+
 
 _compiling_impl: dict[Any, bool] = {}
 

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 from jax import lax
+from jax.experimental import io_callback
 
 import jaxinterp
 from jaxinterp import NotInvertibleError
@@ -160,18 +161,64 @@ def test_an_index_the_outputs_give_first_keeps_the_cond_rule():
     assert "= cond " in report and "select_n" not in report, report
 
 
-def test_a_cond_whose_branches_have_effects_is_refused():
+@pytest.mark.parametrize("ordered", [False, True], ids=["print", "ordered_print"])
+def test_a_cond_whose_branches_print_is_unfolded_without_the_prints(ordered, capsys):
+    def loud(v):
+        jax.debug.print("positive {}", v, ordered=ordered)
+        return 2.0 * v
+
     def f(x):
-        def loud(v):
-            jax.debug.print("positive {}", v)
+        return lax.cond(x > 0, loud, lambda v: 0.5 * v, x)
+
+    xs = jnp.asarray([0.6, -0.4, 1.5, -2.0], jnp.float32)
+    ys = jnp.stack([f(x) for x in xs])
+    jax.effects_barrier()
+    assert "positive" in capsys.readouterr().out  # the forward prints
+    inv = jaxinterp.inverse_and_ildj(f, example_args=(X,))
+    for x, y in zip(xs, ys, strict=True):
+        got, ildj = inv(y)
+        np.testing.assert_allclose(got, x, rtol=1e-6)
+        slope = jnp.where(x > 0, 2.0, 0.5)  # (`jax.grad(f)` would print)
+        np.testing.assert_allclose(ildj, -jnp.log(slope), rtol=1e-6)
+    got, _ = jax.jit(jax.vmap(inv))(ys)
+    np.testing.assert_allclose(got, xs, rtol=1e-6)
+    jax.effects_barrier()
+    # The inverse does not print (as it leaves out a print outside a `cond`).
+    assert capsys.readouterr().out == ""
+
+
+def test_a_printing_cond_on_a_whole_vector_is_solved_by_branch(capsys):
+    def loud(v):
+        jax.debug.print("positive sum {}", v)
+        return 2.0 * v
+
+    def f(x):
+        return lax.cond(jnp.sum(x) > 0, loud, lambda v: 0.5 * v, x)
+
+    inv = jaxinterp.inverse(f)
+    for x in (jnp.asarray([0.5, -0.2, 0.3]), jnp.asarray([-0.5, 0.2, -0.3])):
+        y = f(x)
+        jax.effects_barrier()
+        capsys.readouterr()
+        np.testing.assert_allclose(inv(y), x, rtol=1e-6)
+        np.testing.assert_allclose(jax.jit(inv)(y), x, rtol=1e-6)
+        jax.effects_barrier()
+        assert capsys.readouterr().out == ""
+
+
+def test_a_cond_whose_branches_have_other_effects_is_refused():
+    def f(x):
+        def called(v):
+            io_callback(lambda u: None, None, v)
             return 2.0 * v
 
-        return lax.cond(x > 0, loud, lambda v: 0.5 * v, x)
+        return lax.cond(x > 0, called, lambda v: 0.5 * v, x)
 
     with pytest.raises(NotInvertibleError) as info:
         jaxinterp.inverse(f, example_args=(X,))(jnp.float32(0.6))
     message = " ".join(str(info.value).split())
     assert "the branch index of a `cond` depends on an unknown input" in message
+    assert "effects other than debug prints" in message
     assert "test_inverse_cond_index.py:" in message
 
 

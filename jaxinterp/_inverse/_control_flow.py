@@ -500,7 +500,7 @@ def _cond_inverse(
         raise NotInvertibleError(
             "the branch index of a `cond` depends on an unknown input (such "
             "a `cond` is unfolded into a piecewise map, unless its branches "
-            "have effects: every branch would run)"
+            "have effects other than debug prints: every branch would run)"
         )
     if any(o is None for o in outvals):
         return None

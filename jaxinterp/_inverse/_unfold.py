@@ -11,7 +11,9 @@ index on each candidate.
 The engine unfolds only when it is stuck at such a `cond`, and solves the
 unfolded Jaxpr from the start: a `cond` whose index the outputs determine
 first (`(x, lax.cond(x > 0, ...))`) keeps its own rule. A `cond` with effects
-is not unfolded (every branch would run).
+is not unfolded (every branch would run), unless they are debug prints and
+callbacks (`jax.debug.print`): those are left out of the unfolded branches,
+as the inverse of a program leaves out the prints it does not need.
 """
 
 from __future__ import annotations
@@ -40,7 +42,14 @@ def blocked_index(st: Any) -> list[int]:
 
 
 def _unfoldable(eqn: Any) -> bool:
-    return not eqn.effects and compat.cond_platform_branch(eqn) is None
+    return (
+        not eqn.effects or compat.debug_effects_only(eqn.effects)
+    ) and compat.cond_platform_branch(eqn) is None
+
+
+def _debug_only(eqn: Any) -> bool:
+    """A debug print or callback with no results (left out when run here)."""
+    return not eqn.outvars and compat.debug_effects_only(eqn.effects)
 
 
 def _run(
@@ -58,6 +67,8 @@ def _run(
         return v.val if type(v) is _Literal else env[v]
 
     for eqn in jaxpr.eqns:
+        if _debug_only(eqn):
+            continue
         flags = [type(v) is not _Literal and v in dirty for v in eqn.invars]
         ins = [read(v) for v in eqn.invars]
         if eqn.primitive is compat.cond_p and flags[0] and _unfoldable(eqn):
