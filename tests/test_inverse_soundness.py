@@ -629,3 +629,40 @@ def test_a_rounded_copy_off_the_image_is_nan(low):
     want = np.asarray(y1, np.float64)[answered]
     slack = 2 * allowed * (np.abs(rounded) + np.abs(want))
     assert np.all(np.abs(rounded - want) <= slack)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["constant", "traced"])
+def test_a_map_monotone_on_each_side_of_a_pole_is_not_taken_as_injective(traced):
+    """`x - a / x` rises on each side of 0 and takes every value on each:
+    `x` and `-a / x` give the same `y`. The grid check saw each stretch
+    monotone and the solver answered one of the two (session 29: `[0.3,
+    0.5, 2]` came back as `[-3.33, 0.5, -0.5]`); a second stretch of finite
+    values now fails it, so both preimages give NaN, with the operand a
+    constant or passed at run time."""
+    x = jnp.asarray([0.3, 0.5, 2.0, -0.7], jnp.float32)
+    if traced:
+        f = lambda v, a: v - a / v  # noqa: E731
+        inv = jaxinterp.inverse(f, argnums=0)
+        a = jnp.float32(1.0)
+        got = [inv(f(x, a), a), jax.jit(inv)(f(x, a), a)]
+    else:
+        f = lambda v: v - 1.0 / v  # noqa: E731
+        try:
+            got = [jaxinterp.inverse(f)(f(x))]
+        except jaxinterp.NotInvertibleError as err:
+            assert "more than once" in str(err), err
+            return
+    for g in got:
+        assert np.all(np.isnan(np.asarray(g))), g
+    # A map with a pole whose two stretches take different values (`x + 1 /
+    # x**3` is not: it turns) keeps an answer where `y` has one preimage.
+    h = lambda v: jnp.exp(v) - 1.0 / v  # noqa: E731  (x < 0: y > 0)
+    xs = jnp.asarray([-2.0, -0.5, 0.3, 1.5], jnp.float32)
+    ys = h(xs)
+    back = jaxinterp.inverse(h)(ys)
+    # y <= 0 has its only preimage for x > 0; y > 0 has one on each side.
+    single = np.asarray(ys) <= 0
+    np.testing.assert_allclose(
+        np.asarray(back)[single], np.asarray(xs)[single], rtol=1e-5
+    )
+    assert np.all(np.isnan(np.asarray(back)[~single]))

@@ -43,10 +43,11 @@ def monotone_on_grid(
     choices: Callable[[Any], Sequence[Any]] | None = None,
 ) -> Any:
     """Per element, whether `g` (elementwise) never turns on `grid`: its
-    finite values either never decrease or never increase, on every stretch
-    between values that are not finite (poles, holes in the domain). A map
-    that turns is not injective (a continuous one takes a value twice), so a
-    preimage found for it may not be the one meant. Inside a `shard_map`
+    finite values either never decrease or never increase, and they form
+    one stretch (a map finite on both sides of a pole or a hole in its
+    domain may take a value on each side: `x - 1 / x`). A map that turns is
+    not injective (a continuous one takes a value twice), so a preimage
+    found for it may not be the one meant. Inside a `shard_map`
     body the loop's carry varies as `like` (`g`'s values) does.
 
     `uniform`: `g` is the same map for every element (its known operands are
@@ -77,7 +78,8 @@ def monotone_on_grid(
         prev: Any, value: Any, rising: Any, falling: Any
     ) -> tuple[Any, Any, Any]:
         # A pole or a hole in the domain (a value that is not finite) starts
-        # a new stretch: `x / (1 - x)` rises on both sides of 1.
+        # a new stretch: `x / (1 - x)` rises on both sides of 1. A second
+        # stretch of finite values fails the check (below).
         finite = jnp.isfinite(value)
         both = finite & jnp.isfinite(prev)
         # Rounding may wobble a map by a few ulps of its intermediates
@@ -87,30 +89,45 @@ def monotone_on_grid(
         falling = falling & ~(both & (value > prev + noise))
         return jnp.where(finite, value, jnp.nan), rising, falling
 
+    def stretches(prev: Any, value: Any, seen: Any, gap: Any) -> tuple[Any, Any]:
+        # Whether a finite value has been seen, and a value that is not
+        # finite after one: a finite value after that starts a second
+        # stretch.
+        finite = jnp.isfinite(value)
+        return seen | finite, gap | (seen & ~finite)
+
     # A `while_loop`, not `fori_loop`: under `jax_scan3` a fixed-length loop
     # stages a `Scan3`, which JAX 0.12 cannot batch (the solver runs under
     # the `vmap` of an inverse).
     def step(state: tuple[Any, ...]) -> tuple[Any, ...]:
-        i, prev, rising, falling, *before = state
+        i, prev, rising, falling, seen, gap, *before = state
         x = jnp.full(shape, points[i], dtype)
         value = g(x)
         if choices is None:
-            return i + 1, *compare(prev, value, rising, falling)
+            seen, gap = stretches(prev, value, seen, gap)
+            several = gap & jnp.isfinite(value)
+            prev, rising, falling = compare(prev, value, rising, falling)
+            return i + 1, prev, rising & ~several, falling & ~several, seen, gap
         now = list(choices(x))
         # Either side of where the choices change since the last point
         # (both the last point where they do not).
         lo = jnp.full(shape, points[jnp.maximum(i - 1, 0)], dtype)
         changed = ~_same(before, now) & (i > 0)
         a, b = _switch(choices, lo, x, before, changed, like)
-        for v in (g(a), g(b)):
+        several: Any = False
+        for v in (g(a), g(b), value):
+            seen, gap = stretches(prev, v, seen, gap)
+            several = several | (gap & jnp.isfinite(v))
             prev, rising, falling = compare(prev, v, rising, falling)
-        return i + 1, *compare(prev, value, rising, falling), *now
+        return i + 1, prev, rising & ~several, falling & ~several, seen, gap, *now
 
     start: tuple[Any, ...] = (
         jnp.int32(0),
         jnp.full(shape, jnp.nan, dtype),
         jnp.ones(shape, bool),
         jnp.ones(shape, bool),
+        jnp.zeros(shape, bool),
+        jnp.zeros(shape, bool),
     )
     if choices is not None:
         start = (*start, *choices(jnp.zeros(shape, dtype)))
@@ -241,4 +258,11 @@ def _monotone_uniform(
     noise = 16 * eps * jnp.maximum(jnp.maximum(jnp.abs(value), jnp.abs(prev)), 1)
     rising = ~jnp.any(compare & (value < prev - noise))
     falling = ~jnp.any(compare & (value > prev + noise))
-    return rising | falling
+    # Finite values on both sides of one that is not (a pole, a hole in the
+    # domain): two stretches, whose values may overlap (`x - 1 / x` takes
+    # every value on each side of 0). Not accepted here; a map with
+    # constant operands is then inverted where `y` is in one stretch's
+    # values only (`_turning.py`).
+    finite = jnp.isfinite(values)
+    starts = jnp.sum(finite[1:] & ~finite[:-1]) + finite[0]
+    return (rising | falling) & (starts <= 1)
