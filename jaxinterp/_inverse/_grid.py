@@ -105,9 +105,9 @@ def monotone_on_grid(
         value = g(x)
         if choices is None:
             seen, gap = stretches(prev, value, seen, gap)
-            several = gap & jnp.isfinite(value)
+            second = gap & jnp.isfinite(value)
             prev, rising, falling = compare(prev, value, rising, falling)
-            return i + 1, prev, rising & ~several, falling & ~several, seen, gap
+            return i + 1, prev, rising & ~second, falling & ~second, seen, gap
         now = list(choices(x))
         # Either side of where the choices change since the last point
         # (both the last point where they do not).
