@@ -75,51 +75,43 @@ def monotone_on_grid(
     points = jnp.asarray(grid(dtype))
 
     def compare(
-        prev: Any, value: Any, rising: Any, falling: Any
-    ) -> tuple[Any, Any, Any]:
-        # A pole or a hole in the domain (a value that is not finite) starts
-        # a new stretch: `x / (1 - x)` rises on both sides of 1. A second
-        # stretch of finite values fails the check (below).
+        prev: Any, value: Any, rising: Any, falling: Any, seen: Any, gap: Any
+    ) -> tuple[Any, ...]:
+        # A pole or a hole in the domain (a value that is not finite) ends a
+        # stretch, and a second stretch of finite values fails the check:
+        # `x - 1 / x` rises on each side of 0 and takes every value on each.
+        # (`seen`: a finite value so far; `gap`: one that is not after it.)
         finite = jnp.isfinite(value)
         both = finite & jnp.isfinite(prev)
+        second = gap & finite
         # Rounding may wobble a map by a few ulps of its intermediates
         # between close points (those near +-1): not a turn.
         noise = 16 * eps * jnp.maximum(jnp.maximum(jnp.abs(value), jnp.abs(prev)), 1)
-        rising = rising & ~(both & (value < prev - noise))
-        falling = falling & ~(both & (value > prev + noise))
-        return jnp.where(finite, value, jnp.nan), rising, falling
-
-    def stretches(prev: Any, value: Any, seen: Any, gap: Any) -> tuple[Any, Any]:
-        # Whether a finite value has been seen, and a value that is not
-        # finite after one: a finite value after that starts a second
-        # stretch.
-        finite = jnp.isfinite(value)
-        return seen | finite, gap | (seen & ~finite)
+        rising = rising & ~second & ~(both & (value < prev - noise))
+        falling = falling & ~second & ~(both & (value > prev + noise))
+        value = jnp.where(finite, value, jnp.nan)
+        return value, rising, falling, seen | finite, gap | (seen & ~finite)
 
     # A `while_loop`, not `fori_loop`: under `jax_scan3` a fixed-length loop
     # stages a `Scan3`, which JAX 0.12 cannot batch (the solver runs under
     # the `vmap` of an inverse).
     def step(state: tuple[Any, ...]) -> tuple[Any, ...]:
-        i, prev, rising, falling, seen, gap, *before = state
+        i, *checks = state[:6]
+        before = state[6:]
         x = jnp.full(shape, points[i], dtype)
         value = g(x)
-        if choices is None:
-            seen, gap = stretches(prev, value, seen, gap)
-            second = gap & jnp.isfinite(value)
-            prev, rising, falling = compare(prev, value, rising, falling)
-            return i + 1, prev, rising & ~second, falling & ~second, seen, gap
-        now = list(choices(x))
-        # Either side of where the choices change since the last point
-        # (both the last point where they do not).
-        lo = jnp.full(shape, points[jnp.maximum(i - 1, 0)], dtype)
-        changed = ~_same(before, now) & (i > 0)
-        a, b = _switch(choices, lo, x, before, changed, like)
-        several: Any = False
-        for v in (g(a), g(b), value):
-            seen, gap = stretches(prev, v, seen, gap)
-            several = several | (gap & jnp.isfinite(v))
-            prev, rising, falling = compare(prev, v, rising, falling)
-        return i + 1, prev, rising & ~several, falling & ~several, seen, gap, *now
+        samples, now = [value], []
+        if choices is not None:
+            now = list(choices(x))
+            # Either side of where the choices change since the last point
+            # (both the last point where they do not).
+            lo = jnp.full(shape, points[jnp.maximum(i - 1, 0)], dtype)
+            changed = ~_same(before, now) & (i > 0)
+            a, b = _switch(choices, lo, x, before, changed, like)
+            samples = [g(a), g(b), value]
+        for v in samples:
+            checks = list(compare(checks[0], v, *checks[1:]))
+        return i + 1, *checks, *now
 
     start: tuple[Any, ...] = (
         jnp.int32(0),
