@@ -2001,7 +2001,24 @@ def _block_op(
     _op(name, prims, weight)(draw)
 
 
+# Poles and holes on the solver's grid (session 30). `x - C / x` takes
+# every value on each side of 0, and so does `x - C * 1e-30 / x`, which
+# equals `x` at every grid point and reaches +-1e8 next to 0: both are NaN
+# wherever they are accepted. `expm1(C x) / x` is not finite at 0 only
+# and rises through it: solved.
+_POLES: list[_BlockRow] = [
+    ("{0} - C / {0}", lambda a, c: _amin(np.abs(a)) > 0.05, (0.2, 2)),
+    ("{0} - C * 1e-30 / {0}", lambda a, c: _amin(np.abs(a)) > 0.05, (0.5, 2)),
+    (
+        "jnp.expm1(C * {0}) / {0}",
+        lambda a, c: _amin(np.abs(a)) > 0.05 and _amax(np.abs(a)) * c < 8,
+        (0.5, 2),
+    ),
+]
+
+
 _block_op("block_fractional", _FRACTIONAL, ["div", "add", "mul"], 1)
+_block_op("block_poles", _POLES, ["div", "sub", "expm1"], 1)
 _block_op("block_monotone", _MONOTONE, ["sin", "exp", "abs", "tanh"], 1)
 _block_op("block_turning", _TURNING, ["exp", "integer_pow"], 1)
 _block_op("block_jumps", _JUMPS, ["select_n", "gt", "floor", "sign"], 1)

@@ -9,6 +9,8 @@ assumed the best. Constants now reach the rules as concrete values.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -666,3 +668,149 @@ def test_a_map_monotone_on_each_side_of_a_pole_is_not_taken_as_injective(traced)
         np.asarray(back)[single], np.asarray(xs)[single], rtol=1e-5
     )
     assert np.all(np.isnan(np.asarray(back)[~single]))
+
+
+def _dense_near(p: float, dtype) -> np.ndarray:
+    """Floats either side of `p`: every float within 2**10 of it in the
+    floats' order, and points approaching it from 2**-12 away down to its
+    neighbours (about geometrically), sorted."""
+    itype = np.int32 if np.dtype(dtype).itemsize == 4 else np.int64
+    ftype = np.dtype(dtype).type
+
+    def ordered(x):
+        bits = int(np.asarray(abs(x), dtype).view(itype))
+        return -bits if np.signbit(x) else bits
+
+    def unordered(k):
+        x = float(np.asarray(abs(k), itype).view(dtype))
+        return -x if k < 0 else x
+
+    k = ordered(ftype(p))
+    near = [k + j for j in range(-(2**10), 2**10 + 1)]
+    far = [ordered(ftype(p - 2.0**-12)), ordered(ftype(p + 2.0**-12))]
+    for side in far:
+        gap = side - k
+        near += [k + gap // 2**j for j in range(64) if gap // 2**j]
+    return np.unique(np.asarray([unordered(m) for m in near], dtype))
+
+
+def _with_pole(x, c, pole):
+    return x + jnp.asarray(c, x.dtype) / (x - jnp.asarray(pole, x.dtype))
+
+
+@functools.cache
+def _grid_check(uniform, shape, dtype):
+    """The grid check of `_with_pole`, compiled once (`c` and the pole are
+    arguments)."""
+    from jaxinterp._inverse import _grid
+
+    def check(c, pole):
+        g = lambda x: _with_pole(x, c, pole)  # noqa: E731
+        return _grid.monotone_on_grid(g, shape, dtype, uniform=uniform)
+
+    return jax.jit(check)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    power=st.integers(-45, 0),
+    pole=st.sampled_from([0.0, 1.0, -1.0, 2.0**-12, 0.5]),
+    sign=st.sampled_from([1.0, -1.0]),
+    wide=st.booleans(),
+)
+def test_the_grid_check_never_accepts_a_map_that_turns_near_a_pole(
+    power, pole, sign, wide
+):
+    """`x + c / (x - p)` with a pole `p` on the solver's grid: either side
+    of `p` it runs to infinity, so it turns or takes values twice unless
+    `c` is so small that no float comes close enough to `p` for it to
+    matter. Whatever the check answers, it is never "monotone" for a map
+    whose values at the floats around `p` (every float within 2**10 of it,
+    and points approaching it geometrically) are not monotone. Session
+    30: the grid saw `x - 1e-30 / x` as `x`, and the solver answered one of
+    its two preimages."""
+    from helpers import x64
+
+    dtype = np.float64 if wide else np.float32
+    # (In float64, the smallest powers reach down to its tiny coefficients.)
+    c = sign * 10.0**power * (1e-280 if wide and power < -40 else 1.0)
+    with x64():
+        accepted = [
+            bool(np.all(_grid_check(u, shape, np.dtype(dtype).name)(c, pole)))
+            for u, shape in [(True, ()), (False, (3,)), (True, (300,))]
+        ]
+        xs = _dense_near(pole, dtype)
+        vs = np.asarray(_with_pole(jnp.asarray(xs), c, pole), np.float64)
+    vs = vs[np.isfinite(vs)]
+    steps = np.diff(vs)
+    noise = 16 * np.finfo(dtype).eps * np.maximum(np.abs(vs[1:]), 1)
+    monotone = np.all(steps >= -noise) or np.all(steps <= noise)
+    assert len(set(accepted)) == 1, accepted
+    # (Refusing a map that is monotone near the pole is conservative, not
+    # wrong: its two sides may still overlap farther out.)
+    assert not accepted[0] or monotone, (c, pole, dtype)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["constant", "traced"])
+def test_a_pole_between_the_grid_and_the_floats_next_to_it_is_seen(traced):
+    """`x - 1e-30 / x` (float32): at the grid's points it is `x` to the
+    last bit, but next to 0 it reaches +-8.5e7, so every `y` has a second
+    preimage near 0 (`y = 0.3` at `x = -3.3e-30`). The solver answered `x`
+    (session 30); the grid check now locates where the map stops being
+    finite by bisection and samples it on the way, so every element is
+    NaN, with the coefficient a constant or passed at run time."""
+    x = jnp.asarray([0.3, 0.5, 2.0, -0.7], jnp.float32)
+    second = -1e-30 / x  # the other preimage
+    f = lambda v, a: v - a * 1e-30 / v  # noqa: E731
+    np.testing.assert_allclose(
+        np.asarray(f(second, 1.0)), np.asarray(f(x, 1.0)), rtol=1e-5
+    )
+    if traced:
+        inv = jaxinterp.inverse(f, argnums=0)
+        got = [inv(f(x, 1.0), 1.0), jax.jit(inv)(f(x, 1.0), 1.0)]
+    else:
+        h = lambda v: f(v, 1.0)  # noqa: E731
+        got = [jaxinterp.inverse(h)(h(x)), jax.jit(jaxinterp.inverse(h))(h(x))]
+    for back in got:
+        assert np.all(np.isnan(np.asarray(back))), back
+
+
+def test_a_map_that_turns_just_before_it_stops_is_not_taken_as_monotone():
+    """`x + 1e-30 / (x - 1)` for `x < 1` (float64; NaN beyond) rises like
+    `x` at every grid point, then turns about 1e-15 below 1 and falls by
+    1e-14 to its last float: `y = 1 - 5e-15` has two preimages. With the
+    coefficient passed at run time every element is NaN; as a constant,
+    the map is split where it turns and `y` far from 1 keeps its single
+    preimage."""
+    from helpers import x64
+
+    with x64():
+        f = lambda v, a: v + a * 1e-30 / (v - 1) + jnp.sqrt(1 - v) * 0  # noqa: E731
+        x = jnp.asarray([-0.7, 0.3, 0.9], jnp.float64)
+        band = jnp.asarray([1 - 5e-15], jnp.float64)
+        inv = jaxinterp.inverse(f, argnums=0)
+        assert np.all(np.isnan(np.asarray(inv(f(x, 1.0), 1.0))))
+        assert np.all(np.isnan(np.asarray(inv(band, 1.0))))
+        h = lambda v: f(v, 1.0)  # noqa: E731
+        const = jaxinterp.inverse(h)
+        np.testing.assert_allclose(np.asarray(const(h(x))), np.asarray(x), rtol=1e-12)
+        assert np.all(np.isnan(np.asarray(const(band))))
+
+
+def test_a_removable_singularity_on_the_grid_is_bridged():
+    """`expm1(a x) / x` is not finite at 0 only: the floats next to 0 give
+    about `a`, and the map rises through it, so it is solved with `a`
+    passed at run time (NaN at 0 since session 29's stricter check), and
+    its ildj matches `jax.jacfwd`."""
+    f = lambda v, a: jnp.expm1(a * v) / v  # noqa: E731
+    x = jnp.asarray([-0.7, -0.01, 0.02, 0.5, 2.0], jnp.float32)
+    a = jnp.float32(1.5)
+    inv = jaxinterp.inverse_and_ildj(f, argnums=0)
+    for back, ildj in [inv(f(x, a), a), jax.jit(inv)(f(x, a), a)]:
+        np.testing.assert_allclose(
+            np.asarray(back), np.asarray(x), rtol=2e-4, atol=1e-5
+        )
+        slope = jax.vmap(jax.grad(lambda v: f(v, a)))(x)
+        np.testing.assert_allclose(
+            float(ildj), -float(jnp.sum(jnp.log(jnp.abs(slope)))), rtol=1e-4
+        )

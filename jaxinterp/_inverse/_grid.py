@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -43,12 +44,14 @@ def monotone_on_grid(
     choices: Callable[[Any], Sequence[Any]] | None = None,
 ) -> Any:
     """Per element, whether `g` (elementwise) never turns on `grid`: its
-    finite values either never decrease or never increase, and they form
-    one stretch (a map finite on both sides of a pole or a hole in its
-    domain may take a value on each side: `x - 1 / x`). A map that turns is
-    not injective (a continuous one takes a value twice), so a preimage
-    found for it may not be the one meant. Inside a `shard_map`
-    body the loop's carry varies as `like` (`g`'s values) does.
+    finite values either never decrease or never increase, also on the
+    samples approaching each place where it stops or starts being finite
+    (`_Edges`), and across at most one hole, which they must continue (a
+    map finite on both sides of a pole may take a value on each side: `x -
+    1 / x`). A map that turns is not injective (a continuous one takes a
+    value twice), so a preimage found for it may not be the one meant.
+    Inside a `shard_map` body the loops' carries vary as `like` (`g`'s
+    values) does.
 
     `uniform`: `g` is the same map for every element (its known operands are
     scalars), so one call of `g` on `shape` samples many grid points at once
@@ -74,33 +77,31 @@ def monotone_on_grid(
         return jnp.broadcast_to(checked, shape)
     points = jnp.asarray(grid(dtype))
 
-    def compare(
-        prev: Any, value: Any, rising: Any, falling: Any, seen: Any, gap: Any
-    ) -> tuple[Any, ...]:
-        # A pole or a hole in the domain (a value that is not finite) ends a
-        # stretch, and a second stretch of finite values fails the check:
-        # `x - 1 / x` rises on each side of 0 and takes every value on each.
-        # (`seen`: a finite value so far; `gap`: one that is not after it.)
+    # The loop's state: the last finite value, whether the values so far
+    # never decrease / never increase, and where the map stopped or started
+    # being finite (`_Marks`).
+    def compare(state: tuple[Any, ...], i: Any, value: Any) -> tuple[Any, ...]:
+        prev, rising, falling, *marks = state
+        seen = jnp.isfinite(prev)
         finite = jnp.isfinite(value)
-        both = finite & jnp.isfinite(prev)
-        second = gap & finite
+        both = finite & seen
         # Rounding may wobble a map by a few ulps of its intermediates
         # between close points (those near +-1): not a turn.
-        noise = 16 * eps * jnp.maximum(jnp.maximum(jnp.abs(value), jnp.abs(prev)), 1)
-        rising = rising & ~second & ~(both & (value < prev - noise))
-        falling = falling & ~second & ~(both & (value > prev + noise))
-        value = jnp.where(finite, value, jnp.nan)
-        return value, rising, falling, seen | finite, gap | (seen & ~finite)
+        noise = _noise(value, prev, eps)
+        rising = rising & ~(both & (value < prev - noise))
+        falling = falling & ~(both & (value > prev + noise))
+        after = _Marks(*marks).then(i, finite, seen)
+        return jnp.where(finite, value, prev), rising, falling, *after
 
     # A `while_loop`, not `fori_loop`: under `jax_scan3` a fixed-length loop
     # stages a `Scan3`, which JAX 0.12 cannot batch (the solver runs under
     # the `vmap` of an inverse).
     def step(state: tuple[Any, ...]) -> tuple[Any, ...]:
-        i, *checks = state[:6]
-        before = state[6:]
+        i, *checks = state[:width]
+        before = state[width:]
         x = jnp.full(shape, points[i], dtype)
-        value = g(x)
-        samples, now = [value], []
+        samples = [g(x)]
+        now = []
         if choices is not None:
             now = list(choices(x))
             # Either side of where the choices change since the last point
@@ -108,9 +109,9 @@ def monotone_on_grid(
             lo = jnp.full(shape, points[jnp.maximum(i - 1, 0)], dtype)
             changed = ~_same(before, now) & (i > 0)
             a, b = _switch(choices, lo, x, before, changed, like)
-            samples = [g(a), g(b), value]
+            samples = [g(a), g(b), *samples]
         for v in samples:
-            checks = list(compare(checks[0], v, *checks[1:]))
+            checks = list(compare(tuple(checks), i, v))
         return i + 1, *checks, *now
 
     start: tuple[Any, ...] = (
@@ -118,16 +119,303 @@ def monotone_on_grid(
         jnp.full(shape, jnp.nan, dtype),
         jnp.ones(shape, bool),
         jnp.ones(shape, bool),
-        jnp.zeros(shape, bool),
-        jnp.zeros(shape, bool),
+        *_Marks.begin(shape),
     )
+    width = len(start)
     if choices is not None:
         start = (*start, *choices(jnp.zeros(shape, dtype)))
     if like is not None:
         start = compat.vary_like(start, like)
     count = points.shape[0]
-    _, _, rising, falling, *_ = lax.while_loop(lambda s: s[0] < count, step, start)
-    return rising | falling
+    state = lax.while_loop(lambda s: s[0] < count, step, start)
+    _, _, rising, falling, *marks = state[:width]
+    edges = _Marks(*marks).edges(points)
+    return edges.verdict(g, rising, falling, shape, like)
+
+
+def _noise(value: Any, prev: Any, eps: Any) -> Any:
+    """How far two close samples may differ the wrong way by rounding."""
+    return 16 * eps * jnp.maximum(jnp.maximum(jnp.abs(value), jnp.abs(prev)), 1)
+
+
+# The places where a map stops or starts being finite (`_Edges`): where its
+# finite values start, the two sides of a hole, where they end.
+_START, _HOLE_LEFT, _HOLE_RIGHT, _END = range(4)
+
+
+class _Marks(NamedTuple):
+    """`monotone_on_grid`'s record, per element, of the grid steps (`i`:
+    between `points[i - 1]` and `points[i]`) where the map stopped or
+    started being finite, -1 for none: `start`, `hole_left`, `hole_right`,
+    `end` (`_Edges`); `count`: holes closed; `started`, `finite`: a sample
+    came before, and it was finite. Kept small: it changes at every
+    sample."""
+
+    started: Any
+    finite: Any
+    count: Any
+    start: Any
+    hole_left: Any
+    hole_right: Any
+    end: Any
+
+    @staticmethod
+    def begin(shape: Any) -> _Marks:
+        none = jnp.full(shape, -1, jnp.int32)
+        false = jnp.zeros(shape, bool)
+        return _Marks(false, false, jnp.zeros(shape, jnp.int32), none, none, none, none)
+
+    def then(self, i: Any, finite: Any, seen: Any) -> _Marks:
+        """After a sample at step `i` (`seen`: a finite one came before)."""
+        starts = finite & ~self.finite & self.started
+        closes = starts & seen
+        ends = ~finite & self.finite
+        return _Marks(
+            jnp.ones_like(self.started),
+            finite,
+            self.count + closes.astype(jnp.int32),
+            jnp.where(starts & ~seen, i, self.start),
+            jnp.where(closes, self.end, self.hole_left),
+            jnp.where(closes, i, self.hole_right),
+            jnp.where(ends, i, jnp.where(closes, -1, self.end)),
+        )
+
+    def edges(self, points: Any) -> _Edges:
+        """The places as intervals between grid points, values unknown."""
+        steps = jnp.stack([self.start, self.hole_left, self.hole_right, self.end])
+        # (A hole's sides count only if it is the one hole.)
+        sides = jnp.asarray([False, True, True, False])
+        sides = sides.reshape((4,) + (1,) * self.count.ndim)
+        on = jnp.where(sides, self.count == 1, steps >= 0)
+        lo = points[jnp.maximum(steps - 1, 0)]
+        hi = points[jnp.maximum(steps, 0)]
+        nan = jnp.full(lo.shape, jnp.nan, lo.dtype)
+        return _Edges(self.count, lo, hi, nan, nan, on, known=False)
+
+
+class _Edges(NamedTuple):
+    """Where a map sampled in increasing order stops or starts being finite
+    (a pole, an overflow, a point or an interval outside its domain): four
+    places (`_START` ... `_END`) stacked along a first axis, each as two
+    samples around it, `lo < hi`, with values `v_lo`, `v_hi` (one finite,
+    one not; `known=False`: not evaluated yet), and whether it was found
+    (`on`); `count`: the holes.
+
+    Between the last finite sample and the next one that is not, the map
+    may go anywhere before it stops (`x - 1e-30 / x` reaches 8.5e7 just
+    left of 0, where the grid sees `x`): `verdict` locates the place by
+    bisection and requires the map to keep its direction on the samples
+    approaching it. One hole (its two sides `_HOLE_LEFT` and
+    `_HOLE_RIGHT`) is accepted when the map continues the same way across
+    it (the removable singularity of `expm1(x) / x` at 0); more fail the
+    check (the values either side of a pole may overlap: `x - 1 / x` takes
+    every value on each side of 0)."""
+
+    count: Any
+    lo: Any
+    hi: Any
+    v_lo: Any
+    v_hi: Any
+    on: Any
+    known: bool = True
+
+    def verdict(
+        self,
+        g: Callable[[Any], Any],
+        rising: Any,
+        falling: Any,
+        shape: Any,
+        like: Any = None,
+    ) -> Any:
+        """Whether the map never turns: `rising` or `falling` on the grid's
+        samples, and the same way on the samples approaching each place
+        and across the hole; never with more than one hole. Known values
+        (a `uniform` map's, scalars) are searched with one point per
+        element per step (`_locate`), else element by element."""
+        eps = jnp.finfo(jnp.result_type(self.lo)).eps
+        found, ups, downs, bad = _locate(self, g, rising, falling, shape, like)
+        # Across the hole: the last finite float before it, the first after.
+        u, v = found.v_lo[_HOLE_LEFT], found.v_hi[_HOLE_RIGHT]
+        hole = self.count == 1
+        noise = _noise(u, v, eps)
+        ups = ups & (~hole | (v >= u - noise))
+        downs = downs & (~hole | (v <= u + noise))
+        return ((rising & ups) | (falling & downs)) & (self.count <= 1) & ~bad
+
+
+def _track(
+    ups: Any,
+    downs: Any,
+    left: Any,
+    right: Any,
+    value: Any,
+    v_lo: Any,
+    v_hi: Any,
+    eps: Any,
+) -> tuple[Any, Any]:
+    """`ups`, `downs` after a finite sample `value` that moved the low end
+    (`left`, after `v_lo`) or the high end (`right`, before `v_hi`) of a
+    place's interval on its finite side."""
+    u = jnp.where(left, v_lo, value)
+    v = jnp.where(left, value, v_hi)
+    noise = _noise(u, v, eps)
+    moved = left | right
+    return ups & ~(moved & (v < u - noise)), downs & ~(moved & (v > u + noise))
+
+
+def _needed(on: Any, v_lo: Any, v_hi: Any, near: Any, rising: Any, falling: Any) -> Any:
+    """Per place (rows `_START` ... `_END`), whether it must be located
+    (`v_lo`, `v_hi`: the map at its interval's ends; `near`: at the float
+    next to the end where it is not finite, on the finite side). A hole's
+    sides always; where the finite values start or end, unless the map
+    overflows there towards the infinity its direction leads to: both that
+    end and the float next to it are that infinity (`exp` beyond 88.7). A
+    single float that is not finite is no overflow: at a pole the value
+    there need not be the limit the map approaches (`x + 1e-30 / x` is
+    `+inf` at 0 and falls to `-inf` left of it)."""
+    row = jnp.arange(4).reshape((4,) + (1,) * (jnp.ndim(on) - 1))
+    lo_finite = jnp.isfinite(v_lo)
+    other = jnp.where(lo_finite, v_hi, v_lo)
+    lead = jnp.where(lo_finite, 1.0, -1.0)
+    towards = (rising & (other == lead * jnp.inf)) | (
+        falling & (other == -lead * jnp.inf)
+    )
+    overflow = towards & (near == other)
+    side = (row == _HOLE_LEFT) | (row == _HOLE_RIGHT)
+    return on & (side | ~overflow)
+
+
+def _each(g: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`g` (on values of one shape) over a stack of such values: one
+    batched copy of `g` (`vmap`), or a call per value where a step does not
+    batch."""
+
+    def each(xs: Any) -> Any:
+        try:
+            return jax.vmap(g)(xs)
+        except NotImplementedError:
+            return jnp.stack([g(x) for x in xs])
+
+    return each
+
+
+def _locate(
+    edges: _Edges,
+    g: Callable[[Any], Any],
+    rising: Any,
+    falling: Any,
+    shape: Any,
+    like: Any,
+) -> tuple[_Edges, Any, Any, Any]:
+    """`edges` with each place's interval narrowed to neighbouring floats
+    where the map's finiteness changes (where `_needed`), all four places
+    at once (a batched call of `g` per step). Element by element: `g` at
+    the intervals' ends, then bisection on the floats' order. With known
+    values (a `uniform` map's places, scalars): each step samples up to
+    `_SPREAD` points of each interval, one per element, and keeps the two
+    around the first whose finiteness differs from the interval's low
+    end. The samples on the finite side approach the place about
+    geometrically; also returned: whether their values never decrease /
+    never increase in the order of `x`, and where an interval's ends are
+    both finite or both not (the change lay between samples around a
+    switch: not judged, the element fails)."""
+    dtype = jnp.result_type(edges.lo)
+    eps = jnp.finfo(dtype).eps
+    spread = edges.known
+    each = _each(g)
+    a, b = _ordered(edges.lo), _ordered(edges.hi)
+    size = math.prod(shape)
+    k = min(size, _SPREAD) if spread else 1
+    grow = (4,) + (1,) * len(shape)  # a place's scalar over its elements
+    if spread:
+        v_lo, v_hi = edges.v_lo, edges.v_hi
+        bad = jnp.asarray(False)
+    else:
+        v_lo, v_hi = jnp.split(each(jnp.concatenate([edges.lo, edges.hi])), 2)
+        bad = jnp.any(edges.on & (jnp.isfinite(v_lo) == jnp.isfinite(v_hi)), axis=0)
+    inner = jnp.where(jnp.isfinite(v_lo), b - 1, a + 1)
+    if spread:
+        at = jnp.broadcast_to(inner.reshape(grow), (4, *shape))
+        near = jnp.reshape(each(_unordered(at, dtype)), (4, -1))[:, 0]
+    else:
+        near = each(_unordered(inner, dtype))
+    need = _needed(edges.on, v_lo, v_hi, near, rising, falling)
+    # Element i of a place samples the (i + 1)-th of k evenly spaced points
+    # inside its interval (the elements beyond k: the low end again).
+    steps = jnp.asarray(np.minimum(np.arange(size), k).reshape(shape) + 1, a.dtype)
+    used = jnp.asarray((np.arange(size) < k).reshape(shape))
+
+    def going(state: tuple[Any, ...]) -> Any:
+        a, b = state[:2]
+        return need & (b - a > 1)
+
+    def body(state: tuple[Any, ...]) -> tuple[Any, ...]:
+        a, b, v_lo, v_hi, ups, downs = state
+        move = going(state)
+        width = b - a
+        if spread:
+            lo, hi, w = a.reshape(grow), b.reshape(grow), width.reshape(grow)
+            # (`lo + w * step // (k + 1)` without overflow.)
+            point = lo + w // (k + 1) * steps + w % (k + 1) * steps // (k + 1)
+            point = jnp.where(used & move.reshape(grow) & (point < hi), point, lo)
+        else:
+            point = a + width // 2
+        value = each(_unordered(point, dtype))
+        if not spread:
+            same = jnp.isfinite(value) == jnp.isfinite(v_lo)
+            low, high = move & same, move & ~same
+            finite = jnp.isfinite(value)
+            ups, downs = _track(
+                ups, downs, low & finite, high & finite, value, v_lo, v_hi, eps
+            )
+            return (
+                jnp.where(low, point, a),
+                jnp.where(high, point, b),
+                jnp.where(low, value, v_lo),
+                jnp.where(high, value, v_hi),
+                ups,
+                downs,
+            )
+        flat, pts = jnp.reshape(value, (4, -1)), jnp.reshape(point, (4, -1))
+        lo, hi = a[:, None], b[:, None]
+        differ = (jnp.isfinite(flat) != jnp.isfinite(v_lo)[:, None]) & (pts > lo)
+        # The first point that differs (else `hi`), and the one before it.
+        first = jnp.min(jnp.where(differ, pts, hi), axis=1)
+        last = jnp.max(jnp.where(~differ & (pts < first[:, None]), pts, lo), axis=1)
+        pick = lambda m: jnp.max(jnp.where(m, flat, -jnp.inf), axis=1)  # noqa: E731
+        at_first = pick(differ & (pts == first[:, None]))
+        at_last = pick(~differ & (pts == last[:, None]))
+        # The finite values in the order of `x` (the first k elements).
+        seq = jnp.concatenate([v_lo[:, None], flat[:, :k], v_hi[:, None]], axis=1)
+        both = jnp.isfinite(seq[:, 1:]) & jnp.isfinite(seq[:, :-1]) & move[:, None]
+        noise = _noise(seq[:, 1:], seq[:, :-1], eps)
+        ups = ups & ~jnp.any(both & (seq[:, 1:] < seq[:, :-1] - noise), axis=1)
+        downs = downs & ~jnp.any(both & (seq[:, 1:] > seq[:, :-1] + noise), axis=1)
+        moved_lo, moved_hi = move & (last > a), move & (first < b)
+        return (
+            jnp.where(moved_lo, last, a),
+            jnp.where(moved_hi, first, b),
+            jnp.where(moved_lo, at_last, v_lo),
+            jnp.where(moved_hi, at_first, v_hi),
+            ups,
+            downs,
+        )
+
+    true = jnp.ones(jnp.shape(v_lo), bool)
+    start = (a, b, v_lo, v_hi, true, true)
+    if like is not None:
+        start = compat.vary_like(start, like)
+    cond = lambda s: jnp.any(going(s))  # noqa: E731
+    a, b, v_lo, v_hi, ups, downs = lax.while_loop(cond, body, start)
+    found = edges._replace(
+        lo=_unordered(a, dtype), hi=_unordered(b, dtype), v_lo=v_lo, v_hi=v_hi
+    )
+    return found, jnp.all(ups, axis=0), jnp.all(downs, axis=0), bad
+
+
+# Points sampled per step of `_locate` with known values (at most one per
+# element).
+_SPREAD = 4096
 
 
 def _same(a: Sequence[Any], b: Sequence[Any]) -> Any:
@@ -229,6 +517,7 @@ def _monotone_uniform(
         _, done = lax.while_loop(lambda s: s[0] < chunks, step, start)
         values = jnp.reshape(done, (-1,))
     values = values[:count]
+    at = jnp.asarray(points, dtype)  # (the point of each value)
     if choices is not None:
         # Per pair of neighbouring points, the map either side of its
         # switch (both `g` at the pair's low end where it has none),
@@ -243,18 +532,38 @@ def _monotone_uniform(
         sides = [jnp.reshape(g(v), (-1,))[:pairs] for v in (a, b)]
         inner = jnp.stack([values[:-1], *sides], axis=1).reshape(-1)
         values = jnp.concatenate([inner, values[-1:]])
+        ends = [jnp.reshape(v, (-1,))[:pairs] for v in (a, b)]
+        inner = jnp.stack([at[:-1], *ends], axis=1).reshape(-1)
+        at = jnp.concatenate([inner, at[-1:]])
     eps = jnp.finfo(dtype).eps
-    # The same tests as `monotone_on_grid`'s loop, on neighbouring points.
+    # The same tests as `monotone_on_grid`'s loop: neighbouring finite
+    # values, then where the map stops or starts being finite (`_Edges`).
+    finite = jnp.isfinite(values)
     prev, value = values[:-1], values[1:]
-    compare = jnp.isfinite(value) & jnp.isfinite(prev)
-    noise = 16 * eps * jnp.maximum(jnp.maximum(jnp.abs(value), jnp.abs(prev)), 1)
+    compare = finite[1:] & finite[:-1]
+    noise = _noise(value, prev, eps)
     rising = ~jnp.any(compare & (value < prev - noise))
     falling = ~jnp.any(compare & (value > prev + noise))
-    # Finite values on both sides of one that is not (a pole, a hole in the
-    # domain): two stretches, whose values may overlap (`x - 1 / x` takes
-    # every value on each side of 0). Not accepted here; a map with
-    # constant operands is then inverted where `y` is in one stretch's
-    # values only (`_turning.py`).
-    finite = jnp.isfinite(values)
-    starts = jnp.sum(finite[1:] & ~finite[:-1]) + finite[0]
-    return (rising | falling) & (starts <= 1)
+    n = values.shape[0]
+    index = jnp.arange(n)
+    some = jnp.any(finite)
+    first = jnp.argmax(finite)
+    last = n - 1 - jnp.argmax(finite[::-1])
+    # The non-finite values between the first finite one and the last: one
+    # hole if they are contiguous.
+    inside = ~finite & (index > first) & (index < last)
+    left = jnp.argmax(inside)
+    right = n - 1 - jnp.argmax(inside[::-1])
+    holes = jnp.sum(inside)
+    count = jnp.where(holes == 0, 0, jnp.where(holes == right - left + 1, 1, 2))
+
+    def around(i: Any) -> list[Any]:
+        # The samples `i` and `i + 1` (clipped): `lo, hi, v_lo, v_hi`.
+        i = jnp.clip(i, 0, n - 2)
+        return [at[i], at[i + 1], values[i], values[i + 1]]
+
+    rows = [around(first - 1), around(left - 1), around(right), around(last)]
+    on = [some & (first > 0), count == 1, count == 1, some & (last < n - 1)]
+    lo, hi, v_lo, v_hi = (jnp.stack([row[k] for row in rows]) for k in range(4))
+    edges = _Edges(count, lo, hi, v_lo, v_hi, jnp.stack(on))
+    return edges.verdict(g, rising, falling, shape, like)

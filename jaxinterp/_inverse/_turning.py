@@ -61,17 +61,13 @@ class Stretches:
         inside = self._holding(y)
         x_ = jnp.asarray(x)[..., None]
         dtype = jnp.result_type(x)
-        within = (x_ >= jnp.asarray(self.x_lo, dtype)) & (
-            x_ <= jnp.asarray(self.x_hi, dtype)
-        )
+        within = (x_ >= _cast(self.x_lo, dtype)) & (x_ <= _cast(self.x_hi, dtype))
         return jnp.any(inside & within, axis=-1)
 
     def _holding(self, y: Any) -> Any:
         y_ = jnp.asarray(y)[..., None]
         dtype = jnp.result_type(y)
-        return (y_ >= jnp.asarray(self.v_lo, dtype)) & (
-            y_ <= jnp.asarray(self.v_hi, dtype)
-        )
+        return (y_ >= _cast(self.v_lo, dtype)) & (y_ <= _cast(self.v_hi, dtype))
 
     def any_single(self) -> bool:
         """Whether some value is taken by exactly one stretch."""
@@ -86,6 +82,13 @@ class Stretches:
             if count == 1:
                 return True
         return False
+
+
+def _cast(bounds: np.ndarray, dtype: Any) -> Any:
+    """Float64 bounds as `dtype`, those beyond its range as its largest
+    magnitude (the same comparisons with its values, without overflow)."""
+    top = float(jnp.finfo(dtype).max)
+    return jnp.asarray(np.clip(bounds, -top, top), dtype)
 
 
 def stretches(
@@ -138,6 +141,7 @@ def _stretches(
     if len(extra):
         points = np.unique(np.concatenate([points, np.asarray(extra, dtype)]))
     values = values_on(g, points, shape, dtype)
+    points, values = _with_edges(g, dtype, shape, points, values)
     eps = float(jnp.finfo(dtype).eps)
     finite = np.isfinite(values)
     # `extra` holds pairs of neighbouring values either side of a switch:
@@ -201,6 +205,61 @@ def _stretches(
     if np.any(found.x_lo > found.x_hi):
         raise _Wiggles  # turns closer than the grid's points
     return found
+
+
+def _with_edges(
+    g: Callable[[Any], Any],
+    dtype: Any,
+    shape: tuple[int, ...],
+    points: np.ndarray,
+    values: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`points` and `values` with samples added where the map stops or starts
+    being finite between two of them (a pole, an overflow, an end of its
+    domain): located by bisection on the floats' order (a call of `g` per
+    step, one point per element), down to neighbouring floats. Between the
+    last finite sample and such a place the map may go anywhere (`x - 1e-30
+    / x` rises to 8.5e7 just left of 0, where the grid sees about `x`): the
+    samples of the bisection approach it about geometrically, so the
+    stretch there holds the values it reaches."""
+    finite = np.isfinite(values)
+    itype = np.int32 if np.dtype(dtype).itemsize == 4 else np.int64
+    size = max(math.prod(shape), 1)
+    k = min(size, 4096)
+    new_x: list[np.ndarray] = []
+    new_v: list[np.ndarray] = []
+    for i in map(int, np.flatnonzero(finite[1:] != finite[:-1])):
+        a, b = _ordered_np(points[i], itype), _ordered_np(points[i + 1], itype)
+        side = finite[i]
+        while b - a > 1:
+            ks = sorted({a + (b - a) * j // (k + 1) for j in range(1, k + 1)} - {a})
+            xs = np.asarray([_unordered_np(m, dtype, itype) for m in ks], dtype)
+            vs = values_on(g, xs, shape, dtype)
+            new_x.append(xs)
+            new_v.append(vs)
+            differ = np.flatnonzero(np.isfinite(vs) != side)
+            j = int(differ[0]) if differ.size else len(ks)
+            if j < len(ks):
+                b = ks[j]
+            if j > 0:
+                a = ks[j - 1]
+    if not new_x:
+        return points, values
+    xs = np.concatenate([points, *new_x])
+    vs = np.concatenate([values, *new_v])
+    xs, first = np.unique(xs, return_index=True)
+    return xs.astype(points.dtype), vs[first]
+
+
+def _ordered_np(x: Any, itype: Any) -> int:
+    """The float `x` as an integer in the floats' order (`_grid._ordered`)."""
+    bits = int(np.asarray(abs(x), np.dtype(itype).str.replace("i", "f")).view(itype))
+    return -bits if np.signbit(x) else bits
+
+
+def _unordered_np(k: int, dtype: Any, itype: Any) -> float:
+    x = float(np.asarray(abs(k), itype).view(dtype))
+    return -x if k < 0 else x
 
 
 class _Wiggles(Exception):
