@@ -43,6 +43,9 @@ class SolveOptions:
     # in the outermost run, whose caller then takes the ildj in the
     # coordinates the inverse reads.
     complete: bool = False
+    # Whether a block may be solved through a scalar bottleneck
+    # (`_bottleneck.py`): not in that method's own runs of the engine.
+    bottlenecks: bool = True
 
 
 class SolveState:

@@ -41,6 +41,7 @@ from .._errors import (
 from .._registry import RuleRegistry
 from . import (
     _blocks as bl,
+    _bottleneck as bn,
     _branches as br,
     _fractional as fr,
     _gram as gm,
@@ -180,6 +181,7 @@ class InverseWalker:
         blocks: bool = True,
         seeds: Sequence[tuple[Any, list[Any]]] = (),
         complete: bool = False,
+        bottlenecks: bool = True,
     ) -> Solution:
         """Find the unknown inputs of `jaxpr` (and any outputs not given).
 
@@ -206,11 +208,15 @@ class InverseWalker:
                 from its result when nothing determines them (`_gram.py`);
                 the ildj then needs the caller's care (the steps' ildjs may
                 count discarded elements).
+            bottlenecks: whether a block may be solved through a scalar
+                bottleneck (`_bottleneck.py`; off in that method's own runs).
 
         Returns:
             A `Solution`.
         """
-        options = SolveOptions(nan_checks, want_ildj, solvers, blocks, complete)
+        options = SolveOptions(
+            nan_checks, want_ildj, solvers, blocks, complete, bottlenecks
+        )
         st = SolveState(jaxpr, consts, invals, outvals, out_branches, options, seeds)
         while True:
             i = st.next_equation()
@@ -227,6 +233,7 @@ class InverseWalker:
                     blocks=blocks,
                     seeds=seeds,
                     complete=complete,
+                    bottlenecks=bottlenecks,
                 )
                 unknown = [v is None for v in invals]
                 # (`st.jaxpr`: the indices are its equations', implicit
@@ -826,6 +833,10 @@ class InverseWalker:
         if found is None and st.options.solvers:
             # Last: a triangular map of one unknown (`_sequential.py`).
             found = sq.sequential_step(st)
+        if found is None and st.options.solvers:
+            # A map through one number computed from all of its unknown
+            # (`_bottleneck.py`).
+            found = bn.bottleneck_step(self, st)
         if found is None:
             return False
         block, x_val, block_ildj, method = found

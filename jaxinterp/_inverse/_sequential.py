@@ -209,7 +209,7 @@ def _block(x: Any, tops: list[int], st: Any) -> bl.Block | None:
     )
 
 
-def _flat(block: bl.Block) -> Callable[..., Any]:
+def flat_results(block: bl.Block) -> Callable[..., Any]:
     """`F(u, *known)`: the block's results, raveled and concatenated, from
     its unknown raveled into `u`."""
     shape, dtype = block.x.aval.shape, block.x.aval.dtype
@@ -293,7 +293,7 @@ def triangular(block: bl.Block, st: Any) -> Triangular | None:
     n = math.prod(block.x.aval.shape)
     dtype = np.dtype(block.x.aval.dtype)
     a, b = _points(n, dtype)
-    flat = _flat(block)
+    flat = flat_results(block)
     try:
         with jax.ensure_compile_time_eval():
             # One compiled call (op-by-op evaluation of the derivatives
@@ -383,13 +383,12 @@ def solve_sequential(
     block: bl.Block, tri: Triangular, ys: Sequence[Any], known: Sequence[Any]
 ) -> tuple[Any, Any]:
     """The block's unknown (NaN unless every result checks) and its ildj."""
-    flat = _flat(block)
+    flat = flat_results(block)
     dtype = block.x.aval.dtype
     y = jnp.concatenate([jnp.ravel(v).astype(dtype) for v in ys])
     # Static (NumPy) indices: closed over by the derivative rule, which is
     # traced later, outside this trace.
     level, rows = tri.level, tri.row
-    n, m = tri.level.shape[0], y.shape[0]
 
     def one_level(u: Any, k: Any, target: Any, *kn: Any) -> Any:
         on = jnp.equal(level, k)
@@ -406,11 +405,7 @@ def solve_sequential(
             return jnp.where(on, jnp.where(slope == 0, jnp.nan, u + step), u)
         return jnp.where(on, _solve.solver(g)(jnp.where(on, target, u), u, *kn), u)
 
-    def select(u: Any, *kn: Any) -> Any:
-        return flat(u, *kn)[rows]
-
-    @jax.custom_jvp
-    def solve(y: Any, *kn: Any) -> Any:
+    def levels(y: Any, *kn: Any) -> Any:
         target = y[rows]
 
         def body(state: tuple[Any, Any]) -> tuple[Any, Any]:
@@ -419,7 +414,33 @@ def solve_sequential(
 
         start = (jnp.int32(0), jnp.asarray(tri.start, dtype))
         _, u = lax.while_loop(lambda s: s[0] < tri.n_levels, body, start)
-        return _checked(flat, u, y, kn, rows)
+        return u
+
+    return implicit_solve(flat, rows, levels, block.x.aval.shape, y, known)
+
+
+def implicit_solve(
+    flat: Callable[..., Any],
+    rows: np.ndarray,
+    inner: Callable[..., Any],
+    shape: tuple[int, ...],
+    y: Any,
+    known: Sequence[Any],
+) -> tuple[Any, Any]:
+    """`inner(y, *known)`, the raveled unknown `u` with `flat(u, *known) =
+    y` (`flat`: the block's results, raveled and concatenated), checked
+    (`_checked`: NaN unless every result is `y` within rounding), reshaped
+    to `shape`; and the ildj. Differentiable in `y` and `known` by the
+    implicit function theorem on the results `rows` (as many as elements
+    of `u`), not through `inner`."""
+    n, m = len(rows), y.shape[0]
+
+    def select(u: Any, *kn: Any) -> Any:
+        return flat(u, *kn)[rows]
+
+    @jax.custom_jvp
+    def solve(y: Any, *kn: Any) -> Any:
+        return _checked(flat, inner(y, *kn), y, kn, rows)
 
     @solve.defjvp
     def _solve_jvp(primals: Sequence[Any], tangents: Sequence[Any]) -> Any:
@@ -454,7 +475,7 @@ def solve_sequential(
             ildj = -jnp.linalg.slogdet(jac)[1]
         else:
             ildj = -0.5 * jnp.linalg.slogdet(jac.T @ jac)[1]
-        return jnp.reshape(u, block.x.aval.shape), ildj
+        return jnp.reshape(u, shape), ildj
 
     # One `jit` equation: an inverse run op by op (under `jax.grad` outside
     # `jit`) compiles it once, not each of its loops and steps.

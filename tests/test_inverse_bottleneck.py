@@ -1,0 +1,208 @@
+"""Maps through a scalar bottleneck (`jaxinterp/_inverse/_bottleneck.py`).
+
+Planar and radial flows (Rezende and Mohamed, 2015) and maps onto a ball
+reach their result from `x` directly and through one number computed from
+all of `x`. Each is checked against its hand-written inverse (the scalar
+equation solved in float64 NumPy, or a closed form), the ildj against
+`-slogdet(jacfwd(f))`, under `jax.jit`, `jax.vmap` and `jax.grad`; a `y`
+with several preimages or none gives NaN.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import x64
+from hypothesis import given, strategies as st
+
+import jaxinterp
+from jaxinterp import NotInvertibleError
+
+D = 4
+
+
+def planar_params(seed, scale=1.0):
+    """`u`, `w`, `b` with `w @ u >= -1` (the flow's usual
+    reparametrization), so that the map is invertible."""
+    rng = np.random.default_rng(seed)
+    u, w = rng.normal(size=D) * scale, rng.normal(size=D)
+    wu = w @ u
+    u = u + (-1 + np.log1p(np.exp(wu)) - wu) * w / (w @ w)
+    b = rng.normal()
+    return (jnp.asarray(u, jnp.float32), jnp.asarray(w, jnp.float32), jnp.float32(b))
+
+
+def planar(x, u, w, b):
+    return x + u * jnp.tanh(jnp.dot(w, x) + b)
+
+
+def planar_inverse(y, u, w, b):
+    """In float64: `a = w @ x` solves `a + (w @ u) tanh(a + b) = w @ y`
+    (increasing in `a`), by bisection; then `x = y - u tanh(a + b)`."""
+    y, u, w = (np.asarray(v, np.float64) for v in (y, u, w))
+    target, wu = w @ y, w @ u
+    lo, hi = target - abs(wu) - 1, target + abs(wu) + 1
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if mid + wu * np.tanh(mid + b) < target:
+            lo = mid
+        else:
+            hi = mid
+    return y - u * np.tanh((lo + hi) / 2 + b)
+
+
+def radial(x, c, alpha, beta):
+    r = jnp.linalg.norm(x - c)
+    return x + beta / (alpha + r) * (x - c)
+
+
+def radial_inverse(y, c, alpha, beta):
+    """In float64: `r = |x - c|` solves `r (1 + beta / (alpha + r)) = |y - c|`
+    (increasing for `beta >= -alpha`), by bisection."""
+    y, c = np.asarray(y, np.float64), np.asarray(c, np.float64)
+    target = np.linalg.norm(y - c)
+    lo, hi = 0.0, target + abs(beta) + 1
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if mid * (1 + beta / (alpha + mid)) < target:
+            lo = mid
+        else:
+            hi = mid
+    r = (lo + hi) / 2
+    return c + (y - c) / (1 + beta / (alpha + r))
+
+
+def l2_ball(x):
+    return x / (1 + jnp.linalg.norm(x))
+
+
+def l2_ball_inverse(y):
+    return y / (1 - jnp.linalg.norm(y))
+
+
+def l1_ball(x):
+    return x / (1 + jnp.sum(jnp.abs(x)))
+
+
+def l1_ball_inverse(y):
+    return y / (1 - jnp.sum(jnp.abs(y)))
+
+
+def slogdet_ildj(f, x):
+    jac = np.asarray(jax.jacfwd(f)(x), np.float64)
+    return -np.linalg.slogdet(jac)[1]
+
+
+def points(seed, n=3, scale=1.5):
+    rng = np.random.default_rng(seed)
+    return jnp.asarray(rng.normal(size=(n, D)) * scale, jnp.float32)
+
+
+@given(st.integers(0, 2**31 - 1))
+def test_planar_flow_against_its_hand_written_inverse(seed):
+    params = planar_params(seed)
+    inv = jaxinterp.inverse_and_ildj(planar, argnums=0)
+    for x in points(seed):
+        y = planar(x, *params)
+        got, ildj = inv(y, *params)
+        want = planar_inverse(y, *params)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(got, x, rtol=1e-3, atol=1e-3)
+        ildj_want = slogdet_ildj(lambda v: planar(v, *params), got)
+        np.testing.assert_allclose(ildj, ildj_want, rtol=1e-4, atol=1e-4)
+
+
+@given(st.integers(0, 2**31 - 1))
+def test_radial_flow_against_its_hand_written_inverse(seed):
+    rng = np.random.default_rng(seed)
+    c = jnp.asarray(rng.normal(size=D), jnp.float32)
+    alpha = float(np.exp(rng.normal()))
+    beta = -alpha + float(np.log1p(np.exp(rng.normal())))  # beta >= -alpha
+    inv = jaxinterp.inverse_and_ildj(radial, argnums=0)
+    for x in points(seed):
+        y = radial(x, c, alpha, beta)
+        got, ildj = inv(y, c, alpha, beta)
+        want = radial_inverse(y, c, alpha, beta)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        ildj_want = slogdet_ildj(lambda v: radial(v, c, alpha, beta), got)
+        np.testing.assert_allclose(ildj, ildj_want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "f, f_inv", [(l2_ball, l2_ball_inverse), (l1_ball, l1_ball_inverse)]
+)
+def test_ball_maps_inverted_and_nan_outside_the_ball(f, f_inv):
+    xs = points(5)
+    inv = jaxinterp.inverse_and_ildj(f)
+    for x in xs:
+        got, ildj = inv(f(x))
+        np.testing.assert_allclose(got, f_inv(f(x)), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(ildj, slogdet_ildj(f, got), rtol=1e-4, atol=1e-4)
+    # On the sphere and beyond it: no preimage.
+    for scale in (1.0, 1.5):
+        y = scale * xs[0] / (jnp.linalg.norm(xs[0], ord=1 if f is l1_ball else 2))
+        assert np.all(np.isnan(jaxinterp.inverse(f)(y))), y
+    report = str(jaxinterp.explain_inverse(f, xs[0]))
+    assert "(scalar bottleneck solve)" in report, report
+
+
+def test_planar_flow_under_jit_vmap_and_grad():
+    params = planar_params(11)
+    inv = jaxinterp.inverse(planar, argnums=0)
+    xs = points(12, n=5)
+    ys = jax.vmap(planar, in_axes=(0, None, None, None))(xs, *params)
+    got = jax.jit(jax.vmap(inv, in_axes=(0, None, None, None)))(ys, *params)
+    np.testing.assert_allclose(got, xs, rtol=1e-4, atol=1e-4)
+    # d x / d y is the inverse of the forward Jacobian at x.
+    y, x = ys[0], xs[0]
+    jac_inv = jax.jacrev(lambda v: inv(v, *params))(y)
+    want = np.linalg.inv(np.asarray(jax.jacfwd(planar)(x, *params), np.float64))
+    np.testing.assert_allclose(jac_inv, want, rtol=1e-3, atol=1e-4)
+    # ... and d x / d b by the implicit function theorem: -J^-1 df/db.
+    dx_db = jax.jacfwd(lambda b: inv(y, params[0], params[1], b))(params[2])
+    df_db = np.asarray(jax.jacfwd(planar, argnums=3)(x, *params), np.float64)
+    np.testing.assert_allclose(dx_db, -want @ df_db, rtol=1e-3, atol=1e-4)
+    # The ildj's gradient in `y`, against the float64 reference's.
+    ildj = jaxinterp.ildj(planar, argnums=0)
+    grad = jax.grad(lambda v: ildj(v, *params))(y)
+    with x64():
+        p64 = [jnp.asarray(p, jnp.float64) for p in params]
+
+        def ildj64(v):
+            x64_ = v - p64[0] * jnp.tanh(_alpha64(v, p64) + p64[2])
+            return -jnp.linalg.slogdet(jax.jacfwd(planar)(x64_, *p64))[1]
+
+        want_grad = jax.grad(ildj64)(jnp.asarray(y, jnp.float64))
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-3, atol=1e-3)
+
+
+def _alpha64(y, p):
+    """`a = w @ x` of the planar flow, by Newton's method from `w @ y`
+    (float64, differentiable through the iterations)."""
+    u, w, b = p
+    target, wu = w @ y, w @ u
+    a = target
+    for _ in range(60):
+        g = a + wu * jnp.tanh(a + b) - target
+        a = a - g / (1 + wu * (1 - jnp.tanh(a + b) ** 2))
+    return a
+
+
+def test_a_planar_map_that_folds_is_nan_where_several_preimages():
+    # `w @ u = -3`: `a - 3 tanh(a)` turns, so some `y` have three preimages.
+    w = jnp.asarray([1.0, 0.0, 0.0, 0.0], jnp.float32)
+    u = jnp.asarray([-3.0, 0.5, 0.0, 0.0], jnp.float32)
+    b = jnp.float32(0.0)
+    x = jnp.asarray([0.2, 0.1, -0.3, 0.4], jnp.float32)  # a = 0.2: on the fold
+    got = jaxinterp.inverse(planar, argnums=0)(planar(x, u, w, b), u, w, b)
+    assert np.all(np.isnan(got)), got
+
+
+def test_without_solvers_it_is_refused():
+    params = planar_params(3)
+    with pytest.raises(NotInvertibleError):
+        jaxinterp.inverse(planar, argnums=0, solvers=False)(
+            planar(points(3)[0], *params), *params
+        )
