@@ -24,7 +24,10 @@ else NaN (`y` outside the image: a point outside the ball).
 
 The block is the sequential method's (`_sequential.find_sequential`: the
 blocked equations that reach one unknown), square (as many result elements
-as unknown ones), tried when it is not triangular. The candidates for `s`
+as unknown ones), tried when it is not triangular, and only if its Jacobian
+is regular at one of that method's two pseudo-random points (`_regular`: a
+softmax, singular everywhere, keeps its refusal, which says which freedom
+it loses, rather than a `G` that is flat). The candidates for `s`
 are its values of one element that depend on `x`, earliest first (at most
 `MAX_CANDIDATES`): the first for which the engine solves the rest (exact
 methods, and the elementwise and linear solves, but no bottleneck within) is
@@ -163,6 +166,8 @@ def bottleneck_step(walker: Any, st: Any) -> tuple[bl.Block, Any, Any, str] | No
         n = _size(block.x)
         if n > MAX_ELEMENTS or sum(_size(v) for v in block.ys) != n:
             continue
+        if not _regular(block, st):
+            continue
         ways = [
             (k, x_of) for k in _candidates(block) if (x_of := _x_of(walker, block, k))
         ]
@@ -173,6 +178,40 @@ def bottleneck_step(walker: Any, st: Any) -> tuple[bl.Block, Any, Any, str] | No
         x, ildj = _solve_through(block, ways, ys, known)
         return block, x, ildj if st.options.want_ildj else 0.0, BOTTLENECK_SOLVE
     return None
+
+
+def _regular(block: bl.Block, st: Any) -> bool:
+    """Whether the block's Jacobian is regular at one of the sequential
+    method's two pseudo-random points (its known operands as that method
+    measures them, `_sequential._probe_values`): its smallest singular value
+    above `sqrt(eps)` times its largest. A map singular at both (a softmax,
+    which adds the same number to every element without changing its
+    result) is not injective near them: its `G` is flat, and the refusal
+    that says why stands."""
+    try:
+        known = sq._probe_values(block, st)
+    except Exception:  # noqa: BLE001 - not this method
+        return False
+    if known is None:
+        return False
+    n = _size(block.x)
+    dtype = np.dtype(block.x.aval.dtype)
+    flat = sq.flat_results(block)
+
+    def singular_values(u: Any, *kn: Any) -> Any:
+        return jnp.linalg.svd(jax.jacfwd(flat)(u, *kn), compute_uv=False)
+
+    points = np.stack(sq._points(n, dtype))  # (NumPy: not a value of the trace)
+    try:
+        with jax.ensure_compile_time_eval():
+            batched = jax.vmap(singular_values, in_axes=(0, *([None] * len(known))))
+            sv = np.asarray(jax.jit(batched)(points, *known), np.float64)
+    except Exception:  # noqa: BLE001 - not this method
+        return False
+    eps = float(jnp.finfo(dtype).eps)
+    top = sv.max(axis=1)
+    regular = np.isfinite(sv).all(axis=1) & (sv.min(axis=1) > np.sqrt(eps) * top)
+    return bool(np.any(regular & (top > 0)))
 
 
 def _solve_through(
