@@ -29,11 +29,12 @@ is regular at one of that method's two pseudo-random points (`_regular`: a
 softmax, singular everywhere, keeps its refusal, which says which freedom
 it loses, rather than a `G` that is flat). The candidates for `s`
 are its values of one element that depend on `x`, earliest first (at most
-`MAX_CANDIDATES`): the first for which the engine solves the rest (exact
-methods, and the elementwise and linear solves, but no bottleneck within) is
-taken. The ildj is `-log|det J|` with `J` the block's Jacobian at the answer
-(`MAX_ELEMENTS` elements at most), and derivatives come from the implicit
-function theorem on the whole block, not from the iterations.
+`MAX_CANDIDATES`): those for which the engine solves the rest by exact
+methods (no numerical solve, no bottleneck within: `G` is evaluated many
+times by the solver) are tried in turn. The ildj is `-log|det J|` with `J`
+the block's Jacobian at the answer (`MAX_ELEMENTS` elements at most), and
+derivatives come from the implicit function theorem on the whole block,
+not from the iterations.
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ _Literal = compat.Literal
 
 BOTTLENECK_SOLVE = "scalar bottleneck solve"
 
-# The most values tried as the bottleneck of one block.
-MAX_CANDIDATES = 8
+# The most values tried as the bottleneck of one block (each is a copy of
+# the elementwise solver in the program).
+MAX_CANDIDATES = 4
 # The most elements the unknown may have (its Jacobian is formed).
 MAX_ELEMENTS = sq.MAX_SEQUENTIAL
 
@@ -129,6 +131,10 @@ def _x_of(walker: Any, block: bl.Block, k: int) -> Any | None:
                 list(ys),
                 strict=True,
                 want_ildj=False,
+                # (Exact methods only: a numerical solve inside `G`, which
+                # the solver evaluates at many places, made programs that
+                # took minutes to compile.)
+                solvers=False,
                 bottlenecks=False,
             )
             if sol.pieces or sol.uncovered or sol.chose:
