@@ -67,7 +67,8 @@ def explain_inverse(
     a formula chosen by a predicate of the unknown), `(sequential solve)` for
     a triangular map of one unknown solved level by level, `(scalar
     bottleneck solve)` for a map that reaches its result through one number
-    computed from all of its unknown (a planar or radial flow), `(linear solve)`
+    computed from all of its unknown (a planar flow, a map onto a ball),
+    `(linear solve)`
     / `(symmetric solve)` for a linear block, `(normalization)` for a value
     divided by a function of itself and pinned by elements no unknown
     reaches, `(projective solve)` for a ratio of affine maps, `(clamp)` for a
