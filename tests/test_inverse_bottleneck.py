@@ -136,8 +136,15 @@ def test_radial_flow_is_refused_its_scalar_equation_has_a_moving_pole():
         lambda x: x - 1e-30 / jnp.sum(x),  # a pole: every y has two preimages
         lambda x: jnp.where(jnp.sum(x) > 0, x, -x),  # a jump: x and -x
         lambda x: x + jnp.floor(4 * jnp.sum(x)) * 0.1,  # jumps (injective)
+        # A `cond` on the sum inside a `jit`: a jump too.
+        lambda x: (
+            x
+            + jax.jit(lambda s: jax.lax.cond(s > 0.3, lambda: 1.0, lambda: -1.0))(
+                jnp.sum(x)
+            )
+        ),
     ],
-    ids=["pole", "jump", "floor"],
+    ids=["pole", "jump", "floor", "cond-in-jit"],
 )
 def test_a_scalar_equation_with_a_pole_or_a_jump_is_not_solved(f):
     """Session 29's version of this method answered one of two preimages
@@ -228,3 +235,21 @@ def test_without_solvers_it_is_refused():
         jaxinterp.inverse(planar, argnums=0, solvers=False)(
             planar(points(3)[0], *params), *params
         )
+
+
+def test_a_continuous_scalar_equation_through_library_functions_is_solved():
+    """`x + 0.5 softplus(sum(x)) + relu(sum(x)) / 4` (JAX's `softplus` is
+    a `custom_jvp` guarding NaN with `where(d != d, ...)`, `relu` a `max`):
+    `G` is continuous, decreasing, one root. Checked against the preimage,
+    the ildj against `slogdet`, under `jit`."""
+
+    def f(x):
+        s = jnp.sum(x)
+        return x + 0.5 * jax.nn.softplus(s) + jax.nn.relu(s) / 4
+
+    for x in points(11, n=2):
+        got, ildj = jax.jit(jaxinterp.inverse_and_ildj(f))(f(x))
+        np.testing.assert_allclose(got, x, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(ildj, slogdet_ildj(f, got), rtol=1e-4, atol=1e-4)
+    report = str(jaxinterp.explain_inverse(f, points(11)[0]))
+    assert "(scalar bottleneck solve)" in report, report

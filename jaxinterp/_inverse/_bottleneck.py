@@ -174,12 +174,16 @@ _CONTINUOUS = frozenset(
         "expand_dims", "slice", "dynamic_slice", "concatenate", "transpose",
         "pad", "rev", "copy", "copy_p", "stop_gradient", "reduce_precision",
         "convert_element_type", "integer_pow", "div", "select_n",
+        # Only of a value known to be positive (non-negative for `log1p`).
+        "log", "log1p",
         # Booleans: only as the predicate of a NaN guard (`select_n` below).
         "eq", "ne", "lt", "le", "gt", "ge", "is_finite", "not", "and", "or",
     }
 )  # fmt: skip
 # Calls whose body's inputs are the equation's operands, one for one.
-_CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call"})
+_CALLS = frozenset(
+    {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "checkpoint"}
+)
 _POSITIVE = frozenset({"exp", "exp2", "logistic", "cosh"})
 _NONNEGATIVE = frozenset({"abs", "square", "sqrt"})
 _KEEP_SIGN = frozenset(
@@ -226,6 +230,7 @@ class _Signs:
         self.positive: set[Any] = set()
         self.nonnegative: set[Any] = set()
         self.nans: set[Any] = set()
+        self.nan_checks: set[Any] = set()  # `v != v`
         for v, c in consts.items():
             self._of_value(v, c)
 
@@ -290,10 +295,9 @@ class _Signs:
                         return False
                     self._results(body.outvars, eqn.outvars, inner)
                 elif bodies:
-                    # (Every input of a body taken as moving: conservative.)
-                    for body in bodies:
-                        if not _Signs({}).continuous(body, set(body.invars)):
-                            return False
+                    # A `cond` on `s` jumps between its branches, a loop's
+                    # count of steps may change with `s`: not judged.
+                    return False
                 elif not self._allowed(name, eqn, ins, reads):
                     return False
                 moving.update(eqn.outvars)
@@ -316,10 +320,17 @@ class _Signs:
             return not reads[1] or self.pos(ins[1])
         if name == "integer_pow":
             return eqn.params["y"] >= 0
+        if name == "log1p":  # (softplus: `log1p(exp(-|x|))`)
+            return self.nonneg(ins[0])
+        if name == "log":
+            return self.pos(ins[0])
         if name == "select_n":
             # A NaN guard (`where(c == 0, nan, y / c)`) leaves `G` continuous
             # where it is defined; a choice between values does not.
-            return not reads[0] or sum(not self.nan(v) for v in ins[1:]) <= 1
+            # So does one on whether a value is NaN (`logaddexp`'s
+            # `where(d != d, d + e, ...)`): false wherever it is defined.
+            guard = sum(not self.nan(v) for v in ins[1:]) <= 1
+            return not reads[0] or guard or ins[0] in self.nan_checks
         if name == "convert_element_type":
             return bool(jnp.issubdtype(ins[0].aval.dtype, jnp.inexact))
         return True
@@ -328,6 +339,8 @@ class _Signs:
         if len(eqn.outvars) != 1:
             return
         (out,) = eqn.outvars
+        if name == "ne" and ins[0] is ins[1]:
+            self.nan_checks.add(out)
         pos, nonneg = self.pos, self.nonneg
         if name in _POSITIVE or (name == "sqrt" and pos(ins[0])):
             self.positive.add(out)
