@@ -228,7 +228,10 @@ def _with_edges(
     k = min(size, 4096)
     new_x: list[np.ndarray] = []
     new_v: list[np.ndarray] = []
-    for i in map(int, np.flatnonzero(finite[1:] != finite[:-1])):
+    flips = np.flatnonzero(finite[1:] != finite[:-1])
+    if len(flips) > _MAX_EDGES:
+        raise _Wiggles  # (holes everywhere: `log(sin(x))`; refused)
+    for i in map(int, flips):
         a, b = _ordered_np(points[i], itype), _ordered_np(points[i + 1], itype)
         side = finite[i]
         while b - a > 1:
@@ -249,6 +252,11 @@ def _with_edges(
     vs = np.concatenate([values, *new_v])
     xs, first = np.unique(xs, return_index=True)
     return xs.astype(points.dtype), vs[first]
+
+
+# At most this many places where a map stops or starts being finite are
+# located (`_with_edges`); a map with more is refused.
+_MAX_EDGES = 16
 
 
 def _ordered_np(x: Any, itype: Any) -> int:
