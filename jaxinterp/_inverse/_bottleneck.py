@@ -319,7 +319,7 @@ class _Signs:
         if name == "div":
             return not reads[1] or self.pos(ins[1])
         if name == "integer_pow":
-            return eqn.params["y"] >= 0
+            return compat.params_of(eqn)["y"] >= 0
         if name == "log1p":  # (softplus: `log1p(exp(-|x|))`)
             return self.nonneg(ins[0])
         if name == "log":
@@ -346,7 +346,7 @@ class _Signs:
             self.positive.add(out)
         elif name in _NONNEGATIVE:
             self.nonnegative.add(out)
-        elif name == "integer_pow" and eqn.params["y"] % 2 == 0:
+        elif name == "integer_pow" and compat.params_of(eqn)["y"] % 2 == 0:
             self.nonnegative.add(out)
         elif name in _KEEP_SIGN and ins:
             if self.nan(ins[0]):

@@ -325,25 +325,24 @@ def _locate(
     each = _each(g)
     a, b = _ordered(edges.lo), _ordered(edges.hi)
     size = math.prod(shape)
-    k = min(size, _SPREAD) if spread else 1
-    grow = (4,) + (1,) * len(shape)  # a place's scalar over its elements
+    # Known values: each place's points laid over a quarter of the elements
+    # (one call of `g` on `shape` per step), or one point per place.
+    quarter = size // 4
+    k = min(quarter, _SPREAD) if spread and quarter else 1
     if spread:
         v_lo, v_hi = edges.v_lo, edges.v_hi
         bad = jnp.asarray(False)
+        evaluate = _laid_out(g, shape, dtype, k)
     else:
         v_lo, v_hi = jnp.split(each(jnp.concatenate([edges.lo, edges.hi])), 2)
         bad = jnp.any(edges.on & (jnp.isfinite(v_lo) == jnp.isfinite(v_hi)), axis=0)
     inner = jnp.where(jnp.isfinite(v_lo), b - 1, a + 1)
     if spread:
-        at = jnp.broadcast_to(inner.reshape(grow), (4, *shape))
-        near = jnp.reshape(each(_unordered(at, dtype)), (4, -1))[:, 0]
+        near = evaluate(jnp.broadcast_to(inner[:, None], (4, k)))[:, 0]
     else:
         near = each(_unordered(inner, dtype))
     need = _needed(edges.on, v_lo, v_hi, near, rising, falling)
-    # Element i of a place samples the (i + 1)-th of k evenly spaced points
-    # inside its interval (the elements beyond k: the low end again).
-    steps = jnp.asarray(np.minimum(np.arange(size), k).reshape(shape) + 1, a.dtype)
-    used = jnp.asarray((np.arange(size) < k).reshape(shape))
+    steps = jnp.arange(1, k + 1, dtype=a.dtype)[None, :]
 
     def going(state: tuple[Any, ...]) -> Any:
         a, b = state[:2]
@@ -354,13 +353,15 @@ def _locate(
         move = going(state)
         width = b - a
         if spread:
-            lo, hi, w = a.reshape(grow), b.reshape(grow), width.reshape(grow)
+            # Each place's k evenly spaced points inside its interval.
+            lo, hi, w = a[:, None], b[:, None], width[:, None]
             # (`lo + w * step // (k + 1)` without overflow.)
             point = lo + w // (k + 1) * steps + w % (k + 1) * steps // (k + 1)
-            point = jnp.where(used & move.reshape(grow) & (point < hi), point, lo)
+            point = jnp.where(move[:, None] & (point < hi), point, lo)
+            value = evaluate(point)
         else:
             point = a + width // 2
-        value = each(_unordered(point, dtype))
+            value = each(_unordered(point, dtype))
         if not spread:
             same = jnp.isfinite(value) == jnp.isfinite(v_lo)
             low, high = move & same, move & ~same
@@ -376,8 +377,7 @@ def _locate(
                 ups,
                 downs,
             )
-        flat, pts = jnp.reshape(value, (4, -1)), jnp.reshape(point, (4, -1))
-        lo, hi = a[:, None], b[:, None]
+        flat, pts = value, point
         differ = (jnp.isfinite(flat) != jnp.isfinite(v_lo)[:, None]) & (pts > lo)
         # The first point that differs (else `hi`), and the one before it.
         first = jnp.min(jnp.where(differ, pts, hi), axis=1)
@@ -386,7 +386,7 @@ def _locate(
         at_first = pick(differ & (pts == first[:, None]))
         at_last = pick(~differ & (pts == last[:, None]))
         # The finite values in the order of `x` (the first k elements).
-        seq = jnp.concatenate([v_lo[:, None], flat[:, :k], v_hi[:, None]], axis=1)
+        seq = jnp.concatenate([v_lo[:, None], flat, v_hi[:, None]], axis=1)
         both = jnp.isfinite(seq[:, 1:]) & jnp.isfinite(seq[:, :-1]) & move[:, None]
         noise = _noise(seq[:, 1:], seq[:, :-1], eps)
         ups = ups & ~jnp.any(both & (seq[:, 1:] < seq[:, :-1] - noise), axis=1)
@@ -413,8 +413,37 @@ def _locate(
     return found, jnp.all(ups, axis=0), jnp.all(downs, axis=0), bad
 
 
-# Points sampled per step of `_locate` with known values (at most one per
-# element).
+def _laid_out(
+    g: Callable[[Any], Any], shape: Any, dtype: Any, k: int
+) -> Callable[[Any], Any]:
+    """`g` at four places' `k` points each (ordered integers `(4, k)`),
+    laid over the elements of one value of `shape` (place `r`'s at
+    `r * size // 4` on, the rest filled with the first point), or, with
+    fewer than four elements, one batched call on four values."""
+    size = math.prod(shape)
+    quarter = size // 4
+    if not quarter:
+
+        def stacked(points: Any) -> Any:
+            x = jnp.broadcast_to(
+                points[:, :1].reshape((4,) + (1,) * len(shape)), (4, *shape)
+            )
+            out = _each(g)(_unordered(x, dtype))
+            return jnp.reshape(out, (4, -1))[:, :1]
+
+        return stacked
+    at = (np.arange(4)[:, None] * quarter + np.arange(k)[None, :]).reshape(-1)
+
+    def laid(points: Any) -> Any:
+        flat = jnp.full((size,), points[0, 0]).at[at].set(points.reshape(-1))
+        out = g(_unordered(flat, dtype).reshape(shape))
+        return jnp.reshape(out, (-1,))[at].reshape(4, k)
+
+    return laid
+
+
+# Points sampled per step of `_locate` with known values (at most a quarter
+# of the elements per place).
 _SPREAD = 4096
 
 
