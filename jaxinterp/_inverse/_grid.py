@@ -369,14 +369,8 @@ def _locate(
             ups, downs = _track(
                 ups, downs, low & finite, high & finite, value, v_lo, v_hi, eps
             )
-            return (
-                jnp.where(low, point, a),
-                jnp.where(high, point, b),
-                jnp.where(low, value, v_lo),
-                jnp.where(high, value, v_hi),
-                ups,
-                downs,
-            )
+            ends = (low, point, value), (high, point, value)
+            return _narrowed(state, *ends, ups, downs)
         flat, pts = value, point
         differ = (jnp.isfinite(flat) != jnp.isfinite(v_lo)[:, None]) & (pts > lo)
         # The first point that differs (else `hi`), and the one before it.
@@ -391,15 +385,8 @@ def _locate(
         noise = _noise(seq[:, 1:], seq[:, :-1], eps)
         ups = ups & ~jnp.any(both & (seq[:, 1:] < seq[:, :-1] - noise), axis=1)
         downs = downs & ~jnp.any(both & (seq[:, 1:] > seq[:, :-1] + noise), axis=1)
-        moved_lo, moved_hi = move & (last > a), move & (first < b)
-        return (
-            jnp.where(moved_lo, last, a),
-            jnp.where(moved_hi, first, b),
-            jnp.where(moved_lo, at_last, v_lo),
-            jnp.where(moved_hi, at_first, v_hi),
-            ups,
-            downs,
-        )
+        ends = (move & (last > a), last, at_last), (move & (first < b), first, at_first)
+        return _narrowed(state, *ends, ups, downs)
 
     true = jnp.ones(jnp.shape(v_lo), bool)
     start = (a, b, v_lo, v_hi, true, true)
@@ -411,6 +398,27 @@ def _locate(
         lo=_unordered(a, dtype), hi=_unordered(b, dtype), v_lo=v_lo, v_hi=v_hi
     )
     return found, jnp.all(ups, axis=0), jnp.all(downs, axis=0), bad
+
+
+def _narrowed(
+    state: tuple[Any, ...],
+    low: tuple[Any, Any, Any],
+    high: tuple[Any, Any, Any],
+    ups: Any,
+    downs: Any,
+) -> tuple[Any, ...]:
+    """`_locate`'s loop state with the intervals' low ends moved where
+    `low = (where, to, value there)` says, the high ends by `high`."""
+    a, b, v_lo, v_hi = state[:4]
+    (at_lo, to_lo, lo_value), (at_hi, to_hi, hi_value) = low, high
+    return (
+        jnp.where(at_lo, to_lo, a),
+        jnp.where(at_hi, to_hi, b),
+        jnp.where(at_lo, lo_value, v_lo),
+        jnp.where(at_hi, hi_value, v_hi),
+        ups,
+        downs,
+    )
 
 
 def _laid_out(
