@@ -2047,6 +2047,26 @@ _WHOLE_INDEX: list[_BlockRow] = [
 # (Not elementwise: the index reads the whole operand.)
 _block_op("cond_of_a_sum", _WHOLE_INDEX, ["cond", "reduce_sum"], 1, elementwise=False)
 
+# Through one number computed from the whole unknown (session 30: a planar
+# map, a map onto a ball), solved by one scalar equation whose `G` must be
+# continuous; the pole `x - C * 1e-30 / sum(x)` takes every value twice.
+_BOTTLENECK: list[_BlockRow] = [
+    ("{0} + C * jnp.tanh(jnp.sum({0}))", lambda a, c: True, (0.1, 0.9)),
+    (
+        "{0} / (1.0 + C * jnp.sqrt(jnp.sum({0} * {0})))",
+        lambda a, c: True,
+        (0.2, 1.5),
+    ),
+    (
+        "{0} - C * 1e-30 / jnp.sum({0})",
+        lambda a, c: abs(float(np.sum(a))) > 0.05,
+        (0.5, 2),
+    ),
+]
+_block_op(
+    "bottleneck", _BOTTLENECK, ["tanh", "reduce_sum", "sqrt"], 1, elementwise=False
+)
+
 
 @_op("partly_known_chain", ["slice", "reduce_sum", "mul"], 1)
 def _partly_known_chain(g: _Gen) -> Stmt | None:
