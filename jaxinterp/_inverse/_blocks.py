@@ -46,7 +46,7 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
-from . import _linear_parts as lp, _nonsquare, _solve, _table, _turning
+from . import _enclose, _linear_parts as lp, _nonsquare, _solve, _table, _turning
 
 _Literal = compat.Literal
 
@@ -1027,6 +1027,35 @@ def _has_corners(eqns: Sequence[Any]) -> bool:
     )
 
 
+def _folds(
+    block: Block, known: Sequence[Any], dtype: Any, extra: Sequence[float]
+) -> list[float]:
+    """Points about the turns of a uniform map between the solver's grid
+    points (and the switches `extra`), where enclosing its slope finds them
+    (`_enclose.py`): none where the map is proven monotone or is left to the
+    samplers. Only for scalar known operands and equations that run on
+    scalars. A map with turns found and intervals left undecided (where
+    more turns may hide) is refused."""
+    if any(np.shape(k) for k in known) or not _replays_at_any_shape(block.eqns):
+        return []
+    with jax.ensure_compile_time_eval():
+        slope = _enclose.Slope.of(lambda u: block.g(u, *known), dtype)
+    if slope is None:
+        return []
+    points = _solve.grid(dtype)
+    if len(extra):
+        points = np.unique(np.concatenate([points, np.asarray(extra, dtype)]))
+    turns = _enclose.turn_points(slope, points, dtype)
+    if turns.points.size and not turns.complete:
+        raise NotInvertibleError(
+            "its unknown operand is an elementwise function of one value that "
+            "is not monotone (its slope changes sign between sample points more "
+            "often than enclosing the slope locates), so it takes some values "
+            "more than once and has no inverse"
+        )
+    return turns.points.tolist()
+
+
 def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
     """`x` by the elementwise solver (NaN where no root is found). A map that
     turns (`_solve.monotone_on_grid`) is not injective: refused now when its
@@ -1066,6 +1095,8 @@ def _solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
                 if uniform
                 else ([], False)
             )
+            # Turns between the grid points, found by enclosing the slope.
+            folds = _folds(block, known, dtype, extra) if uniform else []
             with jax.ensure_compile_time_eval():
                 ok = np.asarray(
                     _solve.monotone_on_grid(
@@ -1073,7 +1104,7 @@ def _solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
                         shape,
                         dtype,
                         uniform=uniform,
-                        extra=extra,
+                        extra=[*extra, *folds],
                         # (Per element: its switches located there.)
                         choices=None if uniform else lambda x: choices(x, *known),
                     )
@@ -1091,7 +1122,7 @@ def _solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
             if uniform and not crowded:
                 try:
                     found = _turning.stretches(
-                        lambda x: block.g(x, *known), dtype, tuple(shape), extra
+                        lambda x: block.g(x, *known), dtype, tuple(shape), extra, folds
                     )
                 except jax.errors.TracerArrayConversionError:
                     found = None  # (a body that stages even here: refused)

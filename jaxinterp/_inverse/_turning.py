@@ -96,15 +96,17 @@ def stretches(
     dtype: Any,
     shape: tuple[int, ...] = (),
     extra: Sequence[float] = (),
+    more: Sequence[float] = (),
 ) -> Stretches | None:
     """The monotone stretches of `g` (elementwise, the same map for every
     element; evaluated now, with concrete values), or `None` if it turns
     more often than the grid resolves (two turns between neighbouring grid
     points, or several where one was refined). `g` is called on values of
     `shape` (its equations may be written for that shape); `extra`: more
-    points to sample (either side of a piecewise map's switches)."""
+    points to sample (either side of a piecewise map's switches); `more`:
+    more points to sample (about turns between grid points)."""
     try:
-        return _stretches(g, dtype, shape, extra)
+        return _stretches(g, dtype, shape, extra, more)
     except _Wiggles:
         return None
 
@@ -135,11 +137,16 @@ def _chunks(points: np.ndarray, shape: tuple[int, ...], dtype: Any) -> list[Any]
 
 
 def _stretches(
-    g: Callable[[Any], Any], dtype: Any, shape: tuple[int, ...], extra: Sequence[float]
+    g: Callable[[Any], Any],
+    dtype: Any,
+    shape: tuple[int, ...],
+    extra: Sequence[float],
+    more: Sequence[float] = (),
 ) -> Stretches:
     points = _solve.grid(dtype)
-    if len(extra):
-        points = np.unique(np.concatenate([points, np.asarray(extra, dtype)]))
+    if len(extra) or len(more):
+        added = np.asarray([*extra, *more], dtype)
+        points = np.unique(np.concatenate([points, added]))
     values = values_on(g, points, shape, dtype)
     points, values = _with_edges(g, dtype, shape, points, values)
     eps = float(jnp.finfo(dtype).eps)

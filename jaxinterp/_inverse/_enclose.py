@@ -1,0 +1,883 @@
+"""Turns of an elementwise map between the solver's grid points, found by
+enclosing its slope over intervals of `x`.
+
+The solver's monotonicity check and the split into monotone stretches
+(`_grid.py`, `_turning.py`) judge a map by its values at sample points. A
+map that folds between two of them (`x - 0.02 tanh(100 (x - 0.3))` turns
+twice between the grid points 0.25 and 0.5) takes some values three times,
+and the solver answered one of the three preimages. Here, for a map that is
+the same for every element with constant known operands (so now, at trace
+time), its slope is enclosed over each interval between grid points; an
+interval whose enclosure has both signs is halved, and its halves enclosed
+again. An interval whose slope is proven of one sign is monotone; a proven
+rising interval beside a proven falling one brackets a turn, and their ends
+are handed to the samplers as more points, where the turn then shows.
+
+The enclosures are first-order affine forms (`_Form`): over an interval of
+`x` with centre `m` and half-width `r`, a value `v(x)` lies within
+`c + s (x - m) +- e`. Sums and differences of forms are exact in `x`, so a
+value computed twice along two paths cancels (`1 + |x| - x sign(x)` is 1);
+a nonlinear step `f(u)` is linearised at the centre, its error bounded by
+how far `f'` moves over the range of `u` (an interval enclosure of `f'`).
+Every step adds a few units of float64 rounding. The slope's form comes
+from the map's `jvp`, evaluated the same way.
+
+What this does not decide: an interval where the enclosure does not narrow
+as it is halved (float64 rounding swamps a slope close to 0: `tanh` far
+out, `x / (1 + |x|)` beyond 1e15), or where a step jumps (a case switch, a
+pole, the end of a domain, `floor`), is left to the samplers, as before.
+A primitive without a rule here leaves the whole map to them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _jax_compat as compat
+
+# Rounding allowed per step, relative to the magnitudes involved (NumPy's
+# float64 functions are within a few units in the last place).
+_ROUND = 16 * 2.0**-52
+# Halving stops for an interval whose slope's enclosure has not narrowed by
+# a quarter for this many rounds (rounding swamps it, or a step jumps)...
+_STALL = 3
+# ... and an interval where a step jumps, after this many (halved down to
+# neighbouring floats, it is decided: nothing lies between them).
+_JUMP_STALL = 64
+# Halving goes on in at most this many intervals from one grid interval: a
+# turn, a fold or a jump keeps one or two undecided each round, a map flat
+# to within rounding keeps them all (its slope's sign stays unknown).
+_FAMILY = 64
+# At most this many intervals are enclosed at once; beyond, the search stops.
+_CAP = 4096
+_ROUNDS = 40
+# Each undecided interval is cut in this many (on the floats' order).
+_WAYS = 4
+
+
+class _Unsupported(Exception):
+    """A step this module has no rule for."""
+
+
+@dataclasses.dataclass
+class _Form:
+    """Per interval of `x` (centre `m`, half-width `r`): `v(x)` lies within
+    `c + s (x - m) +- e` (NumPy float64 arrays, one element per interval),
+    or, where `void`, `v` is NaN all over the interval (a step applied
+    wholly outside its domain: `log` of negative values)."""
+
+    c: np.ndarray
+    s: np.ndarray
+    e: np.ndarray
+    void: Any = None
+    # An interval enclosure too (interval arithmetic), where it is tighter:
+    # `exp` of any interval is positive, which the affine form, linearised,
+    # need not show.
+    lo: Any = None
+    hi: Any = None
+
+    def __post_init__(self) -> None:
+        if self.void is None:
+            self.void = np.zeros(np.shape(self.c), bool)
+        if self.lo is None or self.hi is None:
+            exact = (self.s == 0) & (self.e == 0)
+            self.lo = np.where(exact, self.c, -np.inf)
+            self.hi = np.where(exact, self.c, np.inf)
+
+    def constant(self) -> np.ndarray:
+        return (self.s == 0) & (self.e == 0) & ~self.void
+
+
+class _Cells:
+    """The intervals being enclosed, and which of them some step could not
+    enclose (`bad`: a jump, a pole, a value outside a step's domain)."""
+
+    def __init__(self, lo: np.ndarray, hi: np.ndarray) -> None:
+        self.m = lo / 2 + hi / 2
+        self.r = np.maximum(hi / 2 - lo / 2, 0.0) * (1 + 4 * 2.0**-52)
+        self.r = np.maximum(self.r, np.abs(hi - self.m), out=self.r)
+        self.r = np.maximum(self.r, np.abs(self.m - lo))
+        self.bad = np.zeros(lo.shape, bool)
+
+    def const(self, value: Any) -> _Form:
+        c = np.full(self.m.shape, float(value))
+        return _Form(c, np.zeros_like(c), np.zeros_like(c))
+
+    def range(self, a: _Form) -> tuple[np.ndarray, np.ndarray]:
+        """The interval `a` takes over each cell, rounded outwards: its
+        affine form's range within its interval enclosure."""
+        spread = np.abs(a.s) * self.r + a.e
+        lo, hi = a.c - spread, a.c + spread
+        lo, hi = lo - _ROUND * np.abs(lo), hi + _ROUND * np.abs(hi)
+        both_lo, both_hi = np.maximum(lo, a.lo), np.minimum(hi, a.hi)
+        # (Both enclose the values; should rounding part them, the hull.)
+        apart = both_lo > both_hi
+        return (
+            np.where(apart, np.minimum(lo, a.lo), both_lo),
+            np.where(apart, np.maximum(hi, a.hi), both_hi),
+        )
+
+    def rounded(
+        self, c: Any, s: Any, e: Any, void: Any, lo: Any = None, hi: Any = None
+    ) -> _Form:
+        e = e + _ROUND * (np.abs(c) + np.abs(s) * self.r)
+        void = np.asarray(void, bool)
+        nan = np.full(void.shape, np.nan)
+        if lo is None or hi is None:
+            lo, hi = np.full(void.shape, -np.inf), np.full(void.shape, np.inf)
+        else:
+            lo = np.where(np.isnan(lo), -np.inf, lo - _ROUND * np.abs(lo))
+            hi = np.where(np.isnan(hi), np.inf, hi + _ROUND * np.abs(hi))
+        form = _Form(
+            np.where(void, nan, c),
+            np.where(void, 0.0, s),
+            np.where(void, 0.0, e),
+            void,
+            np.where(void, nan, lo),
+            np.where(void, nan, hi),
+        )
+        finite = np.isfinite(form.c) & np.isfinite(form.s) & np.isfinite(form.e)
+        self.bad |= ~finite & ~void
+        return form
+
+    def where(self, pick: np.ndarray, a: _Form, b: _Form) -> _Form:
+        return _Form(
+            *(np.where(pick, getattr(a, f), getattr(b, f)) for f in _FIELDS)
+        )
+
+    def flag(self, mask: np.ndarray, *forms: _Form) -> None:
+        """Cells where a step could not enclose its result (not where an
+        operand in `forms` is NaN all over)."""
+        mask = np.asarray(mask, bool)
+        for f in forms:
+            mask = mask & ~f.void
+        self.bad |= mask
+
+
+_FIELDS = ("c", "s", "e", "void", "lo", "hi")
+
+
+def _neg(a: _Form) -> _Form:
+    return _Form(-a.c, -a.s, a.e, a.void, -a.hi, -a.lo)
+
+
+# --- rules -------------------------------------------------------------
+
+
+def _add(k: _Cells, a: _Form, b: _Form) -> _Form:
+    (a_lo, a_hi), (b_lo, b_hi) = k.range(a), k.range(b)
+    void = a.void | b.void
+    return k.rounded(a.c + b.c, a.s + b.s, a.e + b.e, void, a_lo + b_lo, a_hi + b_hi)
+
+
+def _sub(k: _Cells, a: _Form, b: _Form) -> _Form:
+    return _add(k, a, _neg(b))
+
+
+def _mul(k: _Cells, a: _Form, b: _Form) -> _Form:
+    r = k.r
+    e = (
+        np.abs(a.s * b.s) * r * r
+        + np.abs(a.c) * b.e
+        + np.abs(b.c) * a.e
+        + np.abs(a.s) * r * b.e
+        + np.abs(b.s) * r * a.e
+        + a.e * b.e
+    )
+    # (A constant 0 times anything is 0, also where the other is not finite.)
+    zero = (a.constant() & (a.c == 0)) | (b.constant() & (b.c == 0))
+    c = np.where(zero, 0.0, a.c * b.c)
+    s = np.where(zero, 0.0, a.c * b.s + b.c * a.s)
+    (a_lo, a_hi), (b_lo, b_hi) = k.range(a), k.range(b)
+    ends = np.stack([a_lo * b_lo, a_lo * b_hi, a_hi * b_lo, a_hi * b_hi])
+    lo = np.where(zero, 0.0, np.min(ends, axis=0))
+    hi = np.where(zero, 0.0, np.max(ends, axis=0))
+    return k.rounded(c, s, np.where(zero, 0.0, e), a.void | b.void, lo, hi)
+
+
+# An enclosure of f' over [lo, hi] (NaN where [lo, hi] leaves f's domain or
+# f is not differentiable there).
+Slope = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+# Where [lo, hi] lies wholly outside a step's domain.
+Outside = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def _unary(
+    k: _Cells,
+    a: _Form,
+    f: Callable[[np.ndarray], np.ndarray],
+    df: Slope,
+    outside: Outside | None = None,
+    bounds: tuple[float, float] = (-np.inf, np.inf),
+) -> _Form:
+    """`f(a)`: linearised at `a`'s centre; the error bounded by how far `f'`
+    moves over `a`'s range (the mean value theorem)."""
+    lo, hi = k.range(a)
+    void = a.void | (outside(lo, hi) if outside is not None else False)
+    d_lo, d_hi = df(lo, hi)
+    d_c, _ = df(a.c, a.c)
+    moves = np.maximum(np.abs(d_hi - d_c), np.abs(d_lo - d_c))
+    k.flag(~(np.isfinite(d_lo) & np.isfinite(d_hi) & np.isfinite(d_c)) & ~void)
+    c = f(a.c)
+    s = d_c * a.s
+    e = np.abs(d_c) * a.e + moves * (np.abs(a.s) * k.r + a.e)
+    const = a.constant()
+    # Where `f` is monotone over `a`'s range, its values lie between its
+    # values at the ends.
+    f_lo, f_hi = f(lo), f(hi)
+    rising, falling = d_lo >= 0, d_hi <= 0
+    v_lo = np.where(rising, f_lo, np.where(falling, f_hi, -np.inf))
+    v_hi = np.where(rising, f_hi, np.where(falling, f_lo, np.inf))
+    form = k.rounded(
+        c, np.where(const, 0.0, s), np.where(const, 0.0, e), void, v_lo, v_hi
+    )
+    # (Rounded outwards, but never past the bounds of `f`'s values: `tanh`
+    # of a large value is within [1 - eps, 1], so `1 - tanh**2 >= 0`.)
+    form.lo = np.maximum(form.lo, bounds[0])
+    form.hi = np.minimum(form.hi, bounds[1])
+    return form
+
+
+def _rising(f: Callable[[np.ndarray], np.ndarray]) -> Slope:
+    """The enclosure of a slope `f` that rises with `x`."""
+    return lambda lo, hi: (f(lo), f(hi))
+
+
+def _falling(f: Callable[[np.ndarray], np.ndarray]) -> Slope:
+    return lambda lo, hi: (f(hi), f(lo))
+
+
+def _peaked(f: Callable[[np.ndarray], np.ndarray]) -> Slope:
+    """A slope that rises up to `x = 0` and falls after it."""
+
+    def enclose(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        a, b = f(lo), f(hi)
+        top = np.where((lo <= 0) & (hi >= 0), f(np.zeros_like(lo)), np.maximum(a, b))
+        return np.minimum(a, b), top
+
+    return enclose
+
+
+def _valley(f: Callable[[np.ndarray], np.ndarray]) -> Slope:
+    """A slope that falls down to `x = 0` and rises after it."""
+
+    def enclose(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        a, b = f(lo), f(hi)
+        bottom = np.where((lo <= 0) & (hi >= 0), f(np.zeros_like(lo)), np.minimum(a, b))
+        return bottom, np.maximum(a, b)
+
+    return enclose
+
+
+def _on(domain: Callable[[np.ndarray, np.ndarray], np.ndarray], slope: Slope) -> Slope:
+    """`slope` where `[lo, hi]` lies within `domain`, else NaN."""
+
+    def enclose(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        inside = domain(lo, hi)
+        a, b = slope(np.where(inside, lo, 1.0), np.where(inside, hi, 1.0))
+        return np.where(inside, a, np.nan), np.where(inside, b, np.nan)
+
+    return enclose
+
+
+def _positive(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    return lo > 0
+
+
+def _nonzero(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    return (lo > 0) | (hi < 0)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    z = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + z), z / (1 + z))
+
+
+_SQRT_PI = math.sqrt(math.pi)
+_erf = np.vectorize(math.erf, otypes=[float])
+_erfc = np.vectorize(math.erfc, otypes=[float])
+
+
+def _gauss(x: np.ndarray) -> np.ndarray:
+    return 2 / _SQRT_PI * np.exp(-x * x)
+
+
+def _cos_range(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The range of `cos` over `[lo, hi]`: its ends, and +-1 where a multiple
+    of pi lies inside (all of [-1, 1] far out, where pi's multiples blur)."""
+    a, b = np.cos(lo), np.cos(hi)
+    low, high = np.minimum(a, b), np.maximum(a, b)
+    k_lo = np.ceil(lo / math.pi)
+    # Multiples of pi within [lo, hi]: even ones are maxima, odd ones minima.
+    has = k_lo * math.pi <= hi
+    two = k_lo + 1 <= hi / math.pi
+    even = np.mod(k_lo, 2) == 0
+    high = np.where(has & (even | two), 1.0, high)
+    low = np.where(has & (~even | two), -1.0, low)
+    far = (np.abs(lo) > 2.0**40) | (np.abs(hi) > 2.0**40) | (hi - lo >= 2 * math.pi)
+    return np.where(far, -1.0, low), np.where(far, 1.0, high)
+
+
+def _minus_sin_range(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The range of `-sin` over `[lo, hi]` (`sin(x) = cos(x - pi / 2)`)."""
+    s_lo, s_hi = _cos_range(lo - math.pi / 2, hi - math.pi / 2)
+    return -s_hi, -s_lo
+
+
+def _power_range(lo: np.ndarray, hi: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The range of `x**n` over `[lo, hi]` (integer `n`; for `n < 0`, where
+    `[lo, hi]` excludes 0: NaN otherwise)."""
+    with np.errstate(all="ignore"):
+        a, b = lo**n, hi**n
+    if n == 0:
+        one = np.ones_like(lo)
+        return one, one
+    if n > 0 and n % 2 == 0:
+        across = (lo < 0) & (hi > 0)
+        return np.where(across, 0.0, np.minimum(a, b)), np.maximum(a, b)
+    if n > 0:
+        return a, b
+    ok = _nonzero(lo, hi)
+    low, high = np.minimum(a, b), np.maximum(a, b)
+    return np.where(ok, low, np.nan), np.where(ok, high, np.nan)
+
+
+def _integer_pow(n: int) -> tuple[Callable[[np.ndarray], np.ndarray], Slope]:
+    def f(x: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return x**n
+
+    def df(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if n == 0:
+            return np.zeros_like(lo), np.zeros_like(lo)
+        p_lo, p_hi = _power_range(lo, hi, n - 1)
+        if n < 0:
+            ok = _nonzero(lo, hi)
+            p_lo, p_hi = np.where(ok, p_lo, np.nan), np.where(ok, p_hi, np.nan)
+        return (n * p_lo, n * p_hi) if n > 0 else (n * p_hi, n * p_lo)
+
+    return f, df
+
+
+def _cbrt_slope(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    near = np.minimum(np.abs(lo), np.abs(hi))
+    far = np.maximum(np.abs(lo), np.abs(hi))
+    return far ** (-2 / 3) / 3, near ** (-2 / 3) / 3
+
+
+# The bounds of each function's values.
+_BOUNDS: dict[str, tuple[float, float]] = {
+    "exp": (0.0, np.inf),
+    "exp2": (0.0, np.inf),
+    "expm1": (-1.0, np.inf),
+    "sqrt": (0.0, np.inf),
+    "rsqrt": (0.0, np.inf),
+    "tanh": (-1.0, 1.0),
+    "logistic": (0.0, 1.0),
+    "atan": (-math.pi / 2, math.pi / 2),
+    "cosh": (1.0, np.inf),
+    "erf": (-1.0, 1.0),
+    "erfc": (0.0, 2.0),
+    "one_minus_square": (-np.inf, 1.0),
+    "sin": (-1.0, 1.0),
+    "cos": (-1.0, 1.0),
+}
+
+_OUTSIDE: dict[str, Outside] = {
+    "log": lambda lo, hi: hi <= 0,
+    "log1p": lambda lo, hi: hi <= -1,
+    "sqrt": lambda lo, hi: hi < 0,
+    "rsqrt": lambda lo, hi: hi <= 0,
+}
+
+_UNARY: dict[str, tuple[Callable[[np.ndarray], np.ndarray], Slope]] = {
+    "exp": (np.exp, _rising(np.exp)),
+    "exp2": (np.exp2, _rising(lambda x: math.log(2) * np.exp2(x))),
+    "expm1": (np.expm1, _rising(np.exp)),
+    "log": (np.log, _on(_positive, _falling(lambda x: 1 / x))),
+    "log1p": (np.log1p, _on(lambda lo, hi: lo > -1, _falling(lambda x: 1 / (1 + x)))),
+    "sqrt": (np.sqrt, _on(_positive, _falling(lambda x: 0.5 / np.sqrt(x)))),
+    "rsqrt": (
+        lambda x: 1 / np.sqrt(x),
+        _on(_positive, _rising(lambda x: -0.5 * x**-1.5)),
+    ),
+    "cbrt": (np.cbrt, _on(_nonzero, _cbrt_slope)),
+    "tanh": (np.tanh, _peaked(lambda x: 1 / np.cosh(x) ** 2)),
+    "logistic": (_sigmoid, _peaked(lambda x: _sigmoid(x) * _sigmoid(-x))),
+    "atan": (np.arctan, _peaked(lambda x: 1 / (1 + x * x))),
+    "asinh": (np.arcsinh, _peaked(lambda x: 1 / np.sqrt(1 + x * x))),
+    "sinh": (np.sinh, _valley(np.cosh)),
+    "cosh": (np.cosh, _rising(np.sinh)),
+    "erf": (_erf, _peaked(_gauss)),
+    "erfc": (_erfc, _valley(lambda x: -_gauss(x))),
+    # (JAX >= 0.12 writes `tanh`'s slope as `one_minus_square(tanh(x))`.)
+    "one_minus_square": (lambda x: 1 - x * x, _falling(lambda x: -2 * x)),
+    "sin": (np.sin, _cos_range),
+    "cos": (np.cos, lambda lo, hi: _minus_sin_range(lo, hi)),
+}
+
+
+def _recip(k: _Cells, a: _Form) -> _Form:
+    def slope(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        sq_lo, sq_hi = _power_range(lo, hi, 2)
+        ok = _nonzero(lo, hi)
+        return np.where(ok, -1 / sq_lo, np.nan), np.where(ok, -1 / sq_hi, np.nan)
+
+    return _unary(k, a, lambda x: 1 / x, slope)
+
+
+def _max(k: _Cells, a: _Form, b: _Form) -> _Form:
+    a_lo, a_hi = k.range(a)
+    b_lo, b_hi = k.range(b)
+    first = a_lo >= b_hi
+    k.flag(~first & ~(b_lo >= a_hi), a, b)
+    return _nan_of(k.where(first, a, b), a, b)
+
+
+def _min(k: _Cells, a: _Form, b: _Form) -> _Form:
+    a_lo, a_hi = k.range(a)
+    b_lo, b_hi = k.range(b)
+    first = a_hi <= b_lo
+    k.flag(~first & ~(b_hi <= a_lo), a, b)
+    return _nan_of(k.where(first, a, b), a, b)
+
+
+def _nan_of(out: _Form, *forms: _Form) -> _Form:
+    """`out`, NaN all over where an operand is (`max` and `min` pass NaN)."""
+    void = np.logical_or.reduce([f.void for f in forms])
+    return _Form(
+        np.where(void, np.nan, out.c),
+        np.where(void, 0.0, out.s),
+        np.where(void, 0.0, out.e),
+        void,
+        np.where(void, np.nan, out.lo),
+        np.where(void, np.nan, out.hi),
+    )
+
+
+def _decided(
+    k: _Cells, true: np.ndarray, false: np.ndarray, nan: Any = False
+) -> _Form:
+    """A condition: 1 where `true`, 0 where `false`, neither: not decided
+    (unless an operand is NaN all over, `nan`)."""
+    k.flag(~true & ~false & ~np.asarray(nan, bool))
+    return _Form(true.astype(float), np.zeros(true.shape), np.zeros(true.shape))
+
+
+def _compare(k: _Cells, name: str, a: _Form, b: _Form, same: bool) -> _Form:
+    nan = a.void | b.void  # (a comparison with NaN is false, `ne` true)
+    if same:  # (`x != x`: a NaN test; where `x` is enclosed it is a number)
+        value = np.where(nan, name == "ne", name in ("eq", "le", "ge"))
+        return _Form(value.astype(float), np.zeros(nan.shape), np.zeros(nan.shape))
+    out = _compare_numbers(k, name, a, b)
+    value = np.where(nan, float(name == "ne"), out.c)
+    return _Form(value, np.zeros(nan.shape), np.zeros(nan.shape))
+
+
+def _compare_numbers(k: _Cells, name: str, a: _Form, b: _Form) -> _Form:
+    nan = a.void | b.void
+    if name in ("gt", "ge"):
+        a, b = b, a
+        name = "lt" if name == "gt" else "le"
+    a_lo, a_hi = k.range(a)
+    b_lo, b_hi = k.range(b)
+    both = a.constant() & b.constant()
+    if name == "lt":
+        return _decided(k, a_hi < b_lo, a_lo >= b_hi, nan)
+    if name == "le":
+        return _decided(k, a_hi <= b_lo, a_lo > b_hi, nan)
+    apart = (a_hi < b_lo) | (b_hi < a_lo)
+    equal = both & (a.c == b.c)
+    if name == "eq":
+        return _decided(k, equal, apart | (both & ~equal), nan)
+    return _decided(k, apart | (both & ~equal), equal, nan)
+
+
+def _jumps(k: _Cells, a: _Form, f: Callable[[np.ndarray], np.ndarray]) -> _Form:
+    """A step function of `a`: a constant where it is the same at both ends
+    of `a`'s range (and `f` moves only upwards), else not decided."""
+    lo, hi = k.range(a)
+    f_lo, f_hi = f(lo), f(hi)
+    k.flag(f_lo != f_hi, a)
+    value = np.where(a.void, np.nan, np.where(np.isfinite(f_lo), f_lo, 0.0))
+    return _Form(value, np.zeros_like(lo), np.zeros_like(lo), a.void)
+
+
+def _round_half(x: np.ndarray) -> np.ndarray:
+    # Constant only between two half-integers: NaN at one (either rounding).
+    k = np.floor(x + 0.5)
+    return np.where(x + 0.5 == k, np.nan, k)
+
+
+# --- the walk ------------------------------------------------------------
+
+_CALLS = frozenset(
+    {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "checkpoint", "remat2"}
+)
+_SAME = frozenset(
+    {
+        "copy",
+        "copy_p",
+        "reduce_precision",
+        "broadcast_in_dim",
+        "reshape",
+        "squeeze",
+        "expand_dims",
+        "stop_gradient",
+    }
+)
+
+
+def _body(eqn: Any) -> tuple[Any, Sequence[Any]]:
+    """The open Jaxpr a call runs, and its consts."""
+    params = compat.params_of(eqn)
+    if eqn.primitive is compat.jit_p:
+        closed = compat.jit_params(params).jaxpr
+        return compat.open_jaxpr(closed), compat.jaxpr_consts(closed)
+    if "call_jaxpr" in params:
+        closed = compat.call_jaxpr(params)
+        return compat.open_jaxpr(closed), compat.jaxpr_consts(closed)
+    bodies = compat.sub_jaxprs(eqn)
+    if len(bodies) != 1 or bodies[0].constvars:
+        raise _Unsupported(compat.construct_name(eqn))
+    return bodies[0], ()
+
+
+def _scalar(aval: Any) -> None:
+    shape = getattr(aval, "shape", None)
+    dtype = getattr(aval, "dtype", None)
+    if shape != () or dtype is None or jnp.issubdtype(dtype, jnp.complexfloating):
+        raise _Unsupported("a value that is not a real scalar")
+
+
+def _walk(k: _Cells, jaxpr: Any, consts: Sequence[Any], args: Sequence[_Form]) -> list[_Form]:
+    env: dict[Any, _Form] = {}
+
+    def read(v: Any) -> _Form:
+        if isinstance(v, compat.Literal):
+            return k.const(np.asarray(v.val, np.float64))
+        return env[v]
+
+    for v, c in zip(jaxpr.constvars, consts, strict=True):
+        if np.shape(c) != ():
+            raise _Unsupported("a constant that is not a scalar")
+        env[v] = k.const(np.asarray(c, np.float64))
+    for v, a in zip(jaxpr.invars, args, strict=True):
+        env[v] = a
+    for eqn in jaxpr.eqns:
+        for v in eqn.outvars:
+            _scalar(v.aval)
+        ins = [read(v) for v in eqn.invars]
+        outs = _step(k, eqn, ins)
+        for v, o in zip(eqn.outvars, outs, strict=True):
+            env[v] = o
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _step(k: _Cells, eqn: Any, ins: list[_Form]) -> list[_Form]:
+    name = compat.construct_name(eqn)
+    if name in _CALLS:
+        body, consts = _body(eqn)
+        return _walk(k, body, consts, ins)
+    if name == "optimization_barrier":
+        return ins
+    (out,) = eqn.outvars
+    dtype = out.aval.dtype
+    if name in _SAME:
+        return [ins[0]]
+    if name in _UNARY:
+        f, df = _UNARY[name]
+        bounds = _BOUNDS.get(name, (-np.inf, np.inf))
+        return [_unary(k, ins[0], f, df, _OUTSIDE.get(name), bounds)]
+    if name in ("add", "add_any"):
+        return [_add(k, *ins)]
+    if name == "sub":
+        return [_sub(k, *ins)]
+    if name == "neg":
+        a = ins[0]
+        return [_neg(a)]
+    if name == "mul":
+        return [_mul(k, *ins)]
+    if name == "div":
+        if not jnp.issubdtype(dtype, jnp.floating):
+            raise _Unsupported("integer division")
+        return [_mul(k, ins[0], _recip(k, ins[1]))]
+    if name == "integer_pow":
+        n = int(compat.params_of(eqn)["y"])
+        f, df = _integer_pow(n)
+        even = n % 2 == 0
+        return [_unary(k, ins[0], f, df, None, (0.0 if even else -np.inf, np.inf))]
+    if name == "square":
+        f, df = _integer_pow(2)
+        return [_unary(k, ins[0], f, df, None, (0.0, np.inf))]
+    if name == "pow":
+        # a ** b = exp(b log a), where a > 0 (elsewhere not decided).
+        log_a = _unary(k, ins[0], *_UNARY["log"], _OUTSIDE["log"])
+        return [_unary(k, _mul(k, ins[1], log_a), *_UNARY["exp"], None, _BOUNDS["exp"])]
+    if name == "abs":
+        a = ins[0]
+        lo, hi = k.range(a)
+        k.flag(~(lo >= 0) & ~(hi <= 0), a)
+        return [k.where(lo >= 0, a, _neg(a))]
+    if name == "sign":
+        return [_jumps(k, ins[0], np.sign)]
+    if name == "floor":
+        return [_jumps(k, ins[0], np.floor)]
+    if name == "ceil":
+        return [_jumps(k, ins[0], np.ceil)]
+    if name == "round":
+        return [_jumps(k, ins[0], _round_half)]
+    if name == "max":
+        return [_max(k, *ins)]
+    if name == "min":
+        return [_min(k, *ins)]
+    if name == "clamp":
+        low, x, high = ins
+        return [_min(k, _max(k, x, low), high)]
+    if name in ("lt", "le", "gt", "ge", "eq", "ne"):
+        same = eqn.invars[0] is eqn.invars[1] and not isinstance(
+            eqn.invars[0], compat.Literal
+        )
+        return [_compare(k, name, ins[0], ins[1], same)]
+    if name == "select_n":
+        which, *cases = ins
+        k.flag(~which.constant())
+        index = np.clip(np.where(np.isfinite(which.c), which.c, 0), 0, len(cases) - 1)
+        index = index.astype(int)
+        return [
+            _Form(*(np.choose(index, [getattr(c, f) for c in cases]) for f in _FIELDS))
+        ]
+    if name in ("and", "or", "xor", "not"):
+        if any(not a.constant().all() for a in ins) or dtype != jnp.bool_:
+            raise _Unsupported(name)
+        bits = [a.c != 0 for a in ins]
+        value = {
+            "and": lambda: bits[0] & bits[1],
+            "or": lambda: bits[0] | bits[1],
+            "xor": lambda: bits[0] ^ bits[1],
+            "not": lambda: ~bits[0],
+        }[name]()
+        return [_Form(value.astype(float), np.zeros(value.shape), np.zeros(value.shape))]
+    if name == "is_finite":
+        lo, hi = k.range(ins[0])
+        finite = np.isfinite(lo) & np.isfinite(hi) & ~ins[0].void
+        return [_decided(k, finite, ins[0].void)]
+    if name == "convert_element_type":
+        a = ins[0]
+        if jnp.issubdtype(dtype, jnp.floating):
+            return [a]
+        if dtype == jnp.bool_:
+            lo, hi = k.range(a)
+            zero = a.constant() & (a.c == 0)
+            return [_decided(k, (lo > 0) | (hi < 0) | a.void, zero)]
+        return [_jumps(k, a, np.trunc)]
+    raise _Unsupported(name)
+
+
+# --- the search ------------------------------------------------------------
+
+
+def _ordered(x: np.ndarray, dtype: Any) -> np.ndarray:
+    """Floats of `dtype` as integers in the floats' order (int64)."""
+    itype = np.int32 if np.dtype(dtype).itemsize == 4 else np.int64
+    bits = np.asarray(np.abs(np.asarray(x, dtype))).view(itype).astype(np.int64)
+    return np.where(np.signbit(np.asarray(x, dtype)), -bits, bits)
+
+
+def _unordered(k: np.ndarray, dtype: Any) -> np.ndarray:
+    itype = np.int32 if np.dtype(dtype).itemsize == 4 else np.int64
+    x = np.abs(k).astype(itype).view(dtype).astype(np.float64)
+    return np.where(k < 0, -x, x)
+
+
+class Slope:
+    """The slope of an elementwise map, enclosed over intervals of `x`."""
+
+    def __init__(self, jaxpr: Any, consts: Sequence[Any]) -> None:
+        self.jaxpr = jaxpr
+        self.consts = consts
+
+    @classmethod
+    def of(cls, g: Callable[[Any], Any], dtype: Any) -> Slope | None:
+        """For `g` on scalars of `dtype`; `None` where a step has no rule."""
+        one = jnp.ones((), dtype)
+        try:
+            closed = jax.make_jaxpr(lambda u: jax.jvp(g, (u,), (one,)))(
+                jnp.zeros((), dtype)
+            )
+        except (TypeError, ValueError):  # (a map that does not run on scalars)
+            return None
+        slope = cls(compat.open_jaxpr(closed), compat.jaxpr_consts(closed))
+        try:
+            slope.enclose(np.zeros(1), np.ones(1))
+        except _Unsupported:
+            return None
+        return slope
+
+    def enclose(self, lo: np.ndarray, hi: np.ndarray) -> Enclosed:
+        """Per interval `[lo, hi]`: the map's value range and its slope's."""
+        k = _Cells(np.asarray(lo, float), np.asarray(hi, float))
+        x = _Form(
+            k.m, np.ones_like(k.m), np.zeros_like(k.m), None, np.asarray(lo, float),
+            np.asarray(hi, float),
+        )
+        with np.errstate(all="ignore"):
+            value, slope = _walk(k, self.jaxpr, self.consts, [x])
+            v_lo, v_hi = k.range(value)
+            d_lo, d_hi = k.range(slope)
+        void = value.void & ~k.bad
+        bad = k.bad | (~value.void & slope.void)
+        nan = np.full(k.m.shape, np.nan)
+        return Enclosed(
+            *(np.where(bad | void, nan, a) for a in (v_lo, v_hi, d_lo, d_hi)), void
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Enclosed:
+    """Per interval: the ranges of the map's values and of its slope (NaN
+    where not enclosed), and whether the map is NaN all over it (`void`)."""
+
+    v_lo: np.ndarray
+    v_hi: np.ndarray
+    d_lo: np.ndarray
+    d_hi: np.ndarray
+    void: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class Turns:
+    """`points` about each turn found; `complete`: whether every interval
+    was decided (monotone, NaN all over, or too flat for a fold beyond
+    rounding), so that no turn can hide between the points."""
+
+    points: np.ndarray
+    complete: bool
+
+
+def turn_points(slope: Slope, points: np.ndarray, dtype: Any) -> Turns:
+    """The turns of the map between `points` (sorted floats of `dtype`):
+    the ends of a proven rising interval and of the proven falling one
+    next to it (and the other way round)."""
+    ends = _ordered(points, dtype)
+    a, b = ends[:-1], ends[1:]
+    keep = b > a
+    a, b = a[keep], b[keep]
+    family = np.arange(a.size)
+    stall = np.zeros(a.shape, int)
+    width = np.full(a.shape, np.inf)
+    found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    eps = float(np.finfo(dtype).eps)
+    complete = True
+    for _ in range(_ROUNDS):
+        if not a.size:
+            break
+        lo, hi = _unordered(a, dtype), _unordered(b, dtype)
+        got = _enclosed(slope, lo, hi)
+        up = got.d_lo >= 0
+        down = got.d_hi <= 0
+        direction = np.where(up & down, 0, np.where(up, 1, -1))
+        decided = up | down
+        found.append((a[decided], b[decided], direction[decided]))
+        new_width = got.d_hi - got.d_lo
+        jump = ~np.isfinite(new_width) & ~got.void
+        narrowed = np.isfinite(new_width) & (new_width < 0.75 * width)
+        stall = np.where(narrowed, 0, stall + 1)
+        open_ = ~decided & ~got.void & (b - a >= 2)
+        split = open_ & (stall <= np.where(jump, _JUMP_STALL, _STALL))
+        crowd = np.bincount(family[split], minlength=family.max() + 1)
+        split &= crowd[family] <= _FAMILY
+        if np.any(open_ & ~split & ~_shallow(got, lo, hi, eps)):
+            complete = False
+        a, b, stall, family = a[split], b[split], stall[split], family[split]
+        width = np.where(jump, np.inf, new_width)[split]
+        if _WAYS * a.size > _CAP:
+            complete = False
+            break
+        # Each split in `_WAYS` (on the floats' order), dropping empty parts.
+        cuts = [a, b]
+        while len(cuts) <= _WAYS:
+            cuts = [c for pair in zip(cuts, cuts[1:]) for c in (pair[0], _mid(*pair))]
+            cuts.append(b)
+        parts = [(lo_, hi_) for lo_, hi_ in zip(cuts, cuts[1:])]
+        nonempty = [hi_ > lo_ for lo_, hi_ in parts]
+        a = np.concatenate([p[0][m] for p, m in zip(parts, nonempty)])
+        b = np.concatenate([p[1][m] for p, m in zip(parts, nonempty)])
+        stall = np.concatenate([stall[m] for m in nonempty])
+        width = np.concatenate([width[m] for m in nonempty])
+        family = np.concatenate([family[m] for m in nonempty])
+    else:
+        complete = complete and not a.size
+    return Turns(_around_turns(found, dtype), complete)
+
+
+def _mid(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The middle of `a` and `b` (int64, without overflow)."""
+    return a // 2 + b // 2 + (a % 2 + b % 2) // 2
+
+
+def _enclosed(slope: Slope, lo: np.ndarray, hi: np.ndarray) -> Enclosed:
+    """`slope.enclose(lo, hi)`, with the intervals not enclosed where the
+    map is not finite at either end taken as NaN all over: past where it
+    overflows float64 (so the dtype too), or outside its domain. The
+    samplers take it so between two such points of theirs too. (One call
+    for the intervals and their ends: each call walks the Jaxpr.)"""
+    n = lo.size
+    got = slope.enclose(np.concatenate([lo, lo, hi]), np.concatenate([hi, lo, hi]))
+    part = [
+        Enclosed(*(getattr(got, f)[i * n : (i + 1) * n] for f in _ENCLOSED))
+        for i in range(3)
+    ]
+    whole, at_lo, at_hi = part
+    finite = [np.isfinite(e.v_lo) & np.isfinite(e.v_hi) for e in (at_lo, at_hi)]
+    open_ = np.isnan(whole.d_lo) & ~whole.void
+    void = whole.void | (open_ & ~finite[0] & ~finite[1])
+    return dataclasses.replace(whole, void=void)
+
+
+_ENCLOSED = ("v_lo", "v_hi", "d_lo", "d_hi", "void")
+
+
+def _shallow(got: Enclosed, lo: np.ndarray, hi: np.ndarray, eps: float) -> np.ndarray:
+    """Intervals where the map cannot fold by more than rounding: the
+    samplers' allowance (`16 eps max(|v|, 1)`), or the enclosures' own
+    (float64 rounding of their steps, for a float64 map). To fold the map
+    must move both ways, by at most its slope's bound either way times the
+    interval's width, and within its value range."""
+    with np.errstate(all="ignore"):
+        fall = np.minimum(-got.d_lo, got.d_hi) * (hi - lo)
+        depth = np.minimum(fall, got.v_hi - got.v_lo)
+    size = np.maximum(np.maximum(np.abs(got.v_lo), np.abs(got.v_hi)), 1.0)
+    return depth <= max(16 * eps, 64 * _ROUND) * size
+
+
+def _around_turns(
+    found: list[tuple[np.ndarray, np.ndarray, np.ndarray]], dtype: Any
+) -> np.ndarray:
+    if not found:
+        return np.zeros(0, dtype)
+    los = np.concatenate([f[0] for f in found])
+    his = np.concatenate([f[1] for f in found])
+    dirs = np.concatenate([f[2] for f in found])
+    order = np.argsort(los, kind="stable")
+    los, his, dirs = los[order], his[order], dirs[order]
+    out: list[int] = []
+    last = None
+    for lo, hi, d in zip(los.tolist(), his.tolist(), dirs.tolist(), strict=True):
+        if d == 0:
+            continue
+        if last is not None and last[2] != d:
+            out += [last[0], last[1], lo, hi]
+        last = (lo, hi, d)
+    if not out:
+        return np.zeros(0, dtype)
+    return np.unique(_unordered(np.asarray(out, np.int64), dtype).astype(dtype))

@@ -1,0 +1,221 @@
+"""Maps that fold between the solver's grid points (`_enclose.py`).
+
+`x - a tanh(b (x - c))` with `a b > 1` turns twice within about `1 / b` of
+`c`; between the grid points 0.25 and 0.5 the samples saw nothing, and the
+solver answered one of three preimages. The slope's enclosure over
+intervals between grid points finds such turns; `y` taken three times is
+NaN, and `y` outside the fold keeps its single preimage.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import x64
+from hypothesis import given, settings, strategies as st
+
+import jaxinterp
+from jaxinterp._inverse import _enclose, _solve
+
+# --- the enclosures themselves -------------------------------------------
+
+# A small grammar of scalar maps, each written for JAX; the enclosure must
+# hold every value and slope the map takes (JAX in float64 as reference).
+_UNARY = {
+    "tanh": jnp.tanh,
+    "sin": jnp.sin,
+    "cos": jnp.cos,
+    "exp": lambda u: jnp.exp(jnp.clip(u, -30.0, 30.0)),
+    "log1p_sq": lambda u: jnp.log1p(u * u),
+    "hypot1": lambda u: jnp.sqrt(1 + u * u),
+    "atan": jnp.arctan,
+    "asinh": jnp.arcsinh,
+    "sigmoid": jax.nn.sigmoid,
+    "erf": jax.scipy.special.erf,
+    "abs": jnp.abs,
+    "cube": lambda u: u**3,
+    "square": jnp.square,
+    "recip": lambda u: 1 / (1 + u * u),
+    "softplus": jax.nn.softplus,
+    "floor": jnp.floor,
+}
+_BINARY = {
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "max": jnp.maximum,
+    "min": jnp.minimum,
+    "where": lambda a, b: jnp.where(a > 0.5, a, b),
+}
+
+
+def _trees(depth: int) -> st.SearchStrategy:
+    leaf = st.one_of(
+        st.just(("x",)), st.floats(-2.0, 2.0).map(lambda c: ("const", c))
+    )
+    if depth == 0:
+        return leaf
+    sub = _trees(depth - 1)
+    return st.one_of(
+        leaf,
+        st.tuples(st.sampled_from(sorted(_UNARY)), sub).map(lambda t: ("un", *t)),
+        st.tuples(st.sampled_from(sorted(_BINARY)), sub, sub).map(
+            lambda t: ("bin", *t)
+        ),
+        st.tuples(st.floats(-3.0, 3.0), sub).map(lambda t: ("scale", *t)),
+    )
+
+
+def _build(tree):
+    kind = tree[0]
+    if kind == "x":
+        return lambda x: x
+    if kind == "const":
+        return lambda x, c=tree[1]: jnp.full_like(x, c)
+    if kind == "un":
+        f, inner = _UNARY[tree[1]], _build(tree[2])
+        return lambda x: f(inner(x))
+    if kind == "scale":
+        inner = _build(tree[2])
+        return lambda x, c=tree[1]: c * inner(x)
+    f, a, b = _BINARY[tree[1]], _build(tree[2]), _build(tree[3])
+    return lambda x: f(a(x), b(x))
+
+
+@settings(deadline=None)
+@given(
+    tree=_trees(3),
+    lo=st.floats(-6.0, 6.0),
+    log_width=st.floats(-12.0, 1.0),
+)
+def test_the_enclosures_hold_every_value_and_slope_of_the_map(tree, lo, log_width):
+    g = _build(tree)
+    hi = lo + 2.0**log_width * 4
+    with x64():
+        slope = _enclose.Slope.of(lambda x: g(x) + 0 * x, jnp.float64)
+        assert slope is not None
+        got = slope.enclose(np.array([lo]), np.array([hi]))
+        v_lo, v_hi, d_lo, d_hi = (
+            float(a[0]) for a in (got.v_lo, got.v_hi, got.d_lo, got.d_hi)
+        )
+        xs = jnp.linspace(lo, hi, 65, dtype=jnp.float64)
+        values = np.asarray(jax.vmap(g)(xs))
+        slopes = np.asarray(jax.vmap(jax.grad(lambda x: g(x) + 0 * x))(xs))
+    tol = 1e-12
+    if not math.isnan(v_lo):
+        spread = tol * (1 + np.abs(values))
+        assert np.all(values >= v_lo - spread), (tree, lo, hi, v_lo, values.min())
+        assert np.all(values <= v_hi + spread), (tree, lo, hi, v_hi, values.max())
+    if not math.isnan(d_lo):
+        spread = tol * (1 + np.abs(slopes))
+        assert np.all(slopes >= d_lo - spread), (tree, lo, hi, d_lo, slopes.min())
+        assert np.all(slopes <= d_hi + spread), (tree, lo, hi, d_hi, slopes.max())
+
+
+def test_a_sum_that_cancels_is_enclosed_as_the_constant_it_is():
+    # `1 + |x| - x sign(x)` is 1 on each side of 0: exact in affine forms,
+    # where interval arithmetic would widen it with the interval.
+    slope = _enclose.Slope.of(
+        lambda x: 1 + jnp.abs(x) - x * jnp.sign(x), jnp.float32
+    )
+    got = slope.enclose(np.array([3.0]), np.array([1e6]))
+    assert 1 - 1e-7 < got.v_lo[0] <= 1 <= got.v_hi[0] < 1 + 1e-7
+    assert -1e-7 < got.d_lo[0] <= 0 <= got.d_hi[0] < 1e-7
+
+
+def test_a_primitive_without_a_rule_leaves_the_map_to_the_samplers():
+    assert _enclose.Slope.of(jax.scipy.special.gammaln, jnp.float32) is None
+
+
+@pytest.mark.parametrize(
+    "f, turns",
+    [
+        (lambda x: x - 0.02 * jnp.tanh(100 * (x - 0.3)), [0.3 - 0.00881, 0.3 + 0.00881]),
+        (lambda x: x**3 - 3e-6 * x, [-1e-3, 1e-3]),
+        (lambda x: x * jnp.exp(x), [-1.0]),
+    ],
+)
+def test_turns_between_grid_points_are_bracketed(f, turns):
+    found = _enclose.turn_points(
+        _enclose.Slope.of(f, jnp.float32), _solve.grid(jnp.float32), jnp.float32
+    )
+    assert found.complete
+    points = found.points
+    for t in turns:
+        near = points[np.abs(points - t) <= 1e-3 * abs(t) + 1e-6]
+        assert near.size >= 2, (t, points)
+
+
+@pytest.mark.parametrize("f", [jnp.exp, jnp.tanh, jax.nn.softplus, jnp.arcsinh,
+                               lambda x: x / (1 + jnp.abs(x)),
+                               lambda x: x + 0.5 * jnp.sin(x)])
+def test_a_monotone_map_has_no_turns(f):
+    found = _enclose.turn_points(
+        _enclose.Slope.of(f, jnp.float32), _solve.grid(jnp.float32), jnp.float32
+    )
+    assert found.points.size == 0
+
+
+# --- the inverse ------------------------------------------------------------
+
+
+def _fold(a, b, c):
+    return lambda x: x - a * jnp.tanh(b * (x - c))
+
+
+# (Each example compiles an inverse: with the tests of the numerical methods.)
+@pytest.mark.methods
+@settings(deadline=None)
+@given(
+    c=st.floats(-50.0, 50.0),
+    log_b=st.floats(0.0, 5.0),
+    ab=st.floats(1.1, 20.0),
+    wide=st.booleans(),
+)
+def test_a_folded_map_has_no_answer_where_it_takes_y_three_times(c, log_b, ab, wide):
+    b = 10.0**log_b
+    a = ab / b
+    f = _fold(a, b, c)
+    dtype = jnp.float64 if wide else jnp.float32
+    with x64():
+        c_ = float(np.asarray(c, dtype))
+        # `y = f(c)` is taken at `c` and once either side of it.
+        y_mid = f(jnp.asarray(c_, dtype))
+        # Far from the fold each `y` has one preimage.
+        far = jnp.asarray([c_ - 2 * a - 4 / b, c_ + 2 * a + 4 / b], dtype)
+        x = jaxinterp.inverse(f)(jnp.concatenate([y_mid[None], f(far)]))
+        assert np.isnan(x[0]), (a, b, c, x)
+        np.testing.assert_allclose(x[1:], far, rtol=1e-4 if not wide else 1e-9, atol=1e-5)
+
+
+@pytest.mark.methods
+@settings(deadline=None)
+@given(c=st.floats(-50.0, 50.0), log_b=st.floats(0.0, 5.0), ab=st.floats(0.0, 0.9))
+def test_an_unfolded_map_of_the_same_family_is_still_inverted(c, log_b, ab):
+    b = 10.0**log_b
+    f = _fold(ab / b, b, c)
+    x = jnp.asarray([c, c + 0.5 / b, c - 3.0 / b, c + 10.0], jnp.float32)
+    got = jaxinterp.inverse(f)(f(x))
+    np.testing.assert_allclose(got, x, rtol=1e-5, atol=1e-5 / b)
+
+
+def test_the_reported_fold_is_nan_eagerly_and_under_jit():
+    # The fold found by hand: `y = 0.3` is `f(0.3)` and the value of `f` at
+    # a point either side of it (near 0.281 and 0.319); the solver answered
+    # 0.3.
+    f = _fold(0.02, 100.0, 0.3)
+    y = jnp.asarray([0.3, 0.02, 1.5], jnp.float32)
+    for inv in (jaxinterp.inverse(f), jax.jit(jaxinterp.inverse(f))):
+        x = inv(y)
+        assert np.isnan(x[0])
+        np.testing.assert_allclose(f(x[1:]), y[1:], rtol=1e-6)
+        np.testing.assert_allclose(x[1:], [0.0, 1.52], atol=2e-6)
+    # `f - 0.3` changes sign three times (so `y = 0.3` has three preimages).
+    signs = np.sign(np.asarray(f(jnp.asarray([0.25, 0.29, 0.31, 0.35], jnp.float64))) - 0.3)
+    assert signs.tolist() == [-1, 1, -1, 1]
+    with pytest.raises(jaxinterp.NotInvertibleError):
+        jaxinterp.inverse(f, strict=True)(y)
