@@ -2017,7 +2017,20 @@ _POLES: list[_BlockRow] = [
 ]
 
 
+# Folds between the solver's grid points (session 31): `x - 0.02 C tanh(100
+# (x - 0.3))` turns twice within 0.02 of 0.3 when `C > 0.5`, unseen by the
+# grid's values; `x**3 - 0.01 C x` turns at `+-sqrt(C / 300)`. Each `y` in a
+# fold has three preimages: NaN (or refused); outside it, solved. The
+# same family with `C < 0.5` is monotone: solved everywhere.
+_FOLDS: list[_BlockRow] = [
+    ("{0} - C * 0.02 * jnp.tanh(100.0 * ({0} - 0.3))", lambda a, c: True, (0.6, 3)),
+    ("{0} - C * 0.02 * jnp.tanh(100.0 * ({0} - 0.3))", lambda a, c: True, (0.1, 0.45)),
+    ("{0} ** 3 - C * 0.01 * {0}", lambda a, c: True, (0.5, 2)),
+]
+
+
 _block_op("block_fractional", _FRACTIONAL, ["div", "add", "mul"], 1)
+_block_op("block_folds", _FOLDS, ["tanh", "sub", "integer_pow"], 1)
 _block_op("block_poles", _POLES, ["div", "sub", "expm1"], 1)
 _block_op("block_monotone", _MONOTONE, ["sin", "exp", "abs", "tanh"], 1)
 _block_op("block_turning", _TURNING, ["exp", "integer_pow"], 1)

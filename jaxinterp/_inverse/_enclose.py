@@ -45,12 +45,6 @@ from .. import _jax_compat as compat
 # Rounding allowed per step, relative to the magnitudes involved (NumPy's
 # float64 functions are within a few units in the last place).
 _ROUND = 16 * 2.0**-52
-# Halving stops for an interval whose slope's enclosure has not narrowed by
-# a quarter for this many rounds (rounding swamps it, or a step jumps)...
-_STALL = 3
-# ... and an interval where a step jumps, after this many (halved down to
-# neighbouring floats, it is decided: nothing lies between them).
-_JUMP_STALL = 64
 # Halving goes on in at most this many intervals from one grid interval: a
 # turn, a fold or a jump keeps one or two undecided each round, a map flat
 # to within rounding keeps them all (its slope's sign stays unknown).
@@ -148,9 +142,7 @@ class _Cells:
         return form
 
     def where(self, pick: np.ndarray, a: _Form, b: _Form) -> _Form:
-        return _Form(
-            *(np.where(pick, getattr(a, f), getattr(b, f)) for f in _FIELDS)
-        )
+        return _Form(*(np.where(pick, getattr(a, f), getattr(b, f)) for f in _FIELDS))
 
     def flag(self, mask: np.ndarray, *forms: _Form) -> None:
         """Cells where a step could not enclose its result (not where an
@@ -204,7 +196,7 @@ def _mul(k: _Cells, a: _Form, b: _Form) -> _Form:
 
 # An enclosure of f' over [lo, hi] (NaN where [lo, hi] leaves f's domain or
 # f is not differentiable there).
-Slope = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+SlopeRange = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 # Where [lo, hi] lies wholly outside a step's domain.
@@ -215,7 +207,7 @@ def _unary(
     k: _Cells,
     a: _Form,
     f: Callable[[np.ndarray], np.ndarray],
-    df: Slope,
+    df: SlopeRange,
     outside: Outside | None = None,
     bounds: tuple[float, float] = (-np.inf, np.inf),
 ) -> _Form:
@@ -247,16 +239,16 @@ def _unary(
     return form
 
 
-def _rising(f: Callable[[np.ndarray], np.ndarray]) -> Slope:
+def _rising(f: Callable[[np.ndarray], np.ndarray]) -> SlopeRange:
     """The enclosure of a slope `f` that rises with `x`."""
     return lambda lo, hi: (f(lo), f(hi))
 
 
-def _falling(f: Callable[[np.ndarray], np.ndarray]) -> Slope:
+def _falling(f: Callable[[np.ndarray], np.ndarray]) -> SlopeRange:
     return lambda lo, hi: (f(hi), f(lo))
 
 
-def _peaked(f: Callable[[np.ndarray], np.ndarray]) -> Slope:
+def _peaked(f: Callable[[np.ndarray], np.ndarray]) -> SlopeRange:
     """A slope that rises up to `x = 0` and falls after it."""
 
     def enclose(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -267,7 +259,7 @@ def _peaked(f: Callable[[np.ndarray], np.ndarray]) -> Slope:
     return enclose
 
 
-def _valley(f: Callable[[np.ndarray], np.ndarray]) -> Slope:
+def _valley(f: Callable[[np.ndarray], np.ndarray]) -> SlopeRange:
     """A slope that falls down to `x = 0` and rises after it."""
 
     def enclose(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -278,7 +270,9 @@ def _valley(f: Callable[[np.ndarray], np.ndarray]) -> Slope:
     return enclose
 
 
-def _on(domain: Callable[[np.ndarray, np.ndarray], np.ndarray], slope: Slope) -> Slope:
+def _on(
+    domain: Callable[[np.ndarray, np.ndarray], np.ndarray], slope: SlopeRange
+) -> SlopeRange:
     """`slope` where `[lo, hi]` lies within `domain`, else NaN."""
 
     def enclose(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -333,7 +327,9 @@ def _minus_sin_range(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.nda
     return -s_hi, -s_lo
 
 
-def _power_range(lo: np.ndarray, hi: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+def _power_range(
+    lo: np.ndarray, hi: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray]:
     """The range of `x**n` over `[lo, hi]` (integer `n`; for `n < 0`, where
     `[lo, hi]` excludes 0: NaN otherwise)."""
     with np.errstate(all="ignore"):
@@ -351,7 +347,7 @@ def _power_range(lo: np.ndarray, hi: np.ndarray, n: int) -> tuple[np.ndarray, np
     return np.where(ok, low, np.nan), np.where(ok, high, np.nan)
 
 
-def _integer_pow(n: int) -> tuple[Callable[[np.ndarray], np.ndarray], Slope]:
+def _integer_pow(n: int) -> tuple[Callable[[np.ndarray], np.ndarray], SlopeRange]:
     def f(x: np.ndarray) -> np.ndarray:
         with np.errstate(all="ignore"):
             return x**n
@@ -399,7 +395,7 @@ _OUTSIDE: dict[str, Outside] = {
     "rsqrt": lambda lo, hi: hi <= 0,
 }
 
-_UNARY: dict[str, tuple[Callable[[np.ndarray], np.ndarray], Slope]] = {
+_UNARY: dict[str, tuple[Callable[[np.ndarray], np.ndarray], SlopeRange]] = {
     "exp": (np.exp, _rising(np.exp)),
     "exp2": (np.exp2, _rising(lambda x: math.log(2) * np.exp2(x))),
     "expm1": (np.expm1, _rising(np.exp)),
@@ -453,7 +449,7 @@ def _min(k: _Cells, a: _Form, b: _Form) -> _Form:
 
 def _nan_of(out: _Form, *forms: _Form) -> _Form:
     """`out`, NaN all over where an operand is (`max` and `min` pass NaN)."""
-    void = np.logical_or.reduce([f.void for f in forms])
+    void = np.any(np.stack([f.void for f in forms]), axis=0)
     return _Form(
         np.where(void, np.nan, out.c),
         np.where(void, 0.0, out.s),
@@ -464,9 +460,7 @@ def _nan_of(out: _Form, *forms: _Form) -> _Form:
     )
 
 
-def _decided(
-    k: _Cells, true: np.ndarray, false: np.ndarray, nan: Any = False
-) -> _Form:
+def _decided(k: _Cells, true: np.ndarray, false: np.ndarray, nan: Any = False) -> _Form:
     """A condition: 1 where `true`, 0 where `false`, neither: not decided
     (unless an operand is NaN all over, `nan`)."""
     k.flag(~true & ~false & ~np.asarray(nan, bool))
@@ -521,7 +515,15 @@ def _round_half(x: np.ndarray) -> np.ndarray:
 # --- the walk ------------------------------------------------------------
 
 _CALLS = frozenset(
-    {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "checkpoint", "remat2"}
+    {
+        "jit",
+        "pjit",
+        "closed_call",
+        "core_call",
+        "custom_jvp_call",
+        "checkpoint",
+        "remat2",
+    }
 )
 _SAME = frozenset(
     {
@@ -559,7 +561,9 @@ def _scalar(aval: Any) -> None:
         raise _Unsupported("a value that is not a real scalar")
 
 
-def _walk(k: _Cells, jaxpr: Any, consts: Sequence[Any], args: Sequence[_Form]) -> list[_Form]:
+def _walk(
+    k: _Cells, jaxpr: Any, consts: Sequence[Any], args: Sequence[_Form]
+) -> list[_Form]:
     env: dict[Any, _Form] = {}
 
     def read(v: Any) -> _Form:
@@ -666,7 +670,9 @@ def _step(k: _Cells, eqn: Any, ins: list[_Form]) -> list[_Form]:
             "xor": lambda: bits[0] ^ bits[1],
             "not": lambda: ~bits[0],
         }[name]()
-        return [_Form(value.astype(float), np.zeros(value.shape), np.zeros(value.shape))]
+        return [
+            _Form(value.astype(float), np.zeros(value.shape), np.zeros(value.shape))
+        ]
     if name == "is_finite":
         lo, hi = k.range(ins[0])
         finite = np.isfinite(lo) & np.isfinite(hi) & ~ins[0].void
@@ -727,7 +733,11 @@ class Slope:
         """Per interval `[lo, hi]`: the map's value range and its slope's."""
         k = _Cells(np.asarray(lo, float), np.asarray(hi, float))
         x = _Form(
-            k.m, np.ones_like(k.m), np.zeros_like(k.m), None, np.asarray(lo, float),
+            k.m,
+            np.ones_like(k.m),
+            np.zeros_like(k.m),
+            None,
+            np.asarray(lo, float),
             np.asarray(hi, float),
         )
         with np.errstate(all="ignore"):
@@ -737,9 +747,10 @@ class Slope:
         void = value.void & ~k.bad
         bad = k.bad | (~value.void & slope.void)
         nan = np.full(k.m.shape, np.nan)
-        return Enclosed(
-            *(np.where(bad | void, nan, a) for a in (v_lo, v_hi, d_lo, d_hi)), void
+        v_lo, v_hi, d_lo, d_hi = (
+            np.where(bad | void, nan, a) for a in (v_lo, v_hi, d_lo, d_hi)
         )
+        return Enclosed(v_lo, v_hi, d_lo, d_hi, void)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -773,9 +784,7 @@ def turn_points(slope: Slope, points: np.ndarray, dtype: Any) -> Turns:
     keep = b > a
     a, b = a[keep], b[keep]
     family = np.arange(a.size)
-    stall = np.zeros(a.shape, int)
-    width = np.full(a.shape, np.inf)
-    found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    found: list[tuple[np.ndarray, ...]] = []
     eps = float(np.finfo(dtype).eps)
     complete = True
     for _ in range(_ROUNDS):
@@ -787,37 +796,36 @@ def turn_points(slope: Slope, points: np.ndarray, dtype: Any) -> Turns:
         down = got.d_hi <= 0
         direction = np.where(up & down, 0, np.where(up, 1, -1))
         decided = up | down
-        found.append((a[decided], b[decided], direction[decided]))
-        new_width = got.d_hi - got.d_lo
-        jump = ~np.isfinite(new_width) & ~got.void
-        narrowed = np.isfinite(new_width) & (new_width < 0.75 * width)
-        stall = np.where(narrowed, 0, stall + 1)
-        open_ = ~decided & ~got.void & (b - a >= 2)
-        split = open_ & (stall <= np.where(jump, _JUMP_STALL, _STALL))
-        crowd = np.bincount(family[split], minlength=family.max() + 1)
+        width = hi - lo
+        move = np.where(up, got.d_lo, -got.d_hi) * width
+        size = np.maximum(np.maximum(np.abs(got.v_lo), np.abs(got.v_hi)), 1.0)
+        found.append(
+            (a[decided], b[decided], direction[decided], move[decided], size[decided])
+        )
+        # (Where the map cannot fold by more than rounding, nothing to find.)
+        open_ = ~decided & ~got.void & (b - a >= 2) & ~_shallow(got, lo, hi, eps)
+        split = open_.copy()
+        crowd = np.bincount(family[split], minlength=int(np.max(family)) + 1)
         split &= crowd[family] <= _FAMILY
-        if np.any(open_ & ~split & ~_shallow(got, lo, hi, eps)):
+        if np.any(open_ & ~split):
             complete = False
-        a, b, stall, family = a[split], b[split], stall[split], family[split]
-        width = np.where(jump, np.inf, new_width)[split]
+        a, b, family = a[split], b[split], family[split]
         if _WAYS * a.size > _CAP:
             complete = False
             break
         # Each split in `_WAYS` (on the floats' order), dropping empty parts.
         cuts = [a, b]
         while len(cuts) <= _WAYS:
-            cuts = [c for pair in zip(cuts, cuts[1:]) for c in (pair[0], _mid(*pair))]
-            cuts.append(b)
-        parts = [(lo_, hi_) for lo_, hi_ in zip(cuts, cuts[1:])]
+            pairs = zip(cuts[:-1], cuts[1:], strict=True)
+            cuts = [c for lo_, hi_ in pairs for c in (lo_, _mid(lo_, hi_))] + [b]
+        parts = list(zip(cuts[:-1], cuts[1:], strict=True))
         nonempty = [hi_ > lo_ for lo_, hi_ in parts]
-        a = np.concatenate([p[0][m] for p, m in zip(parts, nonempty)])
-        b = np.concatenate([p[1][m] for p, m in zip(parts, nonempty)])
-        stall = np.concatenate([stall[m] for m in nonempty])
-        width = np.concatenate([width[m] for m in nonempty])
+        a = np.concatenate([p[0][m] for p, m in zip(parts, nonempty, strict=True)])
+        b = np.concatenate([p[1][m] for p, m in zip(parts, nonempty, strict=True)])
         family = np.concatenate([family[m] for m in nonempty])
     else:
         complete = complete and not a.size
-    return Turns(_around_turns(found, dtype), complete)
+    return Turns(_around_turns(found, dtype, eps), complete)
 
 
 def _mid(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -861,23 +869,42 @@ def _shallow(got: Enclosed, lo: np.ndarray, hi: np.ndarray, eps: float) -> np.nd
 
 
 def _around_turns(
-    found: list[tuple[np.ndarray, np.ndarray, np.ndarray]], dtype: Any
+    found: list[tuple[np.ndarray, ...]], dtype: Any, eps: float
 ) -> np.ndarray:
+    """The ends of the proven intervals either side of each turn. Runs of
+    intervals proven to move one way are joined; a run that provably moves
+    by no more than rounding (`x + 1e-12 sin(x)` in float32) does not count
+    as a turn, and its neighbours join across it."""
     if not found:
         return np.zeros(0, dtype)
-    los = np.concatenate([f[0] for f in found])
-    his = np.concatenate([f[1] for f in found])
-    dirs = np.concatenate([f[2] for f in found])
-    order = np.argsort(los, kind="stable")
-    los, his, dirs = los[order], his[order], dirs[order]
-    out: list[int] = []
-    last = None
-    for lo, hi, d in zip(los.tolist(), his.tolist(), dirs.tolist(), strict=True):
-        if d == 0:
+    a, b, d, move, size = (np.concatenate([f[k] for f in found]) for k in range(5))
+    order = np.argsort(a, kind="stable")
+    a, b, d, move, size = (v[order] for v in (a, b, d, move, size))
+    moving = d != 0
+    a, b, d, move, size = (v[moving] for v in (a, b, d, move, size))
+    # Runs: [first cell, last cell, direction, how far it moves, magnitude].
+    runs: list[list[Any]] = []
+    for i, di in enumerate(d.tolist()):
+        if runs and runs[-1][2] == di:
+            run = runs[-1]
+            run[1] = i
+            run[3] += move[i]
+            run[4] = max(run[4], size[i])
+        else:
+            runs.append([i, i, di, float(move[i]), float(size[i])])
+    tolerance = max(16 * eps, 64 * _ROUND)
+    kept: list[list[Any]] = []
+    for run in runs:
+        if run[3] <= tolerance * run[4]:
             continue
-        if last is not None and last[2] != d:
-            out += [last[0], last[1], lo, hi]
-        last = (lo, hi, d)
+        if kept and kept[-1][2] == run[2]:
+            kept[-1][1] = run[1]
+        else:
+            kept.append(run)
+    out: list[int] = []
+    for before, after in zip(kept[:-1], kept[1:], strict=True):
+        i, j = before[1], after[0]
+        out += [a[i], b[i], a[j], b[j]]
     if not out:
         return np.zeros(0, dtype)
     return np.unique(_unordered(np.asarray(out, np.int64), dtype).astype(dtype))

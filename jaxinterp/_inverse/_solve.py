@@ -28,6 +28,8 @@ dtype's largest powers of two in magnitude, `monotone_on_grid`) is not
 injective: its elements are NaN, or, when its known operands are constants
 and scalars, it is inverted only where `y` has one preimage (`_turning.py`;
 refused if no value has one). The grid and the check are in `_grid.py`.
+With constant scalar operands, folds between grid points are found by
+enclosing the map's slope (`_enclose.py`) and sampled too.
 When the known operands are scalars, the map is the same for every element
 and each call of `g` samples as many grid points as there are elements (the
 calls run in a loop: the program holds one copy of `g`).

@@ -19,8 +19,10 @@ range of no stretch, or of two, is NaN, and so is one whose root the solver
 found outside the stretch that holds `y`. A map with no value taken once on
 the grid is refused, as before.
 
-This relies on the grid as the monotonicity check does: a turn between two
-grid points that the values at the grid do not show is not seen.
+Turns between two grid points that the values at the grid do not show (a
+fold) are found by enclosing the map's slope (`_enclose.py`), and their
+places sampled too (`more`); a map with a primitive the enclosures have no
+rule for relies on the grid, as the monotonicity check does.
 """
 
 from __future__ import annotations
