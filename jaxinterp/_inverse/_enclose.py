@@ -590,6 +590,12 @@ def _walk(
 def _step(k: _Cells, eqn: Any, ins: list[_Form]) -> list[_Form]:
     name = compat.construct_name(eqn)
     if name in _CALLS:
+        if compat.call_name(eqn) == "exp_neg_sq":
+            # (JAX >= 0.12 writes `erf`'s slope `exp(-x**2)` with a
+            # `custom_jvp` whose body splits floats by their bits.)
+            (a,) = ins
+            square = _unary(k, a, *_integer_pow(2), None, (0.0, np.inf))
+            return [_unary(k, _neg(square), *_UNARY["exp"], None, _BOUNDS["exp"])]
         body, consts = _body(eqn)
         return _walk(k, body, consts, ins)
     if name == "optimization_barrier":
