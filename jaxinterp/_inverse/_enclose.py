@@ -631,7 +631,8 @@ def _step(k: _Cells, eqn: Any, ins: list[_Form]) -> list[_Form]:
         return [_unary(k, ins[0], f, df, None, (0.0, np.inf))]
     if name == "pow":
         # a ** b = exp(b log a), where a > 0 (elsewhere not decided).
-        log_a = _unary(k, ins[0], *_UNARY["log"], _OUTSIDE["log"])
+        # (Not NaN all over where `a < 0`: `pow(-2.0, 2.0)` is 4.)
+        log_a = _unary(k, ins[0], *_UNARY["log"])
         return [_unary(k, _mul(k, ins[1], log_a), *_UNARY["exp"], None, _BOUNDS["exp"])]
     if name == "abs":
         a = ins[0]
