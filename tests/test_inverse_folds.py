@@ -234,3 +234,33 @@ def test_the_reported_fold_is_nan_eagerly_and_under_jit():
     assert signs.tolist() == [-1, 1, -1, 1]
     with pytest.raises(jaxinterp.NotInvertibleError):
         jaxinterp.inverse(f, strict=True)(y)
+
+
+@pytest.mark.parametrize(
+    "f, x_far",
+    [
+        # Folds by 4e-10 around 0 (turns at +-5.8e-4), by 4e-8 (turns at
+        # +-5.5e-3): far below the samples' rounding allowance (16 eps,
+        # absolute below 1), far above the rounding of these float32 values.
+        (lambda x: x**3 - 1e-6 * x, 0.5),
+        (lambda x: x - jnp.tanh(1.00001 * x), 2.0),
+    ],
+)
+def test_a_fold_too_shallow_for_the_samples_is_still_seen(f, x_far):
+    y = f(jnp.asarray([0.0, x_far, -x_far], jnp.float32))
+    x = jaxinterp.inverse(f)(y)
+    assert np.isnan(x[0]), x  # `y = 0` has three preimages
+    np.testing.assert_allclose(x[1:], [x_far, -x_far], rtol=1e-5)
+
+
+def test_turns_below_the_rounding_of_the_map_are_none():
+    # `(32 + 0.0055 x) - 32` rounds to steps of ulp(32) = 3.8e-6; the real
+    # folds of `1e-12 sin(x)` on top never show in float32.
+    found = _enclose.turn_points(
+        _enclose.Slope.of(
+            lambda x: (32.0 + 0.0055 * x) - 32.0 + 1e-12 * jnp.sin(x), jnp.float32
+        ),
+        _solve.grid(jnp.float32),
+        jnp.float32,
+    )
+    assert not found.turns

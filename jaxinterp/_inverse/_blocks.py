@@ -1029,19 +1029,19 @@ def _has_corners(eqns: Sequence[Any]) -> bool:
 
 def _folds(
     block: Block, known: Sequence[Any], dtype: Any, extra: Sequence[float]
-) -> list[float]:
-    """Points about the turns of a uniform map between the solver's grid
-    points (and the switches `extra`), where enclosing its slope finds them
-    (`_enclose.py`): none where the map is proven monotone or is left to the
-    samplers. Only for scalar known operands and equations that run on
-    scalars. A map with turns found and intervals left undecided (where
-    more turns may hide) is refused."""
+) -> _enclose.Turns | None:
+    """The turns of a uniform map between the solver's grid points (and the
+    switches `extra`) that enclosing its slope finds (`_enclose.py`), with
+    points about them to sample: none where the map is proven monotone,
+    `None` where it is left to the samplers. Only for scalar known operands
+    and equations that run on scalars. A map with turns found and intervals
+    left undecided (where more turns may hide) is refused."""
     if any(np.shape(k) for k in known) or not _replays_at_any_shape(block.eqns):
-        return []
+        return None
     with jax.ensure_compile_time_eval():
         slope = _enclose.Slope.of(lambda u: block.g(u, *known), dtype)
     if slope is None:
-        return []
+        return None
     points = _solve.grid(dtype)
     if len(extra):
         points = np.unique(np.concatenate([points, np.asarray(extra, dtype)]))
@@ -1053,7 +1053,7 @@ def _folds(
             "often than enclosing the slope locates), so it takes some values "
             "more than once and has no inverse"
         )
-    return turns.points.tolist()
+    return turns
 
 
 def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
@@ -1096,7 +1096,8 @@ def _solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
                 else ([], False)
             )
             # Turns between the grid points, found by enclosing the slope.
-            folds = _folds(block, known, dtype, extra) if uniform else []
+            folds = _folds(block, known, dtype, extra) if uniform else None
+            more = folds.points.tolist() if folds is not None else []
             with jax.ensure_compile_time_eval():
                 ok = np.asarray(
                     _solve.monotone_on_grid(
@@ -1104,7 +1105,7 @@ def _solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
                         shape,
                         dtype,
                         uniform=uniform,
-                        extra=[*extra, *folds],
+                        extra=[*extra, *more],
                         # (Per element: its switches located there.)
                         choices=None if uniform else lambda x: choices(x, *known),
                     )
@@ -1115,14 +1116,20 @@ def _solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
             return _solve.solver(
                 block.g, choices=choices, uniform=inside, gather=gather
             )(y, *known)
-        if not ok.all():
+        # (A turn the enclosures prove is one, whatever the samples show.)
+        if not ok.all() or (folds is not None and folds.turns):
             # It turns: inverted where `y` has one preimage (`_turning.py`),
             # if it has one anywhere.
             found = None
             if uniform and not crowded:
                 try:
                     found = _turning.stretches(
-                        lambda x: block.g(x, *known), dtype, tuple(shape), extra, folds
+                        lambda x: block.g(x, *known),
+                        dtype,
+                        tuple(shape),
+                        extra,
+                        more,
+                        folds.turns if folds is not None else (),
                     )
                 except jax.errors.TracerArrayConversionError:
                     found = None  # (a body that stages even here: refused)

@@ -76,10 +76,15 @@ class _Form:
     # need not show.
     lo: Any = None
     hi: Any = None
+    # A bound on how far the map's value computed in its dtype may be from
+    # `v` (a running error analysis: each step's rounding, carried on).
+    err: Any = None
 
     def __post_init__(self) -> None:
         if self.void is None:
             self.void = np.zeros(np.shape(self.c), bool)
+        if self.err is None:
+            self.err = np.zeros(np.shape(self.c))
         if self.lo is None or self.hi is None:
             exact = (self.s == 0) & (self.e == 0)
             self.lo = np.where(exact, self.c, -np.inf)
@@ -93,7 +98,8 @@ class _Cells:
     """The intervals being enclosed, and which of them some step could not
     enclose (`bad`: a jump, a pole, a value outside a step's domain)."""
 
-    def __init__(self, lo: np.ndarray, hi: np.ndarray) -> None:
+    def __init__(self, lo: np.ndarray, hi: np.ndarray, unit: float) -> None:
+        self.unit = unit  # (the unit roundoff of the map's dtype)
         self.m = lo / 2 + hi / 2
         self.r = np.maximum(hi / 2 - lo / 2, 0.0) * (1 + 4 * 2.0**-52)
         self.r = np.maximum(self.r, np.abs(hi - self.m), out=self.r)
@@ -119,8 +125,19 @@ class _Cells:
         )
 
     def rounded(
-        self, c: Any, s: Any, e: Any, void: Any, lo: Any = None, hi: Any = None
+        self,
+        c: Any,
+        s: Any,
+        e: Any,
+        void: Any,
+        lo: Any = None,
+        hi: Any = None,
+        err: Any = 0.0,
+        ulps: float = 1.0,
     ) -> _Form:
+        """The result of a step: its form (`e` widened by float64 rounding),
+        and its error in the dtype, `err` carried from the operands plus
+        `ulps` units of rounding of the result."""
         e = e + _ROUND * (np.abs(c) + np.abs(s) * self.r)
         void = np.asarray(void, bool)
         nan = np.full(void.shape, np.nan)
@@ -139,6 +156,9 @@ class _Cells:
         )
         finite = np.isfinite(form.c) & np.isfinite(form.s) & np.isfinite(form.e)
         self.bad |= ~finite & ~void
+        r_lo, r_hi = self.range(form)
+        size = np.maximum(np.abs(r_lo), np.abs(r_hi))
+        form.err = np.where(void, 0.0, err + ulps * self.unit * size)
         return form
 
     def where(self, pick: np.ndarray, a: _Form, b: _Form) -> _Form:
@@ -153,11 +173,16 @@ class _Cells:
         self.bad |= mask
 
 
-_FIELDS = ("c", "s", "e", "void", "lo", "hi")
+_FIELDS = ("c", "s", "e", "void", "lo", "hi", "err")
 
 
 def _neg(a: _Form) -> _Form:
-    return _Form(-a.c, -a.s, a.e, a.void, -a.hi, -a.lo)
+    return _Form(-a.c, -a.s, a.e, a.void, -a.hi, -a.lo, a.err)
+
+
+def _size(k: _Cells, a: _Form) -> np.ndarray:
+    lo, hi = k.range(a)
+    return np.maximum(np.abs(lo), np.abs(hi))
 
 
 # --- rules -------------------------------------------------------------
@@ -166,7 +191,8 @@ def _neg(a: _Form) -> _Form:
 def _add(k: _Cells, a: _Form, b: _Form) -> _Form:
     (a_lo, a_hi), (b_lo, b_hi) = k.range(a), k.range(b)
     void = a.void | b.void
-    return k.rounded(a.c + b.c, a.s + b.s, a.e + b.e, void, a_lo + b_lo, a_hi + b_hi)
+    lo, hi, err = a_lo + b_lo, a_hi + b_hi, a.err + b.err
+    return k.rounded(a.c + b.c, a.s + b.s, a.e + b.e, void, lo, hi, err)
 
 
 def _sub(k: _Cells, a: _Form, b: _Form) -> _Form:
@@ -191,7 +217,9 @@ def _mul(k: _Cells, a: _Form, b: _Form) -> _Form:
     ends = np.stack([a_lo * b_lo, a_lo * b_hi, a_hi * b_lo, a_hi * b_hi])
     lo = np.where(zero, 0.0, np.min(ends, axis=0))
     hi = np.where(zero, 0.0, np.max(ends, axis=0))
-    return k.rounded(c, s, np.where(zero, 0.0, e), a.void | b.void, lo, hi)
+    err = _size(k, b) * a.err + _size(k, a) * b.err + a.err * b.err
+    err = np.where(zero, 0.0, err)
+    return k.rounded(c, s, np.where(zero, 0.0, e), a.void | b.void, lo, hi, err)
 
 
 # An enclosure of f' over [lo, hi] (NaN where [lo, hi] leaves f's domain or
@@ -229,8 +257,10 @@ def _unary(
     rising, falling = d_lo >= 0, d_hi <= 0
     v_lo = np.where(rising, f_lo, np.where(falling, f_hi, -np.inf))
     v_hi = np.where(rising, f_hi, np.where(falling, f_lo, np.inf))
+    # (Library functions are within a few units in the last place.)
+    err = np.maximum(np.abs(d_lo), np.abs(d_hi)) * a.err
     form = k.rounded(
-        c, np.where(const, 0.0, s), np.where(const, 0.0, e), void, v_lo, v_hi
+        c, np.where(const, 0.0, s), np.where(const, 0.0, e), void, v_lo, v_hi, err, 4.0
     )
     # (Rounded outwards, but never past the bounds of `f`'s values: `tanh`
     # of a large value is within [1 - eps, 1], so `1 - tanh**2 >= 0`.)
@@ -457,6 +487,7 @@ def _nan_of(out: _Form, *forms: _Form) -> _Form:
         void,
         np.where(void, np.nan, out.lo),
         np.where(void, np.nan, out.hi),
+        out.err,
     )
 
 
@@ -715,9 +746,10 @@ def _unordered(k: np.ndarray, dtype: Any) -> np.ndarray:
 class Slope:
     """The slope of an elementwise map, enclosed over intervals of `x`."""
 
-    def __init__(self, jaxpr: Any, consts: Sequence[Any]) -> None:
+    def __init__(self, jaxpr: Any, consts: Sequence[Any], dtype: Any) -> None:
         self.jaxpr = jaxpr
         self.consts = consts
+        self.unit = float(jnp.finfo(dtype).eps) / 2
 
     @classmethod
     def of(cls, g: Callable[[Any], Any], dtype: Any) -> Slope | None:
@@ -729,7 +761,7 @@ class Slope:
             )
         except (TypeError, ValueError):  # (a map that does not run on scalars)
             return None
-        slope = cls(compat.open_jaxpr(closed), compat.jaxpr_consts(closed))
+        slope = cls(compat.open_jaxpr(closed), compat.jaxpr_consts(closed), dtype)
         try:
             slope.enclose(np.zeros(1), np.ones(1))
         except _Unsupported:
@@ -738,7 +770,7 @@ class Slope:
 
     def enclose(self, lo: np.ndarray, hi: np.ndarray) -> Enclosed:
         """Per interval `[lo, hi]`: the map's value range and its slope's."""
-        k = _Cells(np.asarray(lo, float), np.asarray(hi, float))
+        k = _Cells(np.asarray(lo, float), np.asarray(hi, float), self.unit)
         x = _Form(
             k.m,
             np.ones_like(k.m),
@@ -754,10 +786,10 @@ class Slope:
         void = value.void & ~k.bad
         bad = k.bad | (~value.void & slope.void)
         nan = np.full(k.m.shape, np.nan)
-        v_lo, v_hi, d_lo, d_hi = (
-            np.where(bad | void, nan, a) for a in (v_lo, v_hi, d_lo, d_hi)
+        v_lo, v_hi, d_lo, d_hi, err = (
+            np.where(bad | void, nan, a) for a in (v_lo, v_hi, d_lo, d_hi, value.err)
         )
-        return Enclosed(v_lo, v_hi, d_lo, d_hi, void)
+        return Enclosed(v_lo, v_hi, d_lo, d_hi, void, err)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -770,6 +802,9 @@ class Enclosed:
     d_lo: np.ndarray
     d_hi: np.ndarray
     void: np.ndarray
+    # How far the map's values computed in its dtype may be from the exact
+    # ones (a running error bound), NaN where not enclosed.
+    err: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -780,6 +815,8 @@ class Turns:
 
     points: np.ndarray
     complete: bool
+    # Each turn: `(lo, hi, peak)`, within `[lo, hi]`, a maximum if `peak > 0`.
+    turns: list[tuple[float, float, int]] = dataclasses.field(default_factory=list)
 
 
 def turn_points(slope: Slope, points: np.ndarray, dtype: Any) -> Turns:
@@ -792,7 +829,6 @@ def turn_points(slope: Slope, points: np.ndarray, dtype: Any) -> Turns:
     a, b = a[keep], b[keep]
     family = np.arange(a.size)
     found: list[tuple[np.ndarray, ...]] = []
-    eps = float(np.finfo(dtype).eps)
     complete = True
     for _ in range(_ROUNDS):
         if not a.size:
@@ -805,12 +841,12 @@ def turn_points(slope: Slope, points: np.ndarray, dtype: Any) -> Turns:
         decided = up | down
         width = hi - lo
         move = np.where(up, got.d_lo, -got.d_hi) * width
-        size = np.maximum(np.maximum(np.abs(got.v_lo), np.abs(got.v_hi)), 1.0)
+        noise = _noise(got)
         found.append(
-            (a[decided], b[decided], direction[decided], move[decided], size[decided])
+            (a[decided], b[decided], direction[decided], move[decided], noise[decided])
         )
         # (Where the map cannot fold by more than rounding, nothing to find.)
-        open_ = ~decided & ~got.void & (b - a >= 2) & ~_shallow(got, lo, hi, eps)
+        open_ = ~decided & ~got.void & (b - a >= 2) & ~_shallow(got, lo, hi)
         split = open_.copy()
         crowd = np.bincount(family[split], minlength=int(np.max(family)) + 1)
         split &= crowd[family] <= _FAMILY
@@ -832,7 +868,8 @@ def turn_points(slope: Slope, points: np.ndarray, dtype: Any) -> Turns:
         family = np.concatenate([family[m] for m in nonempty])
     else:
         complete = complete and not a.size
-    return Turns(_around_turns(found, dtype, eps), complete)
+    points, turns = _around_turns(found, dtype)
+    return Turns(points, complete, turns)
 
 
 def _mid(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -859,59 +896,71 @@ def _enclosed(slope: Slope, lo: np.ndarray, hi: np.ndarray) -> Enclosed:
     return dataclasses.replace(whole, void=void)
 
 
-_ENCLOSED = ("v_lo", "v_hi", "d_lo", "d_hi", "void")
+_ENCLOSED = ("v_lo", "v_hi", "d_lo", "d_hi", "void", "err")
 
 
-def _shallow(got: Enclosed, lo: np.ndarray, hi: np.ndarray, eps: float) -> np.ndarray:
-    """Intervals where the map cannot fold by more than rounding: the
-    samplers' allowance (`16 eps max(|v|, 1)`), or the enclosures' own
-    (float64 rounding of their steps, for a float64 map). To fold the map
-    must move both ways, by at most its slope's bound either way times the
-    interval's width, and within its value range."""
+def _noise(got: Enclosed) -> np.ndarray:
+    """Per interval: how far the map's computed values may stray by
+    rounding, twice (either end of a step), from the running error bound;
+    at least the enclosures' own float64 rounding. A fold no deeper is no
+    turn of the map as computed: `(32 + x) - 32 + 1e-12 sin(x)` in float32
+    rounds to steps of 4e-6, and its real folds of 2e-12 do not show."""
+    size = np.maximum(np.abs(got.v_lo), np.abs(got.v_hi))
+    return np.maximum(2 * got.err, 64 * _ROUND * size)
+
+
+def _shallow(got: Enclosed, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Intervals where the map cannot fold by more than `_noise`: to fold
+    it must move both ways, by at most its slope's bound either way times
+    the interval's width, and within its value range."""
     with np.errstate(all="ignore"):
         fall = np.minimum(-got.d_lo, got.d_hi) * (hi - lo)
         depth = np.minimum(fall, got.v_hi - got.v_lo)
-    size = np.maximum(np.maximum(np.abs(got.v_lo), np.abs(got.v_hi)), 1.0)
-    return depth <= max(16 * eps, 64 * _ROUND) * size
+    return depth <= _noise(got)
 
 
 def _around_turns(
-    found: list[tuple[np.ndarray, ...]], dtype: Any, eps: float
-) -> np.ndarray:
-    """The ends of the proven intervals either side of each turn. Runs of
-    intervals proven to move one way are joined; a run that provably moves
-    by no more than rounding (`x + 1e-12 sin(x)` in float32) does not count
-    as a turn, and its neighbours join across it."""
+    found: list[tuple[np.ndarray, ...]], dtype: Any
+) -> tuple[np.ndarray, list[tuple[float, float, int]]]:
+    """The ends of the proven runs either side of each turn, and each turn
+    as `(lo, hi, peak)`: it lies within `[lo, hi]`, a maximum if `peak >
+    0`. Runs of intervals proven to move one way are joined; a run that
+    provably moves by no more than rounding (`_noise`) is no turn, and its
+    neighbours join across it."""
+    none: tuple[np.ndarray, list[tuple[float, float, int]]] = (np.zeros(0, dtype), [])
     if not found:
-        return np.zeros(0, dtype)
-    a, b, d, move, size = (np.concatenate([f[k] for f in found]) for k in range(5))
+        return none
+    a, b, d, move, noise = (np.concatenate([f[k] for f in found]) for k in range(5))
     order = np.argsort(a, kind="stable")
-    a, b, d, move, size = (v[order] for v in (a, b, d, move, size))
+    a, b, d, move, noise = (v[order] for v in (a, b, d, move, noise))
     moving = d != 0
-    a, b, d, move, size = (v[moving] for v in (a, b, d, move, size))
-    # Runs: [first cell, last cell, direction, how far it moves, magnitude].
+    a, b, d, move, noise = (v[moving] for v in (a, b, d, move, noise))
+    # Runs: [first cell, last cell, direction, how far it moves, noise].
     runs: list[list[Any]] = []
     for i, di in enumerate(d.tolist()):
         if runs and runs[-1][2] == di:
             run = runs[-1]
             run[1] = i
             run[3] += move[i]
-            run[4] = max(run[4], size[i])
+            run[4] = max(run[4], noise[i])
         else:
-            runs.append([i, i, di, float(move[i]), float(size[i])])
-    tolerance = max(16 * eps, 64 * _ROUND)
+            runs.append([i, i, di, float(move[i]), float(noise[i])])
     kept: list[list[Any]] = []
     for run in runs:
-        if run[3] <= tolerance * run[4]:
+        if not run[3] > run[4]:
             continue
         if kept and kept[-1][2] == run[2]:
             kept[-1][1] = run[1]
         else:
             kept.append(run)
     out: list[int] = []
+    turns: list[tuple[float, float, int]] = []
     for before, after in zip(kept[:-1], kept[1:], strict=True):
         i, j = before[1], after[0]
-        out += [a[i], b[i], a[j], b[j]]
+        out += [a[before[0]], a[i], b[i], a[j], b[j], b[after[1]]]
+        ends = _unordered(np.asarray([a[i], b[j]], np.int64), dtype)
+        turns.append((float(ends[0]), float(ends[1]), int(before[2])))
     if not out:
-        return np.zeros(0, dtype)
-    return np.unique(_unordered(np.asarray(out, np.int64), dtype).astype(dtype))
+        return none
+    points = np.unique(_unordered(np.asarray(out, np.int64), dtype).astype(dtype))
+    return points, turns

@@ -99,6 +99,7 @@ def stretches(
     shape: tuple[int, ...] = (),
     extra: Sequence[float] = (),
     more: Sequence[float] = (),
+    turns: Sequence[tuple[float, float, int]] = (),
 ) -> Stretches | None:
     """The monotone stretches of `g` (elementwise, the same map for every
     element; evaluated now, with concrete values), or `None` if it turns
@@ -106,9 +107,11 @@ def stretches(
     points, or several where one was refined). `g` is called on values of
     `shape` (its equations may be written for that shape); `extra`: more
     points to sample (either side of a piecewise map's switches); `more`:
-    more points to sample (about turns between grid points)."""
+    more points to sample (about turns between grid points); `turns`: turns
+    proven there, `(lo, hi, peak)` (`_enclose.Turns`), split at even where
+    the values move by less than the samplers' rounding allowance."""
     try:
-        return _stretches(g, dtype, shape, extra, more)
+        return _stretches(g, dtype, shape, extra, more, turns)
     except _Wiggles:
         return None
 
@@ -144,6 +147,7 @@ def _stretches(
     shape: tuple[int, ...],
     extra: Sequence[float],
     more: Sequence[float] = (),
+    turns: Sequence[tuple[float, float, int]] = (),
 ) -> Stretches:
     points = _solve.grid(dtype)
     if len(extra) or len(more):
@@ -174,6 +178,7 @@ def _stretches(
             j += 1
         # A stretch of finite values, points[i..j]; split where it turns.
         pieces = _monotone_pieces(g, dtype, shape, points, values, i, j)
+        pieces = _split_at(g, dtype, shape, points, values, pieces, turns)
         for a, b, turn_lo, turn_hi in pieces:
             left = (
                 -np.inf
@@ -334,6 +339,39 @@ def _monotone_pieces(
             direction = sign
         k += 1
     pieces.append((start, last, turn_lo, None))
+    return pieces
+
+
+def _split_at(
+    g: Callable[[Any], Any],
+    dtype: Any,
+    shape: tuple[int, ...],
+    points: np.ndarray,
+    values: np.ndarray,
+    pieces: list[tuple[int, int, Any, Any]],
+    turns: Sequence[tuple[float, float, int]],
+) -> list[tuple[int, int, Any, Any]]:
+    """`pieces` also split at each proven turn `(lo, hi, peak)` inside one
+    of them that no split already lies near: a fold too shallow for the
+    samples' rounding allowance (`x**3 - 1e-6 x` in float32 folds by 4e-10)
+    that the slope's enclosure shows beyond the map's rounding."""
+    for lo, hi, peak in turns:
+        for n, (a, b, turn_lo, turn_hi) in enumerate(pieces):
+            if not (points[a] < lo and hi < points[b]):
+                continue
+            # (A turn the samples showed already, refined near this one.)
+            seen = [t[0] for t in (turn_lo, turn_hi) if t is not None]
+            if any(points[a] <= x <= points[b] and lo <= x <= hi for x in seen):
+                break
+            ka = int(np.searchsorted(points, lo, side="right")) - 1
+            kb = int(np.searchsorted(points, hi, side="left"))
+            ka, kb = max(ka, a), min(kb, b)
+            span = values[ka : kb + 1]
+            t = ka + int(np.argmax(span) if peak > 0 else np.argmin(span))
+            t = min(max(t, a + 1), b - 1) if b - a >= 2 else t
+            turn = _refine(g, dtype, shape, points, ka, kb, peak)
+            pieces[n : n + 1] = [(a, t, turn_lo, turn), (t, b, turn, turn_hi)]
+            break
     return pieces
 
 
