@@ -20,7 +20,10 @@ value computed twice along two paths cancels (`1 + |x| - x sign(x)` is 1);
 a nonlinear step `f(u)` is linearised at the centre, its error bounded by
 how far `f'` moves over the range of `u` (an interval enclosure of `f'`).
 Every step adds a few units of float64 rounding. The slope's form comes
-from the map's `jvp`, evaluated the same way.
+from the map's `jvp`, evaluated the same way. Forms are intersected with
+plain interval arithmetic (`exp` of anything is positive), and carry a
+running error bound of the map as computed in its dtype: a run of
+intervals that moves by no more than that rounding is no turn.
 
 What this does not decide: an interval where the enclosure does not narrow
 as it is halved (float64 rounding swamps a slope close to 0: `tanh` far
