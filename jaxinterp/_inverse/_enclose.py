@@ -8,10 +8,12 @@ twice between the grid points 0.25 and 0.5) takes some values three times,
 and the solver answered one of the three preimages. Here, for a map that is
 the same for every element with constant known operands (so now, at trace
 time), its slope is enclosed over each interval between grid points; an
-interval whose enclosure has both signs is halved, and its halves enclosed
-again. An interval whose slope is proven of one sign is monotone; a proven
-rising interval beside a proven falling one brackets a turn, and their ends
-are handed to the samplers as more points, where the turn then shows.
+interval whose enclosure has both signs is cut in four (on the floats'
+order), and its parts enclosed again. An interval whose slope is proven of
+one sign is monotone; a run of proven rising intervals beside a run of
+proven falling ones brackets a turn: the runs' ends are handed to the
+samplers as more points, and the turn splits the stretches there
+(`_turning.stretches(turns=...)`).
 
 The enclosures are first-order affine forms (`_Form`): over an interval of
 `x` with centre `m` and half-width `r`, a value `v(x)` lies within
@@ -25,11 +27,14 @@ plain interval arithmetic (`exp` of anything is positive), and carry a
 running error bound of the map as computed in its dtype: a run of
 intervals that moves by no more than that rounding is no turn.
 
-What this does not decide: an interval where the enclosure does not narrow
-as it is halved (float64 rounding swamps a slope close to 0: `tanh` far
-out, `x / (1 + |x|)` beyond 1e15), or where a step jumps (a case switch, a
-pole, the end of a domain, `floor`), is left to the samplers, as before.
-A primitive without a rule here leaves the whole map to them.
+What this does not decide: an interval where the map cannot fold by more
+than rounding (`tanh` far out) is let be; one where a step jumps (a case
+switch, a pole, the end of a domain, `floor`) is cut down to neighbouring
+floats; one whose enclosures do not narrow within `_FAMILY` intervals per
+grid interval (`x / (1 + |x|)` beyond 1e16) is left undecided. A map with
+turns and an undecided interval is refused (more turns may hide there);
+without turns it is left to the samplers, as before, and so is a map with
+a primitive that has no rule here.
 """
 
 from __future__ import annotations
