@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax_compat as compat
+from ._turning import ordered_np as _ordered, unordered_np as _unordered
 
 # Rounding allowed per step, relative to the magnitudes involved (NumPy's
 # float64 functions are within a few units in the last place).
@@ -736,19 +737,6 @@ def _step(k: _Cells, eqn: Any, ins: list[_Form]) -> list[_Form]:
 
 
 # --- the search ------------------------------------------------------------
-
-
-def _ordered(x: np.ndarray, dtype: Any) -> np.ndarray:
-    """Floats of `dtype` as integers in the floats' order (int64)."""
-    itype = np.int32 if np.dtype(dtype).itemsize == 4 else np.int64
-    bits = np.asarray(np.abs(np.asarray(x, dtype))).view(itype).astype(np.int64)
-    return np.where(np.signbit(np.asarray(x, dtype)), -bits, bits)
-
-
-def _unordered(k: np.ndarray, dtype: Any) -> np.ndarray:
-    itype = np.int32 if np.dtype(dtype).itemsize == 4 else np.int64
-    x = np.abs(k).astype(itype).view(dtype).astype(np.float64)
-    return np.where(k < 0, -x, x)
 
 
 class Slope:

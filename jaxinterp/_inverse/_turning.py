@@ -237,7 +237,6 @@ def _with_edges(
     samples of the bisection approach it about geometrically, so the
     stretch there holds the values it reaches."""
     finite = np.isfinite(values)
-    itype = np.int32 if np.dtype(dtype).itemsize == 4 else np.int64
     size = max(math.prod(shape), 1)
     k = min(size, 4096)
     new_x: list[np.ndarray] = []
@@ -246,11 +245,11 @@ def _with_edges(
     if len(flips) > _MAX_EDGES:
         raise _Wiggles  # (holes everywhere: `log(sin(x))`; refused)
     for i in map(int, flips):
-        a, b = _ordered_np(points[i], itype), _ordered_np(points[i + 1], itype)
+        a, b = (int(ordered_np(p, dtype)) for p in points[i : i + 2])
         side = finite[i]
         while b - a > 1:
             ks = sorted({a + (b - a) * j // (k + 1) for j in range(1, k + 1)} - {a})
-            xs = np.asarray([_unordered_np(m, dtype, itype) for m in ks], dtype)
+            xs = unordered_np(ks, dtype).astype(dtype)
             vs = values_on(g, xs, shape, dtype)
             new_x.append(xs)
             new_v.append(vs)
@@ -273,15 +272,20 @@ def _with_edges(
 _MAX_EDGES = 16
 
 
-def _ordered_np(x: Any, itype: Any) -> int:
-    """The float `x` as an integer in the floats' order (`_grid._ordered`)."""
-    bits = int(np.asarray(abs(x), np.dtype(itype).str.replace("i", "f")).view(itype))
-    return -bits if np.signbit(x) else bits
+def ordered_np(x: Any, dtype: Any) -> np.ndarray:
+    """Floats of `dtype` as integers in the floats' order (int64; NumPy,
+    as `_grid._ordered` does under JAX)."""
+    itype = np.int32 if np.dtype(dtype).itemsize == 4 else np.int64
+    bits = np.asarray(np.abs(np.asarray(x, dtype))).view(itype).astype(np.int64)
+    return np.where(np.signbit(np.asarray(x, dtype)), -bits, bits)
 
 
-def _unordered_np(k: int, dtype: Any, itype: Any) -> float:
-    x = float(np.asarray(abs(k), itype).view(dtype))
-    return -x if k < 0 else x
+def unordered_np(k: Any, dtype: Any) -> np.ndarray:
+    """`ordered_np`'s inverse, as float64."""
+    k = np.asarray(k, np.int64)
+    itype = np.int32 if np.dtype(dtype).itemsize == 4 else np.int64
+    x = np.abs(k).astype(itype).view(dtype).astype(np.float64)
+    return np.where(k < 0, -x, x)
 
 
 class _Wiggles(Exception):
