@@ -53,11 +53,13 @@ _BINARY = {
 }
 
 
-def _trees(depth: int) -> st.SearchStrategy:
-    leaf = st.one_of(st.just(("x",)), st.floats(-2.0, 2.0).map(lambda c: ("const", c)))
+def _trees(depth: int, known: bool = False) -> st.SearchStrategy:
+    """Maps of `x` (and, with `known`, of a known operand `k` too)."""
+    leaves = [st.just(("x",)), st.floats(-2.0, 2.0).map(lambda c: ("const", c))]
+    leaf = st.one_of(*leaves, *([st.just(("k",))] if known else []))
     if depth == 0:
         return leaf
-    sub = _trees(depth - 1)
+    sub = _trees(depth - 1, known)
     return st.one_of(
         leaf,
         st.tuples(st.sampled_from(sorted(_UNARY)), sub).map(lambda t: ("un", *t)),
@@ -69,19 +71,22 @@ def _trees(depth: int) -> st.SearchStrategy:
 
 
 def _build(tree):
+    """`g(x, k=0)`."""
     kind = tree[0]
     if kind == "x":
-        return lambda x: x
+        return lambda x, k=0.0: x
+    if kind == "k":
+        return lambda x, k=0.0: k + 0 * x
     if kind == "const":
-        return lambda x, c=tree[1]: jnp.full_like(x, c)
+        return lambda x, k=0.0, c=tree[1]: jnp.full_like(x, c)
     if kind == "un":
         f, inner = _UNARY[tree[1]], _build(tree[2])
-        return lambda x: f(inner(x))
+        return lambda x, k=0.0: f(inner(x, k))
     if kind == "scale":
         inner = _build(tree[2])
-        return lambda x, c=tree[1]: c * inner(x)
+        return lambda x, k=0.0, c=tree[1]: c * inner(x, k)
     f, a, b = _BINARY[tree[1]], _build(tree[2]), _build(tree[3])
-    return lambda x: f(a(x), b(x))
+    return lambda x, k=0.0: f(a(x, k), b(x, k))
 
 
 @settings(deadline=None)
@@ -112,6 +117,43 @@ def test_the_enclosures_hold_every_value_and_slope_of_the_map(tree, lo, log_widt
         spread = tol * (1 + np.abs(slopes))
         assert np.all(slopes >= d_lo - spread), (tree, lo, hi, d_lo, slopes.min())
         assert np.all(slopes <= d_hi + spread), (tree, lo, hi, d_hi, slopes.max())
+
+
+@settings(deadline=None)
+@given(
+    tree=_trees(3, known=True),
+    lo=st.floats(-6.0, 6.0),
+    log_width=st.floats(-12.0, 1.0),
+    k_lo=st.floats(-3.0, 3.0),
+    k_width=st.floats(0.0, 2.0),
+)
+def test_the_enclosures_hold_for_every_known_operand_in_the_box(
+    tree, lo, log_width, k_lo, k_width
+):
+    # A known operand within `[k_lo, k_hi]` (the runtime search's box of
+    # per-element or traced operands): the enclosures hold for each value.
+    g = _build(tree)
+    hi, k_hi = lo + 2.0**log_width * 4, k_lo + k_width
+    with x64():
+        slope = _enclose.Slope.of(lambda x, k: g(x, k) + 0 * x, jnp.float64, [1.0])
+        assert slope is not None
+        got = slope.enclose(np.array([lo]), np.array([hi]), [(k_lo, k_hi)])
+        v_lo, v_hi, d_lo, d_hi = (
+            float(a[0]) for a in (got.v_lo, got.v_hi, got.d_lo, got.d_hi)
+        )
+        xs, ks = np.meshgrid(np.linspace(lo, hi, 33), np.linspace(k_lo, k_hi, 9))
+        xs, ks = jnp.asarray(xs.ravel()), jnp.asarray(ks.ravel())
+        values = np.asarray(jax.vmap(g)(xs, ks))
+        slopes = np.asarray(jax.vmap(jax.grad(lambda x, k: g(x, k) + 0 * x))(xs, ks))
+    tol = 1e-12
+    if not math.isnan(v_lo):
+        spread = tol * (1 + np.abs(values))
+        assert np.all(values >= v_lo - spread), (tree, v_lo, values.min())
+        assert np.all(values <= v_hi + spread), (tree, v_hi, values.max())
+    if not math.isnan(d_lo):
+        spread = tol * (1 + np.abs(slopes))
+        assert np.all(slopes >= d_lo - spread), (tree, d_lo, slopes.min())
+        assert np.all(slopes <= d_hi + spread), (tree, d_hi, slopes.max())
 
 
 def test_a_sum_that_cancels_is_enclosed_as_the_constant_it_is():
@@ -264,3 +306,86 @@ def test_turns_below_the_rounding_of_the_map_are_none():
         jnp.float32,
     )
     assert not found.turns
+
+
+# --- known operands that differ between elements or are traced ---------------
+
+
+def _fold_of(x, a, c):
+    """`x - a tanh(100 (x - c))`: folds for `a > 0.01` (within about 0.01 of
+    `c`, between grid points), monotone below."""
+    return x - a * jnp.tanh(100.0 * (x - c))
+
+
+def test_a_fold_with_traced_operands_is_nan_when_it_runs():
+    # `a` and `c` traced under `jit`: their values, so the fold, are known
+    # only when the program runs. `y = 0.3` has three preimages for `a =
+    # 0.02, c = 0.3` (the solver answered 0.3); for `a = 0.005` the same
+    # family is monotone and each `y` is solved.
+    inv = jax.jit(jaxinterp.inverse(_fold_of, argnums=0))
+    x = jnp.asarray([0.3, 0.0, 1.5], jnp.float32)
+    assert np.isnan(np.asarray(inv(_fold_of(x, 0.02, 0.3), 0.02, 0.3))).all()
+    got = inv(_fold_of(x, 0.005, 0.3), 0.005, 0.3)
+    np.testing.assert_allclose(got, x, atol=2e-6)
+    # The same map with the operands as constants: inverted where `y` has
+    # one preimage, NaN in the fold.
+    fixed = jaxinterp.inverse(lambda u: _fold_of(u, 0.02, 0.3))(_fold_of(x, 0.02, 0.3))
+    assert np.isnan(fixed[0])
+    np.testing.assert_allclose(fixed[1:], x[1:], atol=2e-6)
+
+
+def test_a_fold_in_some_elements_is_nan_there_only():
+    inv = jax.jit(jaxinterp.inverse(_fold_of, argnums=0))
+    a = jnp.asarray([0.02, 0.005, 0.005, 0.02], jnp.float32)
+    c = jnp.asarray([0.3, 0.3, 1.0, -40.0], jnp.float32)
+    x = jnp.asarray([0.3, 0.3, 0.2, 3.0], jnp.float32)
+    got = np.asarray(inv(_fold_of(x, a, c), a, c))
+    assert np.isnan(got[[0, 3]]).all()
+    np.testing.assert_allclose(got[1:3], x[1:3], atol=2e-6)
+    # Under `vmap` of the inverse, over the operands.
+    rows = jax.vmap(inv, in_axes=(None, 0, None))(
+        _fold_of(x, 0.005, 0.3), jnp.asarray([0.005, 0.02]), 0.3
+    )
+    np.testing.assert_allclose(rows[0], x, atol=2e-6)
+    assert np.isnan(np.asarray(rows[1])).all()
+
+
+def test_the_gradient_with_respect_to_traced_operands_is_kept():
+    # Where the map is monotone: `dx/da = tanh(100 (x - c)) / g'(x)` by the
+    # implicit function theorem.
+    inv = jaxinterp.inverse(_fold_of, argnums=0)
+    x0, c = jnp.float32(0.302), jnp.float32(0.3)
+    y = _fold_of(x0, 0.005, c)
+    got = jax.grad(lambda a: inv(y, a, c))(jnp.float32(0.005))
+    slope = jax.grad(_fold_of)(x0, 0.005, c)
+    np.testing.assert_allclose(got, jnp.tanh(100 * (x0 - c)) / slope, rtol=1e-3)
+    assert np.isnan(jax.grad(lambda a: inv(y, a, c))(jnp.float32(0.02)))
+
+
+def test_constant_operands_that_fold_for_some_elements_are_refused():
+    a = np.asarray([0.005, 0.02, 0.005], np.float32)
+    c = np.asarray([0.3, 0.3, 1.0], np.float32)
+    with pytest.raises(
+        jaxinterp.NotInvertibleError, match="not monotone for 1 of 3 elements"
+    ):
+        jaxinterp.inverse(lambda x: _fold_of(x, a, c))(jnp.zeros(3, jnp.float32))
+
+
+@settings(deadline=None)
+@given(
+    u=st.floats(-2.0, -0.05),
+    log_w=st.lists(st.floats(-1.0, 2.5), min_size=1, max_size=40),
+)
+def test_turns_per_element_are_turns(u, log_w):
+    # Planar flows `x + u tanh(w x + 0.3)` turn where `u w < -1`. An
+    # element flagged is one that turns; those beyond `u w < -1.5` are all
+    # found within the search's budget (shallower folds may be left to the
+    # samplers).
+    w = 10.0 ** np.asarray(log_w)
+    slope = _enclose.Slope.of(
+        lambda x, w_: x + u * jnp.tanh(w_ * x + 0.3), jnp.float32, [1.0]
+    )
+    boxes = _enclose.turning_boxes(slope, _solve.grid(jnp.float32), jnp.float32, [w])
+    turned = _enclose.inside(boxes, [w])
+    assert not np.any(turned & (u * w >= -1)), w[turned & (u * w >= -1)]
+    assert np.all(turned[u * w < -1.5]), w[~turned & (u * w < -1.5)]

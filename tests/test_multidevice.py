@@ -473,6 +473,33 @@ def _():
     )
 
 
+@check("inverse_fold_found_when_it_runs")
+def _():
+    # Operands that decide whether the map folds (between grid points),
+    # traced and sharded: the elements whose map folds are NaN, the others
+    # solved, and the result keeps the elements' sharding (the runtime
+    # search is a host callback on the operands; each element is tested
+    # against the boxes it returns where the element lives).
+    f = lambda u, a, c: u - a * jnp.tanh(100.0 * (u - c))
+    row = NamedSharding(mesh, P("i"))
+    u = jnp.linspace(-1.0, 1.0, 16, dtype=jnp.float32)
+    a = jnp.where(jnp.arange(16) < 8, 0.005, 0.02).astype(jnp.float32)
+    want = np.where(np.arange(16) < 8, np.asarray(u), np.nan)
+    y, a_ = jax.device_put(f(u, a, 0.3), row), jax.device_put(a, row)
+    got = jax.jit(jaxinterp.inverse(f, argnums=0))(y, a_, jnp.float32(0.3))
+    np.testing.assert_allclose(got, want, atol=2e-6)
+    assert got.sharding.is_equivalent_to(row, 1), got.sharding
+    body = jax.shard_map(
+        jaxinterp.inverse(f, argnums=0),
+        mesh=mesh,
+        in_specs=(P("i"), P("i"), P()),
+        out_specs=P("i"),
+    )
+    np.testing.assert_allclose(
+        jax.jit(body)(y, a_, jnp.float32(0.3)), want, atol=2e-6
+    )
+
+
 print("RESULTS" + json.dumps(results))
 """
 
@@ -517,6 +544,7 @@ def test_eight_devices(results):
         "inverse_shard_map",
         "inverse_shard_map_mixed_axes",
         "inverse_solve_in_shard_map",
+        "inverse_fold_found_when_it_runs",
     ],
 )
 def test_multidevice(results, check):

@@ -1056,6 +1056,123 @@ def _folds(
     return turns
 
 
+def _per_element_slope(block: Block, known: Sequence[Any], y: Any) -> Any:
+    """The slope of the block's map with its known operands as inputs
+    (`_enclose.Slope`), where each is a scalar or one value per element and
+    its equations run on scalars; else `None`."""
+    shape = tuple(jnp.shape(y))
+    if not known or not _replays_at_any_shape(block.eqns):
+        return None
+    if any(jnp.shape(k) and _same_for_every_element(k, shape) for k in known):
+        return None  # (a table the block indexes)
+    if not all(_same_for_every_element(k, shape) for k in _constants(block.eqns)):
+        return None  # (a per-element constant inside the block)
+    with jax.ensure_compile_time_eval():
+        return _enclose.Slope.of(block.g, jnp.result_type(y), known)
+
+
+def _refuse_folds_per_element(block: Block, known: Sequence[Any], y: Any) -> None:
+    """For known operands that are concrete and differ between elements:
+    refused where the map is proven to turn between grid points for some
+    element (`_enclose.turning_boxes`), as where the samples show it."""
+    slope = _per_element_slope(block, known, y)
+    if slope is None:
+        return
+    dtype = jnp.result_type(y)
+    values = [np.asarray(k) for k in known]
+    boxes = _enclose.turning_boxes(slope, _solve.grid(dtype), dtype, values)
+    turned = _enclose.inside(boxes, values)
+    if turned.any():
+        raise NotInvertibleError(
+            "its unknown operand is an elementwise function of one value that "
+            f"is not monotone for {int(turned.sum())} of {turned.size} elements "
+            "of its known operands (its slope changes sign between sample "
+            "points), so it takes some values more than once and has no inverse"
+        )
+
+
+# Known operands small enough to key the runtime search's cache by value.
+_CACHED_ELEMENTS = 64
+
+
+def _runtime_turns(block: Block, known: Sequence[Any], y: Any) -> Any:
+    """For known operands traced (values not known until the program runs):
+    `turns(*known)`, per element, where the map is proven to turn between
+    grid points. A host callback encloses the map's slope for the operands'
+    values and returns boxes of them within which it turns
+    (`_enclose.turning_boxes`, padded to a fixed number with empty ones);
+    each element is then tested against the boxes where it lives, so its
+    sharding is kept. `None` where the map has no enclosure
+    (`_per_element_slope`). The searches of the last few operand values are
+    kept (an evaluation loop over fixed parameters searches once)."""
+    slope = _per_element_slope(block, known, y)
+    if slope is None:
+        return None
+    dtype = np.dtype(jnp.result_type(y))
+    points = _solve.grid(dtype)
+    count = _enclose._SEARCHES
+    ranks = [jnp.ndim(k) for k in known]
+
+    def search(values: list[np.ndarray]) -> list[np.ndarray]:
+        return _enclose.turning_boxes(slope, points, dtype, values)
+
+    @functools.lru_cache(maxsize=16)
+    def cached(key: tuple[Any, ...]) -> list[np.ndarray]:
+        return search([np.frombuffer(raw, kind).reshape(sh) for sh, kind, raw in key])
+
+    def host(*values: Any) -> tuple[np.ndarray, ...]:
+        values = tuple(np.asarray(v) for v in values)
+        # (Under `vmap`, leading axes of batch: one search per batch element.)
+        batch = values[0].shape[: values[0].ndim - ranks[0]]
+        out = []
+        for v in values:
+            empty = _empty_box(v.dtype)
+            out.append(np.broadcast_to(empty, (*batch, count, 2)).copy())
+        for at in np.ndindex(*batch):
+            row = [v[at] for v in values]
+            if sum(v.size for v in row) <= _CACHED_ELEMENTS:
+                key = tuple((v.shape, v.dtype.str, v.tobytes()) for v in row)
+                boxes = cached(key)
+            else:
+                boxes = search(row)
+            for i, box in enumerate(boxes):
+                for o, (lo, hi) in zip(out, box, strict=True):
+                    o[(*at, i)] = (lo, hi)
+        return tuple(out)
+
+    def turns(*operands: Any) -> Any:
+        operands = tuple(
+            jax.lax.stop_gradient(
+                k.astype(jnp.int32) if jnp.result_type(k) == jnp.bool_ else k
+            )
+            for k in operands
+        )
+        boxes = jax.pure_callback(
+            host,
+            tuple(
+                jax.ShapeDtypeStruct((count, 2), jnp.result_type(k)) for k in operands
+            ),
+            *operands,
+            vmap_method="broadcast_all",
+        )
+        hit = [
+            (jnp.expand_dims(k, -1) >= box[:, 0])
+            & (jnp.expand_dims(k, -1) <= box[:, 1])
+            for k, box in zip(operands, boxes, strict=True)
+        ]
+        return jnp.any(functools.reduce(jnp.logical_and, hit), axis=-1)
+
+    return turns
+
+
+def _empty_box(dtype: Any) -> np.ndarray:
+    """`(lo, hi)` that holds no value of `dtype`: `lo > hi`."""
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return np.asarray([info.max, info.min], dtype)
+    return np.asarray([np.inf, -np.inf], dtype)
+
+
 def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
     """`x` by the elementwise solver (NaN where no root is found). A map that
     turns (`_solve.monotone_on_grid`) is not injective: refused now when its
@@ -1097,6 +1214,8 @@ def _solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
             )
             # Turns between the grid points, found by enclosing the slope.
             folds = _folds(block, known, dtype, extra) if uniform else None
+            if not uniform:
+                _refuse_folds_per_element(block, known, y)
             more = folds.points.tolist() if folds is not None else []
             with jax.ensure_compile_time_eval():
                 ok = np.asarray(
@@ -1163,6 +1282,8 @@ def _solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
         return _solve.solver(
             block.g, check_grid=False, table=table, choices=choices, gather=gather
         )(y, *known)
+    # Turns between grid points, found when the program runs.
+    turns = _runtime_turns(block, known, y)
     # Inside a `shard_map` body the solver's trial values vary as the
     # unknown does in the Jaxpr, so the block's equations replay as typed.
     axes = compat.varying_axes(block.x.aval)
@@ -1172,11 +1293,12 @@ def _solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
             lambda x, *k: g(compat.vary_over(x, axes), *k),
             choices=lambda x, *k: block.discrete(compat.vary_over(x, axes), k),
             uniform=inside,
+            turns=turns,
         )(y, *known)
     # (The undecided elements gathered: not inside a `shard_map` body, above.)
-    return _solve.solver(block.g, choices=choices, uniform=inside, gather=gather)(
-        y, *known
-    )
+    return _solve.solver(
+        block.g, choices=choices, uniform=inside, gather=gather, turns=turns
+    )(y, *known)
 
 
 def block_ildj(block: Block, x: Any, known: Sequence[Any]) -> Any:

@@ -39,6 +39,7 @@ a primitive that has no rule here.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
@@ -118,6 +119,26 @@ class _Cells:
     def const(self, value: Any) -> _Form:
         c = np.full(self.m.shape, float(value))
         return _Form(c, np.zeros_like(c), np.zeros_like(c))
+
+    def box(self, lo: float, hi: float) -> _Form:
+        """A known operand somewhere within `[lo, hi]`, the same all over
+        each interval of `x`: its middle, give or take its half-width."""
+        lo, hi = float(lo), float(hi)
+        if lo == hi or not (math.isfinite(lo) and math.isfinite(hi)):
+            # (Exact; and a NaN or infinite operand as the walk takes a
+            # constant one.)
+            return self.const(lo if lo == hi else math.nan)
+        mid = lo / 2 + hi / 2
+        half = max(hi - mid, mid - lo) * (1 + 4 * 2.0**-52)
+        full = np.full(self.m.shape, mid)
+        return _Form(
+            full,
+            np.zeros_like(full),
+            np.full(self.m.shape, half),
+            None,
+            np.full(self.m.shape, lo),
+            np.full(self.m.shape, hi),
+        )
 
     def range(self, a: _Form) -> tuple[np.ndarray, np.ndarray]:
         """The interval `a` takes over each cell, rounded outwards: its
@@ -739,33 +760,52 @@ def _step(k: _Cells, eqn: Any, ins: list[_Form]) -> list[_Form]:
 # --- the search ------------------------------------------------------------
 
 
-class Slope:
-    """The slope of an elementwise map, enclosed over intervals of `x`."""
+# A box of known operands: each operand's least and greatest value (equal
+# for an operand whose value is known exactly).
+Box = Sequence[tuple[float, float]]
 
-    def __init__(self, jaxpr: Any, consts: Sequence[Any], dtype: Any) -> None:
+
+class Slope:
+    """The slope of an elementwise map, enclosed over intervals of `x`, for
+    known operands within a box (`g(x, *known)`, `known` scalars)."""
+
+    def __init__(
+        self, jaxpr: Any, consts: Sequence[Any], dtype: Any, n_known: int = 0
+    ) -> None:
         self.jaxpr = jaxpr
         self.consts = consts
         self.unit = float(jnp.finfo(dtype).eps) / 2
+        self.n_known = n_known
 
     @classmethod
-    def of(cls, g: Callable[[Any], Any], dtype: Any) -> Slope | None:
-        """For `g` on scalars of `dtype`; `None` where a step has no rule."""
+    def of(
+        cls, g: Callable[..., Any], dtype: Any, known: Sequence[Any] = ()
+    ) -> Slope | None:
+        """For `g(x, *known)` on scalars of `dtype` (each known operand a
+        scalar of its own dtype, its value given to `enclose` as a box);
+        `None` where a step has no rule or `g` does not run on scalars."""
         one = jnp.ones((), dtype)
+        kinds = [jax.ShapeDtypeStruct((), jnp.result_type(k)) for k in known]
         try:
-            closed = jax.make_jaxpr(lambda u: jax.jvp(g, (u,), (one,)))(
-                jnp.zeros((), dtype)
-            )
+            closed = jax.make_jaxpr(
+                lambda u, *k: jax.jvp(lambda v: g(v, *k), (u,), (one,))
+            )(jax.ShapeDtypeStruct((), dtype), *kinds)
         except (TypeError, ValueError):  # (a map that does not run on scalars)
             return None
-        slope = cls(compat.open_jaxpr(closed), compat.jaxpr_consts(closed), dtype)
+        slope = cls(
+            compat.open_jaxpr(closed), compat.jaxpr_consts(closed), dtype, len(kinds)
+        )
         try:
-            slope.enclose(np.zeros(1), np.ones(1))
+            slope.enclose(np.zeros(1), np.ones(1), [(0.0, 0.0)] * len(kinds))
         except _Unsupported:
             return None
         return slope
 
-    def enclose(self, lo: np.ndarray, hi: np.ndarray) -> Enclosed:
-        """Per interval `[lo, hi]`: the map's value range and its slope's."""
+    def enclose(self, lo: np.ndarray, hi: np.ndarray, box: Box = ()) -> Enclosed:
+        """Per interval `[lo, hi]`: the map's value range and its slope's,
+        for every value of the known operands within `box`."""
+        if len(box) != self.n_known:
+            raise ValueError(f"a box of {len(box)} operands for {self.n_known}")
         k = _Cells(np.asarray(lo, float), np.asarray(hi, float), self.unit)
         x = _Form(
             k.m,
@@ -776,7 +816,8 @@ class Slope:
             np.asarray(hi, float),
         )
         with np.errstate(all="ignore"):
-            value, slope = _walk(k, self.jaxpr, self.consts, [x])
+            known = [k.box(a, b) for a, b in box]
+            value, slope = _walk(k, self.jaxpr, self.consts, [x, *known])
             v_lo, v_hi = k.range(value)
             d_lo, d_hi = k.range(slope)
         void = value.void & ~k.bad
@@ -815,10 +856,12 @@ class Turns:
     turns: list[tuple[float, float, int]] = dataclasses.field(default_factory=list)
 
 
-def turn_points(slope: Slope, points: np.ndarray, dtype: Any) -> Turns:
+def turn_points(slope: Slope, points: np.ndarray, dtype: Any, box: Box = ()) -> Turns:
     """The turns of the map between `points` (sorted floats of `dtype`):
     the ends of a proven rising interval and of the proven falling one
-    next to it (and the other way round)."""
+    next to it (and the other way round). With known operands within `box`,
+    a turn found is one for each of their values, and `complete` holds for
+    each."""
     ends = _ordered(points, dtype)
     a, b = ends[:-1], ends[1:]
     keep = b > a
@@ -830,13 +873,17 @@ def turn_points(slope: Slope, points: np.ndarray, dtype: Any) -> Turns:
         if not a.size:
             break
         lo, hi = _unordered(a, dtype), _unordered(b, dtype)
-        got = _enclosed(slope, lo, hi)
+        got = _enclosed(slope, lo, hi, box)
         up = got.d_lo >= 0
         down = got.d_hi <= 0
         direction = np.where(up & down, 0, np.where(up, 1, -1))
         decided = up | down
-        width = hi - lo
-        move = np.where(up, got.d_lo, -got.d_hi) * width
+        # How far the map may move over the interval, at most (a run that
+        # moves by no more than rounding is no turn: `_around_turns`).
+        with np.errstate(all="ignore"):
+            steep = np.maximum(np.abs(got.d_lo), np.abs(got.d_hi)) * (hi - lo)
+            move = np.fmin(steep, got.v_hi - got.v_lo)
+        move = np.where(np.isnan(move), np.inf, move)
         noise = _noise(got)
         found.append(
             (a[decided], b[decided], direction[decided], move[decided], noise[decided])
@@ -873,14 +920,14 @@ def _mid(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return a // 2 + b // 2 + (a % 2 + b % 2) // 2
 
 
-def _enclosed(slope: Slope, lo: np.ndarray, hi: np.ndarray) -> Enclosed:
+def _enclosed(slope: Slope, lo: np.ndarray, hi: np.ndarray, box: Box) -> Enclosed:
     """`slope.enclose(lo, hi)`, with the intervals not enclosed where the
     map is not finite at either end taken as NaN all over: past where it
     overflows float64 (so the dtype too), or outside its domain. The
     samplers take it so between two such points of theirs too. (One call
     for the intervals and their ends: each call walks the Jaxpr.)"""
     n = lo.size
-    got = slope.enclose(np.concatenate([lo, lo, hi]), np.concatenate([hi, lo, hi]))
+    got = slope.enclose(np.concatenate([lo, lo, hi]), np.concatenate([hi, lo, hi]), box)
     part = [
         Enclosed(*(getattr(got, f)[i * n : (i + 1) * n] for f in _ENCLOSED))
         for i in range(3)
@@ -960,3 +1007,69 @@ def _around_turns(
         return none
     points = np.unique(_unordered(np.asarray(out, np.int64), dtype).astype(dtype))
     return points, turns
+
+
+# --- per element ------------------------------------------------------------
+
+# How many searches `turning_boxes` makes at most, halving the box of the
+# operands' values where it is not decided as a whole.
+_SEARCHES = 12
+
+
+def turning_boxes(
+    slope: Slope, points: np.ndarray, dtype: Any, known: Sequence[Any]
+) -> list[np.ndarray]:
+    """Boxes of known operand values (`(lo, hi)` per operand, one row each)
+    for every value within which the map is proven to turn between
+    `points`, found from the values of the elements (`known`, broadcast
+    together): at most `_SEARCHES` of them.
+
+    One search over the box of all their values first: a turn found there
+    is one for every element, and a search completed without one proves
+    that none turns. Where it is not decided, the elements are halved at
+    the median of the operand whose values spread widest (relative to their
+    size) and each half searched over its own box, widest boxes first,
+    within `_SEARCHES` searches in all. Elements left undecided then are
+    not in a box: left to the samplers, as is a map with a step that has no
+    rule here, or operands that are not finite."""
+    values = [np.asarray(k, np.float64) for k in known]
+    shape = np.broadcast_shapes(*(v.shape for v in values))
+    rows = np.stack([np.broadcast_to(v, shape).ravel() for v in values], axis=-1)
+    boxes: list[np.ndarray] = []
+    queue = collections.deque([np.flatnonzero(np.all(np.isfinite(rows), axis=1))])
+    for _ in range(_SEARCHES):
+        if not queue:
+            break
+        index = queue.popleft()
+        if not index.size:
+            continue
+        part = rows[index]
+        low, high = part.min(axis=0), part.max(axis=0)
+        found = turn_points(
+            slope, points, dtype, list(zip(low.tolist(), high.tolist(), strict=True))
+        )
+        if found.turns:
+            boxes.append(np.stack([low, high], axis=-1))
+            continue
+        spread = high - low
+        if found.complete or not np.any(spread > 0):
+            continue
+        size = np.maximum(np.maximum(np.abs(low), np.abs(high)), np.finfo(float).tiny)
+        order = np.argsort(part[:, int(np.argmax(spread / size))], kind="stable")
+        half = order.size // 2
+        queue.extend([index[order[:half]], index[order[half:]]])
+    return boxes
+
+
+def inside(boxes: Sequence[np.ndarray], known: Sequence[Any]) -> np.ndarray:
+    """Per element of `known` (broadcast together): whether its operands lie
+    within one of `boxes` (so the map turns for it)."""
+    values = [np.asarray(k, np.float64) for k in known]
+    shape = np.broadcast_shapes(*(v.shape for v in values))
+    found = np.zeros(shape, bool)
+    for box in boxes:
+        hit = np.ones(shape, bool)
+        for v, (lo, hi) in zip(values, box, strict=True):
+            hit &= (v >= lo) & (v <= hi)
+        found |= hit
+    return found

@@ -110,6 +110,7 @@ def solver(
     choices: Choices | None = None,
     uniform: bool = True,
     gather: bool = False,
+    turns: Callable[..., Any] | None = None,
 ) -> Callable[..., Any]:
     """`solve(y, *known)`: `x` with `g(x, *known) == y` elementwise (NaN where
     none is found, and with `check_grid` where `g` is not monotone on
@@ -123,7 +124,9 @@ def solver(
     constant inside it), so the grid is checked element by element.
     `gather`: the elements the first tier leaves undecided may be solved
     apart, gathered with their known operands (`_find_roots`); only for a
-    `g` that holds no per-element constant of its own."""
+    `g` that holds no per-element constant of its own. `turns(*known)`:
+    where `g` is proven to turn between grid points (`_blocks.
+    _runtime_turns`), NaN there."""
 
     @jax.custom_jvp
     def solve(y: Any, *known: Any) -> Any:
@@ -143,6 +146,8 @@ def solver(
                 choices=at,
             )
             x = jnp.where(ok, x, jnp.nan)
+        if turns is not None:
+            x = jnp.where(turns(*known), jnp.nan, x)
         return x
 
     @solve.defjvp
