@@ -1021,6 +1021,17 @@ def has_explicit_axes(sharding: Any) -> bool:
     return explicit is not None and any(t == explicit for t in axis_types)
 
 
+def take_at(table: Any, index: Any) -> Any:
+    """`table[index]`: a small table (a constant, not sharded) read at traced
+    indices. On a mesh with Explicit axes JAX asks such a gather for the
+    sharding of its result (`.at[...].get(out_sharding=)`), which is the
+    indices' own."""
+    sharding = getattr(jax.typeof(index), "sharding", None)
+    if sharding is not None and has_explicit_axes(sharding):
+        return table.at[index].get(out_sharding=sharding)
+    return table[index]
+
+
 def place_as(value: Any, sharding: Any) -> Any:
     """`value` placed with `sharding` inside a traced function.
 

@@ -1120,25 +1120,31 @@ def _runtime_turns(block: Block, known: Sequence[Any], y: Any) -> Any:
     def cached(key: tuple[Any, ...]) -> list[np.ndarray]:
         return search([np.frombuffer(raw, kind).reshape(sh) for sh, kind, raw in key])
 
-    def host(*values: Any) -> tuple[np.ndarray, ...]:
+    # The boxes come back as one array (several results of a callback do
+    # not lower on a sharded program in JAX 0.7), in the default float
+    # dtype, their ends rounded outwards: an element within a box is tested
+    # within it in that dtype too (rounding keeps order).
+    kind = np.dtype(jnp.result_type(float))
+
+    def host(*values: Any) -> np.ndarray:
         values = tuple(np.asarray(v) for v in values)
         # (Under `vmap`, leading axes of batch: one search per batch element.)
         batch = values[0].shape[: values[0].ndim - ranks[0]]
-        out = []
-        for v in values:
-            empty = _empty_box(v.dtype)
-            out.append(np.broadcast_to(empty, (*batch, count, 2)).copy())
+        out = np.empty((*batch, len(values), count, 2), kind)
+        out[..., 0], out[..., 1] = np.inf, -np.inf  # (empty)
         for at in np.ndindex(*batch):
             row = [v[at] for v in values]
             if sum(v.size for v in row) <= _CACHED_ELEMENTS:
-                key = tuple((v.shape, v.dtype.str, v.tobytes()) for v in row)
-                boxes = cached(key)
+                boxes = cached(tuple((v.shape, v.dtype.str, v.tobytes()) for v in row))
             else:
                 boxes = search(row)
             for i, box in enumerate(boxes):
-                for o, (lo, hi) in zip(out, box, strict=True):
-                    o[(*at, i)] = (lo, hi)
-        return tuple(out)
+                lo, hi = box[:, 0].astype(kind), box[:, 1].astype(kind)
+                lo = np.where(lo > box[:, 0], np.nextafter(lo, kind.type(-np.inf)), lo)
+                hi = np.where(hi < box[:, 1], np.nextafter(hi, kind.type(np.inf)), hi)
+                out[(*at, slice(None), i, 0)] = lo
+                out[(*at, slice(None), i, 1)] = hi
+        return out
 
     def turns(*operands: Any) -> Any:
         operands = tuple(
@@ -1149,9 +1155,7 @@ def _runtime_turns(block: Block, known: Sequence[Any], y: Any) -> Any:
         )
         boxes = jax.pure_callback(
             host,
-            tuple(
-                jax.ShapeDtypeStruct((count, 2), jnp.result_type(k)) for k in operands
-            ),
+            jax.ShapeDtypeStruct((len(operands), count, 2), kind),
             *operands,
             vmap_method="broadcast_all",
         )
@@ -1163,14 +1167,6 @@ def _runtime_turns(block: Block, known: Sequence[Any], y: Any) -> Any:
         return jnp.any(functools.reduce(jnp.logical_and, hit), axis=-1)
 
     return turns
-
-
-def _empty_box(dtype: Any) -> np.ndarray:
-    """`(lo, hi)` that holds no value of `dtype`: `lo > hi`."""
-    if np.issubdtype(dtype, np.integer):
-        info = np.iinfo(dtype)
-        return np.asarray([info.max, info.min], dtype)
-    return np.asarray([np.inf, -np.inf], dtype)
 
 
 def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:

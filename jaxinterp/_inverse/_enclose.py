@@ -1013,7 +1013,7 @@ def _around_turns(
 
 # How many searches `turning_boxes` makes at most, halving the box of the
 # operands' values where it is not decided as a whole.
-_SEARCHES = 12
+_SEARCHES = 16
 
 
 def turning_boxes(
@@ -1029,9 +1029,11 @@ def turning_boxes(
     that none turns. Where it is not decided, the elements are halved at
     the median of the operand whose values spread widest (relative to their
     size) and each half searched over its own box, widest boxes first,
-    within `_SEARCHES` searches in all. Elements left undecided then are
-    not in a box: left to the samplers, as is a map with a step that has no
-    rule here, or operands that are not finite."""
+    within `_SEARCHES` searches of boxes in all. A half is not halved again
+    where its median element alone leaves the search undecided too: what
+    stays open then is an interval of `x`, not the box. Elements left
+    undecided are in no box: left to the samplers, as is a map with a step
+    that has no rule here, or operands that are not finite."""
     values = [np.asarray(k, np.float64) for k in known]
     shape = np.broadcast_shapes(*(v.shape for v in values))
     rows = np.stack([np.broadcast_to(v, shape).ravel() for v in values], axis=-1)
@@ -1057,6 +1059,19 @@ def turning_boxes(
         size = np.maximum(np.maximum(np.abs(low), np.abs(high)), np.finfo(float).tiny)
         order = np.argsort(part[:, int(np.argmax(spread / size))], kind="stable")
         half = order.size // 2
+        # Not decided for the median element alone either (the intervals of
+        # `x` are what stays open, not the box): halving will not help.
+        middle = part[order[half]]
+        alone = turn_points(
+            slope,
+            points,
+            dtype,
+            list(zip(middle.tolist(), middle.tolist(), strict=True)),
+        )
+        if alone.turns:
+            boxes.append(np.stack([middle, middle], axis=-1))
+        elif not alone.complete:
+            continue
         queue.extend([index[order[:half]], index[order[half:]]])
     return boxes
 

@@ -187,8 +187,8 @@ class _Marks(NamedTuple):
         sides = jnp.asarray([False, True, True, False])
         sides = sides.reshape((4,) + (1,) * self.count.ndim)
         on = jnp.where(sides, self.count == 1, steps >= 0)
-        lo = points[jnp.maximum(steps - 1, 0)]
-        hi = points[jnp.maximum(steps, 0)]
+        lo = compat.take_at(points, jnp.maximum(steps - 1, 0))
+        hi = compat.take_at(points, jnp.maximum(steps, 0))
         nan = jnp.full(lo.shape, jnp.nan, lo.dtype)
         return _Edges(self.count, lo, hi, nan, nan, on, known=False)
 
