@@ -350,6 +350,30 @@ def test_a_fold_in_some_elements_is_nan_there_only():
     assert np.isnan(np.asarray(rows[1])).all()
 
 
+def test_a_batch_of_operands_is_searched_together_under_vmap():
+    # 60 parameter sets under `vmap`: one search for all of them (a box
+    # holds for whichever element lies in it). Those that fold are NaN,
+    # the others solved; the few whose fold is shallowest (`a` just above
+    # 0.01) may be left to the samplers.
+    inv = jaxinterp.inverse(_fold_of, argnums=0)
+    x = jnp.asarray([0.3, 0.0, 1.5], jnp.float32)
+    a = jnp.linspace(0.001, 0.03, 60, dtype=jnp.float32)
+    rows = np.asarray(
+        jax.jit(jax.vmap(inv, in_axes=(None, 0, None)))(_fold_of(x, 0.001, 0.3), a, 0.3)
+    )
+    a = np.asarray(a)
+    assert np.isnan(rows[a > 0.011]).all()
+    want = [
+        np.asarray(inv(_fold_of(x, 0.001, 0.3), float(v), 0.3)) for v in a[a <= 0.01]
+    ]
+    np.testing.assert_allclose(rows[a <= 0.01], want, rtol=1e-6)
+    np.testing.assert_allclose(
+        _fold_of(rows[a <= 0.01], a[a <= 0.01, None], 0.3),
+        np.broadcast_to(_fold_of(x, 0.001, 0.3), rows[a <= 0.01].shape),
+        atol=2e-6,
+    )
+
+
 def test_the_gradient_with_respect_to_traced_operands_is_kept():
     # Where the map is monotone: `dx/da = tanh(100 (x - c)) / g'(x)` by the
     # implicit function theorem.

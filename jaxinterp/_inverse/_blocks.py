@@ -1127,24 +1127,30 @@ def _runtime_turns(block: Block, known: Sequence[Any], y: Any) -> Any:
     kind = np.dtype(jnp.result_type(float))
 
     def host(*values: Any) -> np.ndarray:
-        values = tuple(np.asarray(v) for v in values)
-        # (Under `vmap`, leading axes of batch: one search per batch element.)
-        batch = values[0].shape[: values[0].ndim - ranks[0]]
-        out = np.empty((*batch, len(values), count, 2), kind)
+        # Under `vmap`, leading axes of batch: the batch's elements are
+        # searched together, as more elements (a box holds for whichever
+        # element lies in it), and every batch element gets the same boxes.
+        batch = np.shape(values[0])[: np.ndim(values[0]) - ranks[0]]
+        top = max(ranks)
+        row = [
+            np.reshape(v, (*batch, *(1,) * (top - r), *np.shape(v)[len(batch) :]))
+            for v, r in zip(values, ranks, strict=True)
+        ]
+        if sum(v.size for v in row) <= _CACHED_ELEMENTS:
+            boxes = cached(tuple((v.shape, v.dtype.str, v.tobytes()) for v in row))
+        else:
+            boxes = search(row)
+        out = np.empty((len(values), count, 2), kind)
         out[..., 0], out[..., 1] = np.inf, -np.inf  # (empty)
-        for at in np.ndindex(*batch):
-            row = [v[at] for v in values]
-            if sum(v.size for v in row) <= _CACHED_ELEMENTS:
-                boxes = cached(tuple((v.shape, v.dtype.str, v.tobytes()) for v in row))
-            else:
-                boxes = search(row)
-            for i, box in enumerate(boxes):
-                lo, hi = box[:, 0].astype(kind), box[:, 1].astype(kind)
-                lo = np.where(lo > box[:, 0], np.nextafter(lo, kind.type(-np.inf)), lo)
-                hi = np.where(hi < box[:, 1], np.nextafter(hi, kind.type(np.inf)), hi)
-                out[(*at, slice(None), i, 0)] = lo
-                out[(*at, slice(None), i, 1)] = hi
-        return out
+        for i, box in enumerate(boxes):
+            lo, hi = box[:, 0].astype(kind), box[:, 1].astype(kind)
+            out[:, i, 0] = np.where(
+                lo > box[:, 0], np.nextafter(lo, kind.type(-np.inf)), lo
+            )
+            out[:, i, 1] = np.where(
+                hi < box[:, 1], np.nextafter(hi, kind.type(np.inf)), hi
+            )
+        return np.broadcast_to(out, (*batch, *out.shape))
 
     def turns(*operands: Any) -> Any:
         operands = tuple(
