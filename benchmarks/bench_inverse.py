@@ -1,7 +1,8 @@
 """`inverse` benchmarks: compiled speed, tracing cost and eager calls.
 
 Run: `python benchmarks/bench_inverse.py` (add `--quick` for small sizes,
-`--only blocks` for one section: compiled, blocks, compile, tracing, eager).
+`--only blocks` for one section: compiled, blocks, compile, tracing, eager,
+runtime).
 
 * compiled: `jit(inverse(f))` against a hand-written inverse under `jit`, for
   an elementwise chain, a stack of affine coupling layers and a `scan` of
@@ -20,6 +21,7 @@ Run: `python benchmarks/bench_inverse.py` (add `--quick` for small sizes,
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -31,7 +33,14 @@ import numpy as np
 from jax import lax
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import compare, compare_steady, parse_args, print_header, report  # noqa: E402
+from _common import (  # noqa: E402
+    compare,
+    compare_steady,
+    describe,
+    parse_args,
+    print_header,
+    report,
+)
 
 import jaxinterp  # noqa: E402
 from jaxinterp._inverse import _api  # noqa: E402
@@ -362,6 +371,42 @@ def _ratios(ours, theirs, args, quick: bool) -> tuple[float, float]:
     )
 
 
+def bench_runtime_folds(quick: bool) -> None:
+    """The search for folds between grid points when the known operands are
+    traced (session 32): a host callback per call. `jit(inverse(f,
+    argnums=0))(y, a)` with a new `a` each call (the search runs) and with
+    the same `a` (the search's cache answers), over the same inverse with
+    `a` a constant (searched while tracing: nothing per call)."""
+    print("## runtime fold search: traced operand / constant operand")
+    n = 1_000 if quick else 100_000
+
+    def f(x, a):
+        return x + a * jnp.tanh(3.0 * x - 0.5)
+
+    y = f(jnp.linspace(-3.0, 3.0, n), 0.2)
+    traced = jax.jit(jaxinterp.inverse(f, argnums=0))
+    constant = jax.jit(jaxinterp.inverse(lambda x: f(x, 0.2)))
+    # (Distinct values, more than the search's cache keeps.)
+    fresh = itertools.cycle([jnp.float32(0.2 + 1e-6 * i) for i in range(256)])
+    same = jnp.float32(0.2)
+    times = compare_steady(
+        {
+            "new a": lambda: traced(y, next(fresh)),
+            "same a": lambda: traced(y, same),
+            "constant": lambda: constant(y),
+        },
+        calls=5 if quick else 20,
+        rounds=3 if quick else 10,
+    )
+    for name in ("new a", "same a"):
+        print(
+            f"{name} each call, {n} elements: time ratio over a constant `a`"
+            f" {min(times[name]) / min(times['constant']):.2f}"
+            f" ({describe(times[name], unit='ms')}; constant:"
+            f" {describe(times['constant'], unit='ms')}; no target)"
+        )
+
+
 # ---------------------------------------------------------------------------
 # Tracing cost.
 
@@ -523,6 +568,7 @@ def main() -> None:
         "compile": bench_compile,
         "tracing": bench_tracing,
         "eager": bench_eager,
+        "runtime": bench_runtime_folds,
     }
     for name in args.only or sections:
         sections[name](args.quick)
