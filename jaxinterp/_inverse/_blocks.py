@@ -1121,10 +1121,13 @@ def _runtime_turns(block: Block, known: Sequence[Any], y: Any) -> Any:
         return search([np.frombuffer(raw, kind).reshape(sh) for sh, kind, raw in key])
 
     # The boxes come back as one array (several results of a callback do
-    # not lower on a sharded program in JAX 0.7), in the default float
-    # dtype, their ends rounded outwards: an element within a box is tested
-    # within it in that dtype too (rounding keeps order).
-    kind = np.dtype(jnp.result_type(float))
+    # not lower on a sharded program in JAX 0.7) of float32, their ends
+    # rounded outwards: an element within a box is within the rounded one
+    # too (rounding keeps order), and one just outside may be taken as in
+    # it (NaN, never a wrong answer). Not float64 even with 64-bit values:
+    # under `jax.enable_x64` as a context (per thread) JAX casts a callback's
+    # float64 results to float32, since it runs in another thread.
+    kind = np.dtype(np.float32)
 
     def host(*values: Any) -> np.ndarray:
         # Under `vmap`, leading axes of batch: the batch's elements are
