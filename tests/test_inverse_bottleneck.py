@@ -229,6 +229,38 @@ def test_a_planar_map_that_folds_is_nan_where_several_preimages():
     assert np.all(np.isnan(got)), got
 
 
+def test_a_planar_fold_between_grid_points_is_nan():
+    # `w @ u = -2` with `|w|` large: `G(a) = a - 2 tanh(a - 30)` folds
+    # between the grid points 16 and 32 (turns at 30 -+ 0.88), where the
+    # samples of `G` never show it; the solver answered the preimage with
+    # `a = 28.08` for the `y` of `a = 30` (three preimages). Enclosing
+    # `G`'s slope over intervals of `a` (its operands arrays: `y`, `u`,
+    # `w`) finds the turns, with the parameters constant or traced.
+    w = jnp.asarray([60.0, 80.0, 0.0, 0.0], jnp.float32)
+    b = jnp.float32(-30.0)
+    x = jnp.asarray([0.18, 0.24, 0.1, -0.2], jnp.float32)  # w @ x = 30
+    for scale, folds in [(0.004, True), (0.001, False)]:
+        u = jnp.asarray([-3.0, -4.0, 1.0, 0.0], jnp.float32) * scale
+        assert float(w @ u) == pytest.approx(-2.0 if folds else -0.5, rel=1e-5)
+        y = planar(x, u, w, b)
+        for got in (
+            jaxinterp.inverse(lambda v, u=u: planar(v, u, w, b))(y),
+            jax.jit(jaxinterp.inverse(planar, argnums=0))(y, u, w, b),
+        ):
+            if folds:
+                assert np.all(np.isnan(got)), got
+            else:
+                np.testing.assert_allclose(got, x, rtol=1e-5, atol=1e-5)
+    # Under `vmap` over `y`: the batch is searched as one box.
+    ys = jax.vmap(planar, in_axes=(0, None, None, None))(
+        jnp.stack([x, x * 1.01, x * 0.99]), u * 4, w, b
+    )
+    got = jax.jit(
+        jax.vmap(jaxinterp.inverse(planar, argnums=0), (0, None, None, None))
+    )(ys, u * 4, w, b)
+    assert np.all(np.isnan(got)), got
+
+
 def test_without_solvers_it_is_refused():
     params = planar_params(3)
     with pytest.raises(NotInvertibleError):

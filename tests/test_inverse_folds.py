@@ -156,6 +156,47 @@ def test_the_enclosures_hold_for_every_known_operand_in_the_box(
         assert np.all(slopes <= d_hi + spread), (tree, d_hi, slopes.max())
 
 
+# Scalar maps of `x` through arrays (the gap of a scalar bottleneck):
+# broadcasts, slices, sums and products with array operands.
+_THROUGH_ARRAYS = {
+    "dot": lambda x, v, w: jnp.dot(w, jnp.tanh(x * v + w)),
+    "sum": lambda x, v, w: jnp.sum(jnp.sin(v - x) * w) + x,
+    "slices": lambda x, v, w: jnp.sum(jnp.concatenate([v[:2] * x, jnp.exp(w[2:] + x)])),
+    "matrix": lambda x, v, w: jnp.sum(jnp.outer(v, w).T @ jnp.tanh(v * x)),
+    "reshape": lambda x, v, w: jnp.sum(jnp.reshape(v * x, (2, 2)).T @ w[:2]) - x**3,
+}
+
+
+@settings(deadline=None)
+@given(
+    name=st.sampled_from(sorted(_THROUGH_ARRAYS)),
+    v=st.lists(st.floats(-2.0, 2.0), min_size=4, max_size=4),
+    w=st.lists(st.floats(-2.0, 2.0), min_size=4, max_size=4),
+    lo=st.floats(-6.0, 6.0),
+    log_width=st.floats(-12.0, 1.0),
+)
+def test_the_enclosures_hold_through_array_operands(name, v, w, lo, log_width):
+    g = _THROUGH_ARRAYS[name]
+    hi = lo + 2.0**log_width * 4
+    v, w = np.asarray(v), np.asarray(w)
+    with x64():
+        slope = _enclose.Slope.of(g, jnp.float64, [v, w], shaped=True)
+        assert slope is not None
+        got = slope.enclose(np.array([lo]), np.array([hi]), [(v, v), (w, w)])
+        xs = jnp.linspace(lo, hi, 65, dtype=jnp.float64)
+        values = np.asarray(jax.vmap(lambda x: g(x, v, w))(xs))
+        slopes = np.asarray(jax.vmap(jax.grad(lambda x: g(x, v, w)))(xs))
+    tol = 1e-12
+    if not math.isnan(got.v_lo[0]):
+        spread = tol * (1 + np.abs(values))
+        assert np.all(values >= got.v_lo[0] - spread), (got.v_lo, values.min())
+        assert np.all(values <= got.v_hi[0] + spread), (got.v_hi, values.max())
+    if not math.isnan(got.d_lo[0]):
+        spread = tol * (1 + np.abs(slopes))
+        assert np.all(slopes >= got.d_lo[0] - spread), (got.d_lo, slopes.min())
+        assert np.all(slopes <= got.d_hi[0] + spread), (got.d_hi, slopes.max())
+
+
 def test_a_sum_that_cancels_is_enclosed_as_the_constant_it_is():
     # `1 + |x| - x sign(x)` is 1 on each side of 0: exact in affine forms,
     # where interval arithmetic would widen it with the interval.

@@ -1178,6 +1178,59 @@ def _runtime_turns(block: Block, known: Sequence[Any], y: Any) -> Any:
     return turns
 
 
+# At most this many batch elements are searched one by one where the box of
+# them all leaves the search undecided (`scalar_turns`).
+_ROWS = 8
+
+
+def scalar_turns(g: Callable[..., Any], dtype: Any, known: Sequence[Any]) -> Any:
+    """For `g(s, *known)` with a scalar unknown `s` and known operands of any
+    shape (the gap function of a scalar bottleneck, `_bottleneck.py`):
+    `turns(*known)`, whether `g` is proven to turn between grid points of
+    `s` for these operands (`_enclose.turn_points`, the operands as exact
+    arrays), by a host callback when the program runs; `None` where `g` has
+    no enclosure. Under `vmap` the batch's operands are searched as one box
+    first (each element of each operand between its least and greatest over
+    the batch), then the first `_ROWS` batch elements one by one where that
+    leaves it undecided (the others are left to the samplers)."""
+    with jax.ensure_compile_time_eval():
+        slope = _enclose.Slope.of(g, dtype, known, shaped=True)
+    if slope is None:
+        return None
+    dtype = np.dtype(dtype)
+    points = _solve.grid(dtype)
+    ranks = [jnp.ndim(k) for k in known]
+
+    def search(box: list[tuple[np.ndarray, np.ndarray]]) -> _enclose.Turns:
+        return _enclose.turn_points(slope, points, dtype, box)
+
+    def host(*values: Any) -> np.ndarray:
+        values = tuple(np.asarray(v, np.float64) for v in values)
+        batch = values[0].shape[: values[0].ndim - ranks[0]]
+        if not batch:
+            return np.asarray(bool(search([(v, v) for v in values]).turns))
+        axes = tuple(range(len(batch)))
+        whole = search([(v.min(axis=axes), v.max(axis=axes)) for v in values])
+        out = np.full(batch, bool(whole.turns))
+        if not whole.turns and not whole.complete:
+            for i, at in enumerate(np.ndindex(*batch)):
+                if i == _ROWS:
+                    break
+                out[at] = bool(search([(v[at], v[at]) for v in values]).turns)
+        return out
+
+    def turns(*operands: Any) -> Any:
+        operands = tuple(jax.lax.stop_gradient(k) for k in operands)
+        return jax.pure_callback(
+            host,
+            jax.ShapeDtypeStruct((), jnp.bool_),
+            *operands,
+            vmap_method="broadcast_all",
+        )
+
+    return turns
+
+
 def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
     """`x` by the elementwise solver (NaN where no root is found). A map that
     turns (`_solve.monotone_on_grid`) is not injective: refused now when its

@@ -484,7 +484,9 @@ def _solve_through(
 
     def inner(y_flat: Any, *kn: Any) -> Any:
         zero = jnp.zeros((), jnp.result_type(y_flat))
-        s = _solve.solver(gap, uniform=False)(zero, y_flat, *kn)
+        # (Turns of `G` between grid points, found by enclosing its slope.)
+        turns = bl.scalar_turns(gap, jnp.result_type(y_flat), (y_flat, *kn))
+        s = _solve.solver(gap, uniform=False, turns=turns)(zero, y_flat, *kn)
         x = x_of(jnp.reshape(s, s_shape).astype(s_dtype), unflat(y_flat), *kn)
         return jnp.ravel(x).astype(dtype)
 

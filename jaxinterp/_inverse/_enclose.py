@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -117,12 +118,19 @@ class _Cells:
         self.bad = np.zeros(lo.shape, bool)
 
     def const(self, value: Any) -> _Form:
-        c = np.full(self.m.shape, float(value))
+        if np.ndim(value):
+            # (An array: its axes first, one for the cells last.)
+            c = np.asarray(value, np.float64)[..., None]
+        else:
+            c = np.full(self.m.shape, float(value))
         return _Form(c, np.zeros_like(c), np.zeros_like(c))
 
-    def box(self, lo: float, hi: float) -> _Form:
+    def box(self, lo: Any, hi: Any) -> _Form:
         """A known operand somewhere within `[lo, hi]`, the same all over
-        each interval of `x`: its middle, give or take its half-width."""
+        each interval of `x`: its middle, give or take its half-width (per
+        element where it is an array)."""
+        if np.ndim(lo) or np.ndim(hi):
+            return self._boxes(np.asarray(lo, float), np.asarray(hi, float))
         lo, hi = float(lo), float(hi)
         if lo == hi or not (math.isfinite(lo) and math.isfinite(hi)):
             # (Exact; and a NaN or infinite operand as the walk takes a
@@ -138,6 +146,26 @@ class _Cells:
             None,
             np.full(self.m.shape, lo),
             np.full(self.m.shape, hi),
+        )
+
+    def _boxes(self, lo: np.ndarray, hi: np.ndarray) -> _Form:
+        lo, hi = np.broadcast_arrays(lo[..., None], hi[..., None])
+        exact = lo == hi
+        finite = np.isfinite(lo) & np.isfinite(hi)
+        with np.errstate(all="ignore"):
+            mid = np.where(exact, lo, np.where(finite, lo / 2 + hi / 2, np.nan))
+            half = np.where(
+                exact | ~finite,
+                0.0,
+                np.maximum(hi - mid, mid - lo) * (1 + 4 * 2.0**-52),
+            )
+        return _Form(
+            mid,
+            np.zeros_like(mid),
+            half,
+            None,
+            np.where(exact | ~finite, mid, lo),
+            np.where(exact | ~finite, mid, hi),
         )
 
     def range(self, a: _Form) -> tuple[np.ndarray, np.ndarray]:
@@ -185,7 +213,7 @@ class _Cells:
             np.where(void, nan, hi),
         )
         finite = np.isfinite(form.c) & np.isfinite(form.s) & np.isfinite(form.e)
-        self.bad |= ~finite & ~void
+        self.mark(~finite & ~void)
         r_lo, r_hi = self.range(form)
         size = np.maximum(np.abs(r_lo), np.abs(r_hi))
         form.err = np.where(void, 0.0, err + ulps * self.unit * size)
@@ -200,6 +228,14 @@ class _Cells:
         mask = np.asarray(mask, bool)
         for f in forms:
             mask = mask & ~f.void
+        self.mark(mask)
+
+    def mark(self, mask: Any) -> None:
+        """The cells where `mask` holds for some element of a value (a
+        value's axes come first, the cells' last)."""
+        mask = np.asarray(mask, bool)
+        if mask.ndim > 1:
+            mask = mask.reshape(-1, mask.shape[-1]).any(axis=0)
         self.bad |= mask
 
 
@@ -509,7 +545,7 @@ def _min(k: _Cells, a: _Form, b: _Form) -> _Form:
 
 def _nan_of(out: _Form, *forms: _Form) -> _Form:
     """`out`, NaN all over where an operand is (`max` and `min` pass NaN)."""
-    void = np.any(np.stack([f.void for f in forms]), axis=0)
+    void = functools.reduce(np.logical_or, [f.void for f in forms])
     return _Form(
         np.where(void, np.nan, out.c),
         np.where(void, 0.0, out.s),
@@ -573,6 +609,140 @@ def _round_half(x: np.ndarray) -> np.ndarray:
     return np.where(x + 0.5 == k, np.nan, k)
 
 
+# --- arrays ----------------------------------------------------------------
+# A value that is an array has its axes first and the cells' last (1 where
+# it is the same over every cell): elementwise steps broadcast as they are.
+
+
+def _fields(a: _Form, shape: Sequence[int]) -> list[np.ndarray]:
+    """`a`'s fields, each of shape `(*shape, cells or 1)`."""
+    out = []
+    for f in _FIELDS:
+        v = np.asarray(getattr(a, f))
+        if v.ndim < len(shape) + 1:
+            v = v.reshape((1,) * (len(shape) + 1 - v.ndim) + v.shape)
+        out.append(np.broadcast_to(v, (*shape, v.shape[-1])))
+    return out
+
+
+def _each(a: _Form, shape: Sequence[int], move: Callable[[np.ndarray], Any]) -> _Form:
+    return _Form(*(move(v) for v in _fields(a, shape)))
+
+
+def _moved(eqn: Any, name: str, ins: list[_Form]) -> list[_Form]:
+    """A step that moves elements: the same move of every field (exact)."""
+    params = compat.params_of(eqn)
+    shape = tuple(eqn.invars[0].aval.shape)
+    out_shape = tuple(eqn.outvars[0].aval.shape)
+    a = ins[0]
+    if name == "broadcast_in_dim":
+        dims = [1] * len(out_shape)
+        for i, d in enumerate(params["broadcast_dimensions"]):
+            dims[d] = shape[i]
+
+        def move(v: np.ndarray) -> Any:
+            return np.broadcast_to(
+                v.reshape(*dims, v.shape[-1]), (*out_shape, v.shape[-1])
+            )
+
+        return [_each(a, shape, move)]
+    if name in ("reshape", "squeeze"):
+        return [_each(a, shape, lambda v: v.reshape(*out_shape, v.shape[-1]))]
+    if name == "transpose":
+        order = (*params["permutation"], len(shape))
+        return [_each(a, shape, lambda v: np.transpose(v, order))]
+    if name == "slice":
+        start, limit = params["start_indices"], params["limit_indices"]
+        strides = params.get("strides") or (1,) * len(shape)
+        at = tuple(
+            slice(int(i), int(j), int(st))
+            for i, j, st in zip(start, limit, strides, strict=True)
+        )
+        return [_each(a, shape, lambda v: v[(*at, slice(None))])]
+    if name == "concatenate":
+        axis = int(params["dimension"])
+        parts = [
+            _fields(f, tuple(v.aval.shape))
+            for f, v in zip(ins, eqn.invars, strict=True)
+        ]
+        fields = []
+        for i in range(len(_FIELDS)):
+            last = max(p[i].shape[-1] for p in parts)
+            fields.append(
+                np.concatenate(
+                    [np.broadcast_to(p[i], (*p[i].shape[:-1], last)) for p in parts],
+                    axis=axis,
+                )
+            )
+        return [_Form(*fields)]
+    # split
+    axis = int(params["axis"])
+    cuts = np.cumsum([int(n) for n in params["sizes"]])[:-1]
+    pieces = [np.split(v, cuts, axis=axis) for v in _fields(a, shape)]
+    return [_Form(*(p[i] for p in pieces)) for i in range(len(eqn.outvars))]
+
+
+def _sum(k: _Cells, a: _Form, axes: tuple[int, ...], rank: int) -> _Form:
+    """`a` summed over some of its axes: the forms add exactly; float64 and
+    the dtype each round once per term."""
+    if not axes:
+        return a
+    c, s_, e, void, lo, hi, err = _fields(a, _value_shape(a, rank))
+    count = int(np.prod([c.shape[i] for i in axes]))
+    lo_, hi_ = k.range(a)
+    size = np.sum(np.maximum(np.abs(lo_), np.abs(hi_)), axis=axes)
+    spread = np.sum(np.abs(c) + np.abs(s_) * k.r, axis=axes)
+    return k.rounded(
+        np.sum(c, axis=axes),
+        np.sum(s_, axis=axes),
+        np.sum(e, axis=axes) + _ROUND * count * spread,
+        np.any(void, axis=axes),
+        np.sum(lo_, axis=axes),
+        np.sum(hi_, axis=axes),
+        np.sum(err, axis=axes) + count * k.unit * size,
+    )
+
+
+def _value_shape(a: _Form, rank: int) -> tuple[int, ...]:
+    shape = np.broadcast_shapes(*(np.shape(getattr(a, f)) for f in _FIELDS))
+    return tuple(shape[len(shape) - 1 - rank : len(shape) - 1])
+
+
+def _dot(k: _Cells, eqn: Any, a: _Form, b: _Form) -> _Form:
+    """`dot_general` without batch axes: a product broadcast over the free
+    axes of both, summed over the contracted ones."""
+    (a_in, b_in), (a_batch, b_batch) = compat.params_of(eqn)["dimension_numbers"]
+    if len(a_batch) or len(b_batch):
+        raise _Unsupported("dot_general with batch axes")
+    a_shape, b_shape = (tuple(v.aval.shape) for v in eqn.invars)
+    a_free = [i for i in range(len(a_shape)) if i not in a_in]
+    b_free = [i for i in range(len(b_shape)) if i not in b_in]
+    n_free = len(a_free) + len(b_free)
+
+    def arrange(
+        f: _Form, shape: Any, free: list[int], inner: Any, front: bool
+    ) -> _Form:
+        order = (*free, *inner, len(shape))
+        ones = (1,) * (len(b_free) if front else len(a_free))
+
+        def move(v: np.ndarray) -> Any:
+            v = np.transpose(v, order)
+            lead, rest = v.shape[: len(free)], v.shape[len(free) :]
+            return (
+                v.reshape(*lead, *ones, *rest) if front else v.reshape(*ones, *v.shape)
+            )
+
+        return _each(f, shape, move)
+
+    product = _mul(
+        k,
+        arrange(a, a_shape, a_free, a_in, True),
+        arrange(b, b_shape, b_free, b_in, False),
+    )
+    axes = tuple(range(n_free, n_free + len(a_in)))
+    return _sum(k, product, axes, n_free + len(a_in))
+
+
 # --- the walk ------------------------------------------------------------
 
 _CALLS = frozenset(
@@ -586,17 +756,10 @@ _CALLS = frozenset(
         "remat2",
     }
 )
-_SAME = frozenset(
-    {
-        "copy",
-        "copy_p",
-        "reduce_precision",
-        "broadcast_in_dim",
-        "reshape",
-        "squeeze",
-        "expand_dims",
-        "stop_gradient",
-    }
+_SAME = frozenset({"copy", "copy_p", "reduce_precision", "stop_gradient"})
+# Steps that move a value's elements (`_moved`).
+_MOVES = frozenset(
+    {"broadcast_in_dim", "reshape", "squeeze", "transpose", "slice", "concatenate"}
 )
 
 
@@ -615,11 +778,11 @@ def _body(eqn: Any) -> tuple[Any, Sequence[Any]]:
     return bodies[0], ()
 
 
-def _scalar(aval: Any) -> None:
+def _real(aval: Any) -> None:
     shape = getattr(aval, "shape", None)
     dtype = getattr(aval, "dtype", None)
-    if shape != () or dtype is None or jnp.issubdtype(dtype, jnp.complexfloating):
-        raise _Unsupported("a value that is not a real scalar")
+    if shape is None or dtype is None or jnp.issubdtype(dtype, jnp.complexfloating):
+        raise _Unsupported("a value that is not a real array")
 
 
 def _walk(
@@ -633,14 +796,12 @@ def _walk(
         return env[v]
 
     for v, c in zip(jaxpr.constvars, consts, strict=True):
-        if np.shape(c) != ():
-            raise _Unsupported("a constant that is not a scalar")
         env[v] = k.const(np.asarray(c, np.float64))
     for v, a in zip(jaxpr.invars, args, strict=True):
         env[v] = a
     for eqn in jaxpr.eqns:
         for v in eqn.outvars:
-            _scalar(v.aval)
+            _real(v.aval)
         ins = [read(v) for v in eqn.invars]
         outs = _step(k, eqn, ins)
         for v, o in zip(eqn.outvars, outs, strict=True):
@@ -665,6 +826,13 @@ def _step(k: _Cells, eqn: Any, ins: list[_Form]) -> list[_Form]:
     dtype = out.aval.dtype
     if name in _SAME:
         return [ins[0]]
+    if name in _MOVES or name == "split":
+        return _moved(eqn, name, ins)
+    if name == "reduce_sum":
+        axes = tuple(int(a) for a in compat.params_of(eqn)["axes"])
+        return [_sum(k, ins[0], axes, len(eqn.invars[0].aval.shape))]
+    if name == "dot_general":
+        return [_dot(k, eqn, *ins)]
     if name in _UNARY:
         f, df = _UNARY[name]
         bounds = _BOUNDS.get(name, (-np.inf, np.inf))
@@ -761,8 +929,8 @@ def _step(k: _Cells, eqn: Any, ins: list[_Form]) -> list[_Form]:
 
 
 # A box of known operands: each operand's least and greatest value (equal
-# for an operand whose value is known exactly).
-Box = Sequence[tuple[float, float]]
+# for an operand whose value is known exactly), per element for an array.
+Box = Sequence[tuple[Any, Any]]
 
 
 class Slope:
@@ -779,13 +947,22 @@ class Slope:
 
     @classmethod
     def of(
-        cls, g: Callable[..., Any], dtype: Any, known: Sequence[Any] = ()
+        cls,
+        g: Callable[..., Any],
+        dtype: Any,
+        known: Sequence[Any] = (),
+        *,
+        shaped: bool = False,
     ) -> Slope | None:
-        """For `g(x, *known)` on scalars of `dtype` (each known operand a
-        scalar of its own dtype, its value given to `enclose` as a box);
-        `None` where a step has no rule or `g` does not run on scalars."""
+        """For `g(x, *known)` on a scalar `x` of `dtype`, each known operand
+        a scalar of its own dtype (its value given to `enclose` as a box),
+        or with `shaped` of its own shape too; `None` where a step has no
+        rule or `g` does not run so."""
         one = jnp.ones((), dtype)
-        kinds = [jax.ShapeDtypeStruct((), jnp.result_type(k)) for k in known]
+        kinds = [
+            jax.ShapeDtypeStruct(jnp.shape(k) if shaped else (), jnp.result_type(k))
+            for k in known
+        ]
         try:
             closed = jax.make_jaxpr(
                 lambda u, *k: jax.jvp(lambda v: g(v, *k), (u,), (one,))
@@ -796,7 +973,8 @@ class Slope:
             compat.open_jaxpr(closed), compat.jaxpr_consts(closed), dtype, len(kinds)
         )
         try:
-            slope.enclose(np.zeros(1), np.ones(1), [(0.0, 0.0)] * len(kinds))
+            zero = [np.zeros(kind.shape) for kind in kinds]
+            slope.enclose(np.zeros(1), np.ones(1), list(zip(zero, zero, strict=True)))
         except _Unsupported:
             return None
         return slope
