@@ -37,6 +37,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
                 "spline, parameters as arguments: time ratio",
             ],
         ),
+        ("runtime", ["new a each call, 1000 elements", "same a each call"]),
     ],
 )
 def test_bench_inverse_section_runs(section, lines):
