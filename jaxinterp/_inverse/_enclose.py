@@ -967,7 +967,7 @@ class Slope:
             closed = jax.make_jaxpr(
                 lambda u, *k: jax.jvp(lambda v: g(v, *k), (u,), (one,))
             )(jax.ShapeDtypeStruct((), dtype), *kinds)
-        except (TypeError, ValueError):  # (a map that does not run on scalars)
+        except Exception:  # noqa: BLE001 - a map that does not run so: none
             return None
         slope = cls(
             compat.open_jaxpr(closed), compat.jaxpr_consts(closed), dtype, len(kinds)
@@ -975,7 +975,9 @@ class Slope:
         try:
             zero = [np.zeros(kind.shape) for kind in kinds]
             slope.enclose(np.zeros(1), np.ones(1), list(zip(zero, zero, strict=True)))
-        except _Unsupported:
+        except (_Unsupported, ValueError, TypeError, IndexError, KeyError):
+            # (A step without a rule, or with parameters its rule does not
+            # take: left to the samplers.)
             return None
         return slope
 
