@@ -2029,6 +2029,23 @@ _FOLDS: list[_BlockRow] = [
 ]
 
 
+@_op("block_folds_known", ["tanh", "sub"], 1)
+def _block_folds_known(g: _Gen) -> Stmt | None:
+    """The tanh fold of `_FOLDS` centred on a known value (session 32): the
+    programs pass their known values as arguments, so the fold is found when
+    the program runs (`jit` and the `vmap` variants included)."""
+    v = g.operand()
+    if v is None:
+        return None
+    k = g.known_for(v.shape)
+    if k is None:
+        return None
+    lo, hi = g.ch.choice([(0.6, 3.0), (0.1, 0.45)])
+    c = _lit(round(float(g.rng().uniform(lo, hi)), 2))
+    expr = f"{{0}} - {c} * 0.02 * jnp.tanh(100.0 * ({{0}} - {{1}}))"
+    return Stmt("block_folds_known", (v.name, k.name), expr, elementwise=True)
+
+
 _block_op("block_fractional", _FRACTIONAL, ["div", "add", "mul"], 1)
 _block_op("block_folds", _FOLDS, ["tanh", "sub", "integer_pow"], 1)
 _block_op("block_poles", _POLES, ["div", "sub", "expm1"], 1)
