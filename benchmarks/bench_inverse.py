@@ -389,16 +389,16 @@ def bench_runtime_folds(quick: bool) -> None:
     # (Distinct values, more than the search's cache keeps.)
     fresh = itertools.cycle([jnp.float32(0.2 + 1e-6 * i) for i in range(256)])
     same = jnp.float32(0.2)
-    times = compare_steady(
-        {
-            "new a": lambda: traced(y, next(fresh)),
-            "same a": lambda: traced(y, same),
-            "constant": lambda: constant(y),
-        },
-        calls=5 if quick else 20,
-        rounds=3 if quick else 10,
-    )
-    for name in ("new a", "same a"):
+    # (Apart: the new values would push the same one out of the cache.)
+    for name, call in [
+        ("new a", lambda: traced(y, next(fresh))),
+        ("same a", lambda: traced(y, same)),
+    ]:
+        times = compare_steady(
+            {name: call, "constant": lambda: constant(y)},
+            calls=5 if quick else 20,
+            rounds=3 if quick else 10,
+        )
         print(
             f"{name} each call, {n} elements: time ratio over a constant `a`"
             f" {min(times[name]) / min(times['constant']):.2f}"
