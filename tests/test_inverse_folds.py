@@ -415,6 +415,21 @@ def test_a_batch_of_operands_is_searched_together_under_vmap():
     )
 
 
+def test_a_fold_in_one_layer_of_a_scan_is_nan():
+    # Per-layer parameters traced through a `scan` of layers (the inverse
+    # runs the layers backwards, the search once per layer and call): the
+    # second layer folds, and the solver answered 0.3 for its `y = 0.3`.
+    def flow(x, a):
+        return jax.lax.scan(lambda h, a_: (_fold_of(h, a_, 0.3), None), x, a)[0]
+
+    inv = jax.jit(jaxinterp.inverse(flow, argnums=0))
+    x = jnp.asarray([0.3, 1.5], jnp.float32)
+    monotone = jnp.asarray([0.005, 0.005], jnp.float32)
+    np.testing.assert_allclose(inv(flow(x, monotone), monotone), x, atol=2e-6)
+    folded = jnp.asarray([0.005, 0.02], jnp.float32)
+    assert np.isnan(np.asarray(inv(flow(x, folded), folded))).all()
+
+
 def test_the_gradient_with_respect_to_traced_operands_is_kept():
     # Where the map is monotone: `dx/da = tanh(100 (x - c)) / g'(x)` by the
     # implicit function theorem.
