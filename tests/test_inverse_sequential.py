@@ -390,3 +390,39 @@ def test_a_value_solved_from_a_where_is_not_counted_twice_in_the_ildj():
     # (The reference with the flags off: JAX cannot `vmap` a `Scan3`.)
     jac = flags_off(jax.jacfwd(f), x).reshape(x.size, x.size)
     np.testing.assert_allclose(ildj, -jnp.linalg.slogdet(jac)[1], atol=1e-6)
+
+
+_MASK = jnp.tril(jnp.ones((3, 3), jnp.float32), -1)
+
+
+def _folding_made(x, s, base):
+    """A masked autoregressive map whose rows are `x_i - c_i tanh(100 (x_i -
+    0.3))`, `c_i` from the earlier elements: row `i` folds (between grid
+    points) where `c_i > 0.01`."""
+    c = base + 0.004 * jnp.tanh(s * (_MASK @ x))
+    return x - c * jnp.tanh(100.0 * (x - 0.3))
+
+
+def test_a_row_that_folds_between_grid_points_is_nan():
+    # The rows' slopes are enclosed (one-hot operands pick the element and
+    # the result): with `base = 0.008` and `s = 100`, rows 1 and 2 have `c =
+    # 0.012` and take `y = f(x)` three times; the solver answered `x`.
+    x = jnp.asarray([0.3, 0.29, 0.35], jnp.float32)
+    inv = jax.jit(jaxinterp.inverse(_folding_made, argnums=0))
+    for base, s, folds in [
+        (0.005, -100.0, False),
+        (0.008, -100.0, False),
+        (0.008, 100.0, True),
+    ]:
+        y = _folding_made(x, s, base)
+        for got in (
+            inv(y, s, base),
+            jaxinterp.inverse(lambda v, s=s, base=base: _folding_made(v, s, base))(y),
+        ):
+            if folds:
+                assert np.isnan(np.asarray(got)).all(), got
+            else:
+                np.testing.assert_allclose(got, x, atol=2e-6)
+                assert "sequential solve" in jaxinterp.explain_inverse(
+                    _folding_made, x, s, base, argnums=0
+                )

@@ -1231,6 +1231,69 @@ def scalar_turns(g: Callable[..., Any], dtype: Any, known: Sequence[Any]) -> Any
     return turns
 
 
+def row_turns(
+    flat: Callable[..., Any], rows: np.ndarray, dtype: Any, known: Sequence[Any]
+) -> Any:
+    """For a sequential solve's level (`_sequential.py`): `turns(prev, on,
+    *known)`, per element `j` solved at this level (`on[j]`), whether its
+    row, `x -> flat(prev with x at j, *known)[rows[j]]`, is proven to turn
+    between grid points (`_enclose.turn_points`), by a host callback when
+    the program runs; `None` where `flat` has no enclosure. The row's map
+    picks its element and its result with one-hot operands, so one
+    enclosure serves every row. Under `vmap`, the first `_ROWS` batch
+    elements are searched (the others are left to the samplers)."""
+    n, m = len(rows), None
+
+    def row(s: Any, prev: Any, pick: Any, out: Any, *kn: Any) -> Any:
+        return jnp.sum(out * flat(jnp.where(pick, s, prev), *kn))
+
+    prev = jnp.zeros((n,), dtype)
+    with jax.ensure_compile_time_eval():
+        m = int(jnp.shape(jax.eval_shape(flat, prev, *known))[0])
+        pick, out = np.zeros(n, bool), np.zeros(m, dtype)
+        slope = _enclose.Slope.of(row, dtype, (prev, pick, out, *known), shaped=True)
+    if slope is None:
+        return None
+    dtype = np.dtype(dtype)
+    points = _solve.grid(dtype)
+    ranks = [1, 1, *(jnp.ndim(k) for k in known)]
+
+    def one(prev: np.ndarray, on: np.ndarray, kn: list[np.ndarray]) -> np.ndarray:
+        found = np.zeros(n, bool)
+        for j in np.flatnonzero(on):
+            pick = np.zeros(n, np.float64)
+            pick[j] = 1
+            out = np.zeros(m, np.float64)
+            out[rows[j]] = 1
+            box = [(v, v) for v in (prev, pick, out, *kn)]
+            found[j] = bool(_enclose.turn_points(slope, points, dtype, box).turns)
+        return found
+
+    def host(prev: Any, on: Any, *kn: Any) -> np.ndarray:
+        values = [np.asarray(v, np.float64) for v in (prev, on, *kn)]
+        batch = values[0].shape[: values[0].ndim - ranks[0]]
+        out = np.zeros((*batch, n), bool)
+        for i, at in enumerate(np.ndindex(*batch)):
+            if i == _ROWS and batch:
+                break
+            row_values = [v[at] for v in values]
+            out[at] = one(row_values[0], row_values[1] != 0, row_values[2:])
+        return out
+
+    def turns(prev: Any, on: Any, *kn: Any) -> Any:
+        operands = tuple(
+            jax.lax.stop_gradient(k) for k in (prev, on.astype(jnp.int32), *kn)
+        )
+        return jax.pure_callback(
+            host,
+            jax.ShapeDtypeStruct((n,), jnp.bool_),
+            *operands,
+            vmap_method="broadcast_all",
+        )
+
+    return turns
+
+
 def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
     """`x` by the elementwise solver (NaN where no root is found). A map that
     turns (`_solve.monotone_on_grid`) is not injective: refused now when its

@@ -389,6 +389,8 @@ def solve_sequential(
     # Static (NumPy) indices: closed over by the derivative rule, which is
     # traced later, outside this trace.
     level, rows = tri.level, tri.row
+    # (Turns of a row between grid points, found by enclosing its slope.)
+    row_turns = None if tri.affine else bl.row_turns(flat, rows, dtype, known)
 
     def one_level(u: Any, k: Any, target: Any, *kn: Any) -> Any:
         on = jnp.equal(level, k)
@@ -403,7 +405,11 @@ def solve_sequential(
             at, slope = jax.jvp(lambda v: flat(v, *kn)[rows], (u,), (on.astype(dtype),))
             step = (target - at) / jnp.where(slope == 0, 1, slope)
             return jnp.where(on, jnp.where(slope == 0, jnp.nan, u + step), u)
-        return jnp.where(on, _solve.solver(g)(jnp.where(on, target, u), u, *kn), u)
+        turns = None
+        if row_turns is not None:
+            turns = ft.partial(lambda on_, prev, *kn_: row_turns(prev, on_, *kn_), on)
+        x = _solve.solver(g, turns=turns)(jnp.where(on, target, u), u, *kn)
+        return jnp.where(on, x, u)
 
     def levels(y: Any, *kn: Any) -> Any:
         target = y[rows]
