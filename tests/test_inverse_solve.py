@@ -461,3 +461,20 @@ def test_a_map_that_rounds_to_steps_is_not_a_plateau():
     assert not np.isnan(np.asarray(got[:-2])).any()
     np.testing.assert_array_equal(f(got[:-2]), y[:-2])  # a preimage each
     assert np.isnan(np.asarray(got[-2:])).all(), got[-2:]
+
+
+def test_an_empty_array_comes_back_empty():
+    # (The rounding a solved value inherits took the largest element of
+    # `y`: a reduction with no identity on an empty array raised.)
+    def f(x, a):
+        return x + a * jnp.tanh(3.0 * x - 0.5)
+
+    for got in (
+        jax.jit(jaxinterp.inverse(f, argnums=0))(jnp.zeros((0,), jnp.float32), 0.2),
+        jaxinterp.inverse(lambda x: f(x, 0.2))(jnp.zeros((0, 3), jnp.float32)),
+    ):
+        assert got.size == 0 and got.dtype == jnp.float32
+    x, ildj = jaxinterp.inverse_and_ildj(lambda x: f(x, 0.2))(
+        jnp.zeros((0,), jnp.float32)
+    )
+    assert x.shape == (0,) and float(ildj) == 0.0

@@ -539,7 +539,7 @@ def inherited_rounding(forward: Callable[[Any], Any], solved: Any, result: Any) 
     _, slope = jax.jvp(forward, (at,), (jnp.ones_like(at),))
     size = jnp.abs(lax.stop_gradient(jnp.asarray(result))).astype(at.dtype)
     size = jnp.where(jnp.isnan(size), 0, size)
-    if jnp.ndim(size):
+    if jnp.ndim(size) and jnp.size(size):  # (an empty one has no largest)
         size = size + jnp.max(size)
     slope = jnp.abs(slope)
     ok = (slope > 0) & jnp.isfinite(slope) & jnp.isfinite(size)
