@@ -1110,7 +1110,7 @@ def _runtime_turns(block: Block, known: Sequence[Any], y: Any) -> Any:
         return None
     dtype = np.dtype(jnp.result_type(y))
     points = _solve.grid(dtype)
-    count = _enclose._SEARCHES
+    count = _enclose.MAX_BOXES
     ranks = [jnp.ndim(k) for k in known]
 
     def search(values: list[np.ndarray]) -> list[np.ndarray]:
@@ -1156,22 +1156,20 @@ def _runtime_turns(block: Block, known: Sequence[Any], y: Any) -> Any:
         return np.broadcast_to(out, (*batch, *out.shape))
 
     def turns(*operands: Any) -> Any:
-        operands = tuple(
-            jax.lax.stop_gradient(
-                k.astype(jnp.int32) if jnp.result_type(k) == jnp.bool_ else k
-            )
-            for k in operands
-        )
+        operands = tuple(jax.lax.stop_gradient(jnp.asarray(k)) for k in operands)
         boxes = jax.pure_callback(
             host,
             jax.ShapeDtypeStruct((len(operands), count, 2), kind),
             *operands,
             vmap_method="broadcast_all",
         )
+        # (Tested in the float type both promote to, cast explicitly: JAX's
+        # strict type promotion refuses an int operand against a float box.)
+        common = [jnp.promote_types(k.dtype, kind) for k in operands]
         hit = [
-            (jnp.expand_dims(k, -1) >= box[:, 0])
-            & (jnp.expand_dims(k, -1) <= box[:, 1])
-            for k, box in zip(operands, boxes, strict=True)
+            (jnp.expand_dims(k.astype(t), -1) >= box[:, 0].astype(t))
+            & (jnp.expand_dims(k.astype(t), -1) <= box[:, 1].astype(t))
+            for k, t, box in zip(operands, common, boxes, strict=True)
         ]
         return jnp.any(functools.reduce(jnp.logical_and, hit), axis=-1)
 

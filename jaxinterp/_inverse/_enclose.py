@@ -1194,6 +1194,9 @@ def _around_turns(
 # How many searches `turning_boxes` makes at most, halving the box of the
 # operands' values where it is not decided as a whole.
 _SEARCHES = 16
+# At most this many boxes come back: one per box searched, and one per
+# element searched alone (a median found to turn).
+MAX_BOXES = 2 * _SEARCHES
 
 
 def turning_boxes(
