@@ -469,3 +469,18 @@ def test_turns_per_element_are_turns(u, log_w):
     turned = _enclose.inside(boxes, [w])
     assert not np.any(turned & (u * w >= -1)), w[turned & (u * w >= -1)]
     assert np.all(turned[u * w < -1.5]), w[~turned & (u * w < -1.5)]
+
+
+def test_integer_operands_under_strict_type_promotion():
+    # The run-time search's boxes are float32; an integer operand is tested
+    # against them in a type both promote to, cast explicitly.
+    def f(x, n):
+        return x - 0.004 * n.astype(jnp.float32) * jnp.tanh(100.0 * (x - 0.3))
+
+    inv = jax.jit(jaxinterp.inverse(f, argnums=0))
+    x = jnp.asarray([0.3, 0.3, 1.5], jnp.float32)
+    n = jnp.asarray([1, 5, 5], jnp.int32)  # `a = 0.004 n`: folds for n = 5
+    with jax.numpy_dtype_promotion("strict"):
+        got = np.asarray(inv(f(x, n), n))
+    np.testing.assert_allclose(got[0], 0.3, atol=2e-6)
+    assert np.isnan(got[1:]).all()
