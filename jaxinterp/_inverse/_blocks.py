@@ -1156,24 +1156,30 @@ def _runtime_turns(block: Block, known: Sequence[Any], y: Any) -> Any:
         return np.broadcast_to(out, (*batch, *out.shape))
 
     def turns(*operands: Any) -> Any:
-        operands = tuple(jax.lax.stop_gradient(jnp.asarray(k)) for k in operands)
-        boxes = jax.pure_callback(
-            host,
-            jax.ShapeDtypeStruct((len(operands), count, 2), kind),
-            *operands,
-            vmap_method="broadcast_all",
-        )
+        boxes = _on_host(host, ((len(operands), count, 2), kind), operands)
         # (Tested in the float type both promote to, cast explicitly: JAX's
         # strict type promotion refuses an int operand against a float box.)
-        common = [jnp.promote_types(k.dtype, kind) for k in operands]
-        hit = [
-            (jnp.expand_dims(k.astype(t), -1) >= box[:, 0].astype(t))
-            & (jnp.expand_dims(k.astype(t), -1) <= box[:, 1].astype(t))
-            for k, t, box in zip(operands, common, boxes, strict=True)
-        ]
+        hit = []
+        for k, box in zip(operands, boxes, strict=True):
+            t = jnp.promote_types(jnp.result_type(k), kind)
+            v = jnp.expand_dims(jnp.asarray(k).astype(t), -1)
+            hit.append((v >= box[:, 0].astype(t)) & (v <= box[:, 1].astype(t)))
         return jnp.any(functools.reduce(jnp.logical_and, hit), axis=-1)
 
     return turns
+
+
+def _on_host(host: Callable[..., Any], result: Any, operands: Sequence[Any]) -> Any:
+    """`host(*operands)` (NumPy) when the program runs, by `jax.pure_callback`
+    with `result = (shape, dtype)`: the runtime searches for turns. Under
+    `vmap` every operand gets the batch's leading axes (`broadcast_all`); the
+    operands are not differentiated through (`stop_gradient`)."""
+    return jax.pure_callback(
+        host,
+        jax.ShapeDtypeStruct(*result),
+        *(jax.lax.stop_gradient(jnp.asarray(k)) for k in operands),
+        vmap_method="broadcast_all",
+    )
 
 
 # At most this many batch elements are searched one by one where the box of
@@ -1218,13 +1224,7 @@ def scalar_turns(g: Callable[..., Any], dtype: Any, known: Sequence[Any]) -> Any
         return out
 
     def turns(*operands: Any) -> Any:
-        operands = tuple(jax.lax.stop_gradient(k) for k in operands)
-        return jax.pure_callback(
-            host,
-            jax.ShapeDtypeStruct((), jnp.bool_),
-            *operands,
-            vmap_method="broadcast_all",
-        )
+        return _on_host(host, ((), jnp.bool_), operands)
 
     return turns
 
@@ -1240,7 +1240,7 @@ def row_turns(
     picks its element and its result with one-hot operands, so one
     enclosure serves every row. Under `vmap`, the first `_ROWS` batch
     elements are searched (the others are left to the samplers)."""
-    n, m = len(rows), None
+    n = len(rows)
 
     def row(s: Any, prev: Any, pick: Any, out: Any, *kn: Any) -> Any:
         return jnp.sum(out * flat(jnp.where(pick, s, prev), *kn))
@@ -1279,15 +1279,7 @@ def row_turns(
         return out
 
     def turns(prev: Any, on: Any, *kn: Any) -> Any:
-        operands = tuple(
-            jax.lax.stop_gradient(k) for k in (prev, on.astype(jnp.int32), *kn)
-        )
-        return jax.pure_callback(
-            host,
-            jax.ShapeDtypeStruct((n,), jnp.bool_),
-            *operands,
-            vmap_method="broadcast_all",
-        )
+        return _on_host(host, ((n,), jnp.bool_), (prev, on, *kn))
 
     return turns
 

@@ -126,30 +126,14 @@ class _Cells:
         return _Form(c, np.zeros_like(c), np.zeros_like(c))
 
     def box(self, lo: Any, hi: Any) -> _Form:
-        """A known operand somewhere within `[lo, hi]`, the same all over
-        each interval of `x`: its middle, give or take its half-width (per
-        element where it is an array)."""
-        if np.ndim(lo) or np.ndim(hi):
-            return self._boxes(np.asarray(lo, float), np.asarray(hi, float))
-        lo, hi = float(lo), float(hi)
-        if lo == hi or not (math.isfinite(lo) and math.isfinite(hi)):
-            # (Exact; and a NaN or infinite operand as the walk takes a
-            # constant one.)
-            return self.const(lo if lo == hi else math.nan)
-        mid = lo / 2 + hi / 2
-        half = max(hi - mid, mid - lo) * (1 + 4 * 2.0**-52)
-        full = np.full(self.m.shape, mid)
-        return _Form(
-            full,
-            np.zeros_like(full),
-            np.full(self.m.shape, half),
-            None,
-            np.full(self.m.shape, lo),
-            np.full(self.m.shape, hi),
+        """A known operand somewhere within `[lo, hi]` (per element where it
+        is an array), the same all over each interval of `x`: its middle,
+        give or take its half-width. Exact where `lo == hi`; NaN where the
+        ends differ and one is not finite (as the walk takes a constant
+        NaN)."""
+        lo, hi = np.broadcast_arrays(
+            np.asarray(lo, float)[..., None], np.asarray(hi, float)[..., None]
         )
-
-    def _boxes(self, lo: np.ndarray, hi: np.ndarray) -> _Form:
-        lo, hi = np.broadcast_arrays(lo[..., None], hi[..., None])
         exact = lo == hi
         finite = np.isfinite(lo) & np.isfinite(hi)
         with np.errstate(all="ignore"):
@@ -682,12 +666,12 @@ def _moved(eqn: Any, name: str, ins: list[_Form]) -> list[_Form]:
     return [_Form(*(p[i] for p in pieces)) for i in range(len(eqn.outvars))]
 
 
-def _sum(k: _Cells, a: _Form, axes: tuple[int, ...], rank: int) -> _Form:
-    """`a` summed over some of its axes: the forms add exactly; float64 and
-    the dtype each round once per term."""
+def _sum(k: _Cells, a: _Form, axes: tuple[int, ...], shape: tuple[int, ...]) -> _Form:
+    """`a` (a value of `shape`) summed over some of its axes: the forms add
+    exactly; float64 and the dtype each round once per term."""
     if not axes:
         return a
-    c, s_, e, void, lo, hi, err = _fields(a, _value_shape(a, rank))
+    c, s_, e, void, lo, hi, err = _fields(a, shape)
     count = int(np.prod([c.shape[i] for i in axes]))
     lo_, hi_ = k.range(a)
     size = np.sum(np.maximum(np.abs(lo_), np.abs(hi_)), axis=axes)
@@ -701,11 +685,6 @@ def _sum(k: _Cells, a: _Form, axes: tuple[int, ...], rank: int) -> _Form:
         np.sum(hi_, axis=axes),
         np.sum(err, axis=axes) + count * k.unit * size,
     )
-
-
-def _value_shape(a: _Form, rank: int) -> tuple[int, ...]:
-    shape = np.broadcast_shapes(*(np.shape(getattr(a, f)) for f in _FIELDS))
-    return tuple(shape[len(shape) - 1 - rank : len(shape) - 1])
 
 
 def _dot(k: _Cells, eqn: Any, a: _Form, b: _Form) -> _Form:
@@ -740,7 +719,12 @@ def _dot(k: _Cells, eqn: Any, a: _Form, b: _Form) -> _Form:
         arrange(b, b_shape, b_free, b_in, False),
     )
     axes = tuple(range(n_free, n_free + len(a_in)))
-    return _sum(k, product, axes, n_free + len(a_in))
+    shape = tuple(
+        [a_shape[i] for i in a_free]
+        + [b_shape[j] for j in b_free]
+        + [a_shape[i] for i in a_in]
+    )
+    return _sum(k, product, axes, shape)
 
 
 # --- the walk ------------------------------------------------------------
@@ -760,6 +744,7 @@ _SAME = frozenset({"copy", "copy_p", "reduce_precision", "stop_gradient"})
 # Steps that move a value's elements (`_moved`).
 _MOVES = frozenset(
     {"broadcast_in_dim", "reshape", "squeeze", "transpose", "slice", "concatenate"}
+    | {"split"}
 )
 
 
@@ -826,11 +811,11 @@ def _step(k: _Cells, eqn: Any, ins: list[_Form]) -> list[_Form]:
     dtype = out.aval.dtype
     if name in _SAME:
         return [ins[0]]
-    if name in _MOVES or name == "split":
+    if name in _MOVES:
         return _moved(eqn, name, ins)
     if name == "reduce_sum":
         axes = tuple(int(a) for a in compat.params_of(eqn)["axes"])
-        return [_sum(k, ins[0], axes, len(eqn.invars[0].aval.shape))]
+        return [_sum(k, ins[0], axes, tuple(eqn.invars[0].aval.shape))]
     if name == "dot_general":
         return [_dot(k, eqn, *ins)]
     if name in _UNARY:
