@@ -598,6 +598,42 @@ def test_a_jump_back_among_more_switches_than_are_located_is_seen():
     np.testing.assert_allclose(x, y - 1e-6 * np.floor(1000 * np.asarray(y)), atol=2e-6)
 
 
+@settings(deadline=None)
+@given(
+    start=st.floats(0.52, 0.72),
+    width=st.floats(1e-6, 1e-3),
+    traced=st.booleans(),
+)
+def test_a_window_that_jumps_back_among_a_staircase_is_seen(start, width, traced):
+    """A `floor` changes about 250 times between the grid points 0.5 and
+    0.75, so only its first 16 switches were located there; the switches of
+    the window `start < x < start + width`, where the map drops by 0.01,
+    were located with them (all choices at once) and went unseen: a `y`
+    from inside the window, which the map also takes about 0.009 below it,
+    came back as that other preimage, with constant and with traced
+    operands. Each choice's switches are now located on their own."""
+    start, width = np.float32(start), np.float32(width)
+
+    def f(x, c):
+        window = (x > c) & (x < c + width)
+        # (Continuous but for the window: the `floor` only cuts `x` in two.)
+        stairs = 0.001 * jnp.floor(1000 * x)
+        drop = jnp.where(window, 0.01, 0.0)
+        return 0.1 * jnp.sin(x) + stairs + (x - stairs) - drop
+
+    inside = np.float32(start + width / 2)
+    y = f(jnp.array([inside, 0.3], jnp.float32), start)
+    try:
+        if traced:
+            x = jax.jit(jaxinterp.inverse(f, argnums=0))(y, jnp.float32(start))
+        else:
+            x = jaxinterp.inverse(lambda x: f(x, start))(y)
+    except NotInvertibleError:
+        assert not traced  # (refused while tracing only with constants)
+        return
+    assert np.isnan(np.asarray(x)[0]), x
+
+
 @pytest.mark.parametrize("low", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
 def test_a_rounded_copy_off_the_image_is_nan(low):
     """A value held twice, once rounded to a dtype of few mantissa bits: the

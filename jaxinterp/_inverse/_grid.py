@@ -70,9 +70,7 @@ def monotone_on_grid(
     size = math.prod(shape)
     if choices is not None and not list(choices(jnp.zeros(shape, dtype))):
         choices = None  # (no discrete choices: a map that cannot jump)
-    # (With choices, the uniform layout needs an element per pair of
-    # neighbouring grid points; fewer elements are cheap one by one.)
-    if uniform and size and (choices is None or size >= len(grid(dtype)) - 1):
+    if uniform and size:
         checked = _monotone_uniform(g, shape, dtype, like, extra, choices)
         return jnp.broadcast_to(checked, shape)
     points = jnp.asarray(grid(dtype))
@@ -108,7 +106,9 @@ def monotone_on_grid(
             # (both the last point where they do not).
             lo = jnp.full(shape, points[jnp.maximum(i - 1, 0)], dtype)
             changed = ~_same(before, now) & (i > 0)
-            a, b = _switch(choices, lo, x, before, changed, like)
+            a, b = _switch(
+                lambda m: _same(before, list(choices(m))), lo, x, changed, like
+            )
             samples = [g(a), g(b), *samples]
         for v in samples:
             checks = list(compare(tuple(checks), i, v))
@@ -479,15 +479,15 @@ def _unordered(k: Any, dtype: Any) -> Any:
 
 
 def _switch(
-    choices: Callable[[Any], Sequence[Any]],
+    same_as_lo: Callable[[Any], Any],
     lo: Any,
     hi: Any,
-    at_lo: Sequence[Any],
     active: Any,
     like: Any = None,
 ) -> tuple[Any, Any]:
     """Per `active` element, neighbouring floats `a < b` in `[lo, hi]` where
-    the discrete choices change from `at_lo` (those at `lo`): bisection on
+    its discrete choice changes from the one at `lo` (`same_as_lo(x)`:
+    per element, whether the choice at `x` is still that one): bisection on
     the floats' order (at most the dtype's bits of steps, and none where no
     element is `active`). Elsewhere `(lo, lo)`. `like`: as in
     `monotone_on_grid`."""
@@ -503,7 +503,7 @@ def _switch(
         a, b = state
         going = b - a > 1
         mid = a + (b - a) // 2
-        same = _same(at_lo, list(choices(_unordered(mid, dtype))))
+        same = same_as_lo(_unordered(mid, dtype))
         a = jnp.where(going & same, mid, a)
         b = jnp.where(going & ~same, mid, b)
         return a, b
@@ -512,6 +512,79 @@ def _switch(
     start = (a, b) if like is None else compat.vary_like((a, b), like)
     a, b = lax.while_loop(cond, body, start)
     return _unordered(a, dtype), _unordered(b, dtype)
+
+
+def _stacked(f: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`f` (on values of one shape, returning a list of arrays) over a stack
+    of such values: one batched call, or a call per value where a step does
+    not batch."""
+
+    def each(xs: Any) -> list[Any]:
+        if xs.shape[0] == 1:
+            return [jnp.expand_dims(v, 0) for v in f(xs[0])]
+        try:
+            return list(jax.vmap(lambda x: list(f(x)))(xs))
+        except NotImplementedError:
+            rows = [list(f(x)) for x in xs]
+            return [jnp.stack(col) for col in zip(*rows, strict=True)]
+
+    return each
+
+
+def _switch_sides(
+    g: Callable[[Any], Any],
+    choices: Callable[[Any], Sequence[Any]],
+    points: np.ndarray,
+    shape: Any,
+    dtype: Any,
+    like: Any = None,
+) -> tuple[Any, Any]:
+    """For a map that is the same for every element: per pair of neighbouring
+    `points`, the places where each of its discrete choices (each column of
+    `choices`) changes between them, one per choice, located by bisection
+    (`_switch`), each choice on its own (a `floor` that changes often does
+    not hide the one switch of a comparison). Returns the pairs' samples
+    `(pairs, 2 * columns)`, positions and values: the neighbouring floats
+    either side of each switch found (the pair's low end for a choice that
+    does not change there).
+    The (pair, choice) searches are laid over the elements of values of
+    `shape`, as many stacked as they need."""
+    size = math.prod(shape)
+    pairs = len(points) - 1
+    columns = sum(int(np.prod(jnp.shape(c)[len(shape) :])) for c in choices(
+        jnp.zeros(shape, dtype)
+    ))
+    total = pairs * columns
+    stack = -(-total // size)
+    flat = np.arange(stack * size)
+    search = np.where(flat < total, flat, 0)
+    pair, column = search % pairs, search // pairs
+    lay = lambda v: jnp.asarray(v.reshape((stack, *shape)))  # noqa: E731
+    lo, hi = lay(points[:-1][pair].astype(dtype)), lay(points[1:][pair].astype(dtype))
+    which = lay(column)[..., None]
+    each = _stacked(choices)
+
+    def chosen(xs: Any) -> list[Any]:
+        # Each choice as columns after the elements' axes (the stack first).
+        return [jnp.reshape(c, (stack, *shape, -1)) for c in each(xs)]
+
+    def same(u: Sequence[Any], v: Sequence[Any]) -> Any:
+        # Per element, whether its own column agrees (NaN agrees with NaN).
+        eq = [(a == b) | ((a != a) & (b != b)) for a, b in zip(u, v, strict=True)]
+        col = jnp.concatenate(eq, axis=-1)
+        return jnp.take_along_axis(col, which, axis=-1)[..., 0]
+
+    at_lo = chosen(lo)
+    active = ~same(at_lo, chosen(hi)) & lay(flat < total)
+    a, b = _switch(lambda x: same(at_lo, chosen(x)), lo, hi, active, like)
+    each_g = _each(g)
+
+    def per_pair(v: Any) -> Any:
+        # (stack, *shape) -> (pairs, columns)
+        return jnp.reshape(v, (-1,))[:total].reshape(columns, pairs).T
+
+    xs = jnp.concatenate([per_pair(a), per_pair(b)], axis=1)
+    return xs, jnp.concatenate([per_pair(each_g(a)), per_pair(each_g(b))], axis=1)
 
 
 def _monotone_uniform(
@@ -525,10 +598,9 @@ def _monotone_uniform(
     """`monotone_on_grid` of a map that is the same for every element: the
     grid laid out over the elements, a call of `g` per `size` points (in a
     loop: one copy of `g` in the program however small `shape` is). With
-    `choices` (and at least as many elements as pairs of neighbouring
-    points), the pairs are laid out over the elements too, and the map is
-    sampled either side of the switch found in each pair whose choices
-    differ (`_switch`)."""
+    `choices`, the map is also sampled either side of each choice's switch
+    in each pair of neighbouring points where that choice differs
+    (`_switch_sides`: the searches laid out over the elements)."""
     points = grid(dtype)
     if len(extra):
         points = np.unique(np.concatenate([points, np.asarray(extra, dtype)]))
@@ -556,22 +628,18 @@ def _monotone_uniform(
     values = values[:count]
     at = jnp.asarray(points, dtype)  # (the point of each value)
     if choices is not None:
-        # Per pair of neighbouring points, the map either side of its
-        # switch (both `g` at the pair's low end where it has none),
-        # between the pair's values.
-        pairs = count - 1
-        lo = jnp.asarray(np.resize(points[:-1], size).reshape(shape), dtype)
-        hi = jnp.asarray(np.resize(points[1:], size).reshape(shape), dtype)
-        at_lo = list(choices(lo))
-        differ = ~_same(at_lo, list(choices(hi)))
-        differ = differ & jnp.asarray((np.arange(size) < pairs).reshape(shape))
-        a, b = _switch(choices, lo, hi, at_lo, differ, like)
-        sides = [jnp.reshape(g(v), (-1,))[:pairs] for v in (a, b)]
-        inner = jnp.stack([values[:-1], *sides], axis=1).reshape(-1)
-        values = jnp.concatenate([inner, values[-1:]])
-        ends = [jnp.reshape(v, (-1,))[:pairs] for v in (a, b)]
-        inner = jnp.stack([at[:-1], *ends], axis=1).reshape(-1)
-        at = jnp.concatenate([inner, at[-1:]])
+        # Per pair of neighbouring points, the map either side of each
+        # choice's switch, in the order of `x` (`_switch_sides`).
+        xs, vs = _switch_sides(g, choices, points, shape, dtype, like)
+        xs = jnp.concatenate([at[:-1, None], xs], axis=1)
+        vs = jnp.concatenate([values[:-1, None], vs], axis=1)
+        # (The pair's low end first: a search that found no switch sits
+        # there, with its value.)
+        order = jnp.argsort(xs, axis=1, stable=True)
+        xs = jnp.take_along_axis(xs, order, axis=1)
+        vs = jnp.take_along_axis(vs, order, axis=1)
+        values = jnp.concatenate([vs.reshape(-1), values[-1:]])
+        at = jnp.concatenate([xs.reshape(-1), at[-1:]])
     eps = jnp.finfo(dtype).eps
     # The same tests as `monotone_on_grid`'s loop: neighbouring finite
     # values, then where the map stops or starts being finite (`_Edges`).

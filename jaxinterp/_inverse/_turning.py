@@ -463,55 +463,65 @@ def switch_points(
     """Pairs of neighbouring values of `dtype` either side of each place where
     a block (the same map for every element) changes a discrete choice
     between two grid points (`choices_of`: a comparison of the unknown, a bin
-    index, a `floor`); at most `_MAX_SWITCHES` per pair of grid points, the
-    leftmost. A piecewise map may jump there, between the grid's samples.
-    Found by subdividing, all at once, the intervals whose ends differ.
-    Between two grid points with more than that (a staircase of `floor`s),
-    `_DENSE` evenly spaced points too, and the second result is true: a map
-    that turns there is refused rather than split into stretches (which a
+    index, a `floor`); at most `_MAX_SWITCHES` per choice and pair of grid
+    points, the leftmost. A piecewise map may jump there, between the grid's
+    samples. Found by subdividing, all at once, the intervals where a choice
+    differs at the ends, each choice on its own: a choice that changes
+    often (a staircase of `floor`s) does not hide the few switches of
+    another (a window `a < x < b` where the map jumps back). Between two
+    grid points where some choice changes more often than that, `_DENSE`
+    evenly spaced points too, and the second result is true: a map that
+    turns there is refused rather than split into stretches (which a
     staircase's rounding makes many, and slow)."""
     points = _solve.grid(dtype)
     at = _choices_on(block, known, points, shape, dtype)
     if not at.shape[1]:
         return [], False
-    # Intervals (lo, hi, grid interval) whose ends' choices differ.
+    # Intervals (lo, hi, grid interval, choice) where the choice differs at
+    # the ends.
+    pairs, columns = np.nonzero(at[1:] != at[:-1])
     active = [
-        (points[i], points[i + 1], i)
-        for i in map(int, np.flatnonzero(np.any(at[1:] != at[:-1], axis=1)))
+        (points[i], points[i + 1], int(i), int(c))
+        for i, c in zip(pairs, columns, strict=True)
     ]
     ends = {float(p): row for p, row in zip(points, at, strict=True)}
-    found: dict[int, list[tuple[float, float]]] = {}
+    found: dict[tuple[int, int], list[tuple[float, float]]] = {}
     crowded: set[int] = set()
     while active:
-        inner = []
-        for lo, hi, _ in active:
-            cut = np.linspace(float(lo), float(hi), _SPLIT + 1)[1:-1].astype(dtype)
-            inner.append(np.unique(cut[(cut > lo) & (cut < hi)]))
-        new = np.concatenate(inner)
+        cuts: dict[tuple[float, float], np.ndarray] = {}
+        for lo, hi, _, _ in active:
+            if (float(lo), float(hi)) not in cuts:
+                cut = np.linspace(float(lo), float(hi), _SPLIT + 1)[1:-1]
+                cut = cut.astype(dtype)
+                cuts[float(lo), float(hi)] = np.unique(cut[(cut > lo) & (cut < hi)])
+        new = np.concatenate(list(cuts.values()))
+        new = np.asarray([p for p in np.unique(new) if float(p) not in ends], dtype)
         if new.size:
             rows = _choices_on(block, known, new, shape, dtype)
             ends.update(zip(map(float, new), rows, strict=True))
-        kept: dict[int, int] = {}
+        kept: dict[tuple[int, int], int] = {}
         after = []
-        for (lo, hi, i), cut in zip(active, inner, strict=True):
-            seq = [lo, *cut, hi]
+        for lo, hi, i, c in active:
+            seq = [lo, *cuts[float(lo), float(hi)], hi]
             for a, b in zip(seq[:-1], seq[1:], strict=True):
-                if np.array_equal(ends[float(a)], ends[float(b)]):
+                if ends[float(a)][c] == ends[float(b)][c]:
                     continue
-                n = len(found.get(i, ())) + kept.get(i, 0)
-                if n >= _MAX_SWITCHES:
+                key = (i, c)
+                if len(found.get(key, ())) + kept.get(key, 0) >= _MAX_SWITCHES:
                     crowded.add(i)
                     break
                 if np.nextafter(np.asarray(a, dtype), np.asarray(b, dtype)) == b:
-                    found.setdefault(i, []).append((float(a), float(b)))
+                    found.setdefault(key, []).append((float(a), float(b)))
                 else:
-                    after.append((a, b, i))
-                    kept[i] = kept.get(i, 0) + 1
+                    after.append((a, b, i, c))
+                    kept[key] = kept.get(key, 0) + 1
         active = after
-    located = [p for i in sorted(found) for pair in sorted(found[i]) for p in pair]
-    # Where there are more switches than are located (a `floor` staircase),
-    # the map is also sampled densely: a jump back there larger than about
-    # 1/`_DENSE` of the interval's rise shows; a smaller one may not.
+    unique = sorted({pair for pairs_ in found.values() for pair in pairs_})
+    located = [p for pair in unique for p in pair]
+    # Where a choice changes more often than is located (a `floor`
+    # staircase), the map is also sampled densely: a jump back there larger
+    # than about 1/`_DENSE` of the interval's rise shows; a smaller one may
+    # not. (The switches of the other choices there are located still.)
     dense = [
         np.linspace(float(points[i]), float(points[i + 1]), _DENSE + 1)[1:-1]
         for i in sorted(crowded)
