@@ -528,12 +528,19 @@ def test_overlapping_cases_switching_at_a_known_operand_are_not_solved(f, refuse
     # the same map for every element).
     got = jax.jit(jaxinterp.inverse(f, argnums=0))(jnp.resize(y, 400), a)
     assert jnp.isnan(got).all()
-    per_element = jnp.ones(3)  # (a constant, different per element)
+    per_element = jnp.array([1.0, 1.0, 1.05])  # (a constant, per element)
     if not refused:
         assert jnp.isnan(jaxinterp.inverse(lambda x: f(x, per_element))(y)).all()
         return
     with pytest.raises(NotInvertibleError, match="not monotone"):
         jaxinterp.inverse(lambda x: f(x, per_element))(y)
+    # An array holding one value is the same map for every element, as the
+    # scalar: inverted where `y` has one preimage (`1.5`, below the jump).
+    scalar = jaxinterp.inverse(lambda x: f(x, 1.0))(y)
+    same = jaxinterp.inverse(lambda x: f(x, jnp.ones(3)))(y)
+    np.testing.assert_array_equal(np.asarray(same), np.asarray(scalar))
+    assert np.isnan(np.asarray(same)[1:]).all()
+    np.testing.assert_allclose(f(same[0], 1.0), y[0], rtol=1e-6)
 
 
 def _kinked(x, a):
@@ -602,15 +609,17 @@ def test_a_jump_back_among_more_switches_than_are_located_is_seen():
 @given(
     start=st.floats(0.52, 0.72),
     width=st.floats(1e-6, 1e-3),
-    traced=st.booleans(),
+    operand=st.sampled_from(
+        ["constant", "traced", "per element", "traced per element"]
+    ),
 )
-def test_a_window_that_jumps_back_among_a_staircase_is_seen(start, width, traced):
+def test_a_window_that_jumps_back_among_a_staircase_is_seen(start, width, operand):
     """A `floor` changes about 250 times between the grid points 0.5 and
     0.75, so only its first 16 switches were located there; the switches of
     the window `start < x < start + width`, where the map drops by 0.01,
     were located with them (all choices at once) and went unseen: a `y`
     from inside the window, which the map also takes about 0.009 below it,
-    came back as that other preimage, with constant and with traced
+    came back as that other preimage, with constant, traced and per-element
     operands. Each choice's switches are now located on their own."""
     start, width = np.float32(start), np.float32(width)
 
@@ -622,14 +631,15 @@ def test_a_window_that_jumps_back_among_a_staircase_is_seen(start, width, traced
         return 0.1 * jnp.sin(x) + stairs + (x - stairs) - drop
 
     inside = np.float32(start + width / 2)
-    y = f(jnp.array([inside, 0.3], jnp.float32), start)
+    c = jnp.full((2,) if "per element" in operand else (), start, jnp.float32)
+    y = f(jnp.array([inside, 0.3], jnp.float32), c)
     try:
-        if traced:
-            x = jax.jit(jaxinterp.inverse(f, argnums=0))(y, jnp.float32(start))
+        if operand.startswith("traced"):
+            x = jax.jit(jaxinterp.inverse(f, argnums=0))(y, c)
         else:
-            x = jaxinterp.inverse(lambda x: f(x, start))(y)
+            x = jaxinterp.inverse(lambda x: f(x, c))(y)
     except NotInvertibleError:
-        assert not traced  # (refused while tracing only with constants)
+        assert not operand.startswith("traced")  # (refused only while tracing)
         return
     assert np.isnan(np.asarray(x)[0]), x
 

@@ -962,6 +962,12 @@ class InverseWalker:
             ys = [env[v] for v in block.ys]
             x, ildj, method = bl.solve_linear(block, ys, known)
             return block, x, ildj if want_ildj else 0.0, method
+        compacts = [st.compact(v) for v in block.known]
+        # (On one value per element, flattened where that is free: XLA's
+        # CPU code for a block on `(n, 5)` is not vectorized.)
+        flat = bl.flattened(block, y, known, compacts)
+        if flat is not None:
+            y, known, compacts, shape = flat
         if block.linear:
             x = bl.solve_linear_elementwise(block, y, known)
             method = bl.LINEAR_SOLVE
@@ -972,7 +978,7 @@ class InverseWalker:
             x = bl.solve_piecewise(block, y, known, self._invert_case)
             method = bl.PIECEWISE
         if x is None:
-            x = iv.solve(block, y, known, [st.compact(v) for v in block.known])
+            x = iv.solve(block, y, known, compacts)
             method = iv.INTERVALS
         if x is None:
             if not solvers:
@@ -981,6 +987,8 @@ class InverseWalker:
             method = bl.ELEMENTWISE_SOLVE
         if want_ildj:
             ildj = bl.block_ildj(block, x, known)
+        if flat is not None:
+            x = jnp.reshape(jax.lax.optimization_barrier(x), shape)
         return block, x, ildj, method
 
     def _join_linear(self, st: SolveState, block: bl.Block) -> bl.Block:

@@ -74,6 +74,12 @@ def monotone_on_grid(
         checked = _monotone_uniform(g, shape, dtype, like, extra, choices)
         return jnp.broadcast_to(checked, shape)
     points = jnp.asarray(grid(dtype))
+    if choices is not None:
+        columns = _columns(choices, shape, dtype)
+        which = np.broadcast_to(
+            np.arange(columns).reshape((columns,) + (1,) * len(shape)),
+            (columns, *shape),
+        )
 
     # The loop's state: the last finite value, whether the values so far
     # never decrease / never increase, and where the map stopped or started
@@ -104,12 +110,16 @@ def monotone_on_grid(
             now = list(choices(x))
             # Either side of where the choices change since the last point
             # (both the last point where they do not).
-            lo = jnp.full(shape, points[jnp.maximum(i - 1, 0)], dtype)
-            changed = ~_same(before, now) & (i > 0)
-            a, b = _switch(
-                lambda m: _same(before, list(choices(m))), lo, x, changed, like
-            )
-            samples = [g(a), g(b), *samples]
+            # Either side of each choice's switch (each on its own), in the
+            # order of `x`.
+            lo = jnp.full((columns, *shape), points[jnp.maximum(i - 1, 0)], dtype)
+            hi = jnp.broadcast_to(x, lo.shape)
+            changed = jnp.broadcast_to(~_same(before, now) & (i > 0), lo.shape)
+            a, b = _each_choice(choices, lo, hi, which, changed, like)
+            at = jnp.concatenate([a, b])
+            order = jnp.argsort(at, axis=0, stable=True)
+            sides = jnp.take_along_axis(_each(g)(at), order, axis=0)
+            samples = [*sides, *samples]
         for v in samples:
             checks = list(compare(tuple(checks), i, v))
         return i + 1, *checks, *now
@@ -531,6 +541,44 @@ def _stacked(f: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return each
 
 
+def _columns(choices: Callable[[Any], Sequence[Any]], shape: Any, dtype: Any) -> int:
+    """How many discrete choices `choices` makes per element (its arrays'
+    columns after the elements' axes)."""
+    found = choices(jnp.zeros(shape, dtype))
+    return sum(int(np.prod(jnp.shape(c)[len(shape) :])) for c in found)
+
+
+def _each_choice(
+    choices: Callable[[Any], Sequence[Any]],
+    lo: Any,
+    hi: Any,
+    which: Any,
+    active: Any,
+    like: Any = None,
+) -> tuple[Any, Any]:
+    """`_switch` on a stack of values `(stack, *shape)` (each a value of the
+    shape `choices` takes), each element searching for where its own
+    choice, column `which` (the same shape, static), changes between `lo`
+    and `hi`: `(lo, lo)` where it does not, or where not `active`. Each
+    choice on its own: a `floor` that changes often does not hide the one
+    switch of a comparison."""
+    each = _stacked(choices)
+    column = jnp.asarray(which)[..., None]
+
+    def chosen(xs: Any) -> list[Any]:
+        return [jnp.reshape(c, (*jnp.shape(lo), -1)) for c in each(xs)]
+
+    def same(u: Sequence[Any], v: Sequence[Any]) -> Any:
+        # Per element, whether its own column agrees (NaN agrees with NaN).
+        eq = [(a == b) | ((a != a) & (b != b)) for a, b in zip(u, v, strict=True)]
+        agree = jnp.concatenate(eq, axis=-1)
+        return jnp.take_along_axis(agree, column, axis=-1)[..., 0]
+
+    at_lo = chosen(lo)
+    active = active & ~same(at_lo, chosen(hi))
+    return _switch(lambda x: same(at_lo, chosen(x)), lo, hi, active, like)
+
+
 def _switch_sides(
     g: Callable[[Any], Any],
     choices: Callable[[Any], Sequence[Any]],
@@ -540,20 +588,15 @@ def _switch_sides(
     like: Any = None,
 ) -> tuple[Any, Any]:
     """For a map that is the same for every element: per pair of neighbouring
-    `points`, the places where each of its discrete choices (each column of
-    `choices`) changes between them, one per choice, located by bisection
-    (`_switch`), each choice on its own (a `floor` that changes often does
-    not hide the one switch of a comparison). Returns the pairs' samples
-    `(pairs, 2 * columns)`, positions and values: the neighbouring floats
-    either side of each switch found (the pair's low end for a choice that
-    does not change there).
-    The (pair, choice) searches are laid over the elements of values of
-    `shape`, as many stacked as they need."""
+    `points`, the places where each of its discrete choices changes between
+    them, one per choice (`_each_choice`). Returns `(pairs, 2 * columns)`
+    positions and values: the neighbouring floats either side of each
+    switch found (the pair's low end for a choice that does not change
+    there). The (pair, choice) searches are laid over the elements of
+    values of `shape`, as many stacked as they need."""
     size = math.prod(shape)
     pairs = len(points) - 1
-    columns = sum(int(np.prod(jnp.shape(c)[len(shape) :])) for c in choices(
-        jnp.zeros(shape, dtype)
-    ))
+    columns = _columns(choices, shape, dtype)
     total = pairs * columns
     stack = -(-total // size)
     flat = np.arange(stack * size)
@@ -561,22 +604,9 @@ def _switch_sides(
     pair, column = search % pairs, search // pairs
     lay = lambda v: jnp.asarray(v.reshape((stack, *shape)))  # noqa: E731
     lo, hi = lay(points[:-1][pair].astype(dtype)), lay(points[1:][pair].astype(dtype))
-    which = lay(column)[..., None]
-    each = _stacked(choices)
-
-    def chosen(xs: Any) -> list[Any]:
-        # Each choice as columns after the elements' axes (the stack first).
-        return [jnp.reshape(c, (stack, *shape, -1)) for c in each(xs)]
-
-    def same(u: Sequence[Any], v: Sequence[Any]) -> Any:
-        # Per element, whether its own column agrees (NaN agrees with NaN).
-        eq = [(a == b) | ((a != a) & (b != b)) for a, b in zip(u, v, strict=True)]
-        col = jnp.concatenate(eq, axis=-1)
-        return jnp.take_along_axis(col, which, axis=-1)[..., 0]
-
-    at_lo = chosen(lo)
-    active = ~same(at_lo, chosen(hi)) & lay(flat < total)
-    a, b = _switch(lambda x: same(at_lo, chosen(x)), lo, hi, active, like)
+    a, b = _each_choice(
+        choices, lo, hi, column.reshape(lo.shape), lay(flat < total), like
+    )
     each_g = _each(g)
 
     def per_pair(v: Any) -> Any:

@@ -1267,7 +1267,8 @@ def solve(
     dtype = jnp.result_type(y)
     if not jnp.issubdtype(dtype, jnp.floating):
         return None
-    x_spec = jax.ShapeDtypeStruct(block.x.aval.shape, block.x.aval.dtype)
+    # (`y`'s shape, not the block's: `_blocks.flattened`.)
+    x_spec = jax.ShapeDtypeStruct(jnp.shape(y), block.x.aval.dtype)
     specs = [jax.ShapeDtypeStruct(jnp.shape(k), jnp.result_type(k)) for k in known]
     closed = jax.make_jaxpr(lambda x, *kn: block.run(x, kn)[block.y])(x_spec, *specs)
     plan = _plan(closed)
