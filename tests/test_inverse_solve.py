@@ -515,3 +515,29 @@ def test_an_empty_array_comes_back_empty():
         jnp.zeros((0,), jnp.float32)
     )
     assert x.shape == (0,) and float(ildj) == 0.0
+
+
+def test_an_operand_holding_one_value_finds_the_same_folds_as_the_scalar():
+    """`x - c tanh(100 (x - 0.3))` folds between the grid points 0.25 and
+    0.5: every `y` near 0.3 has three preimages. With `c` an array holding
+    0.02 once per element, the map counts as the same for every element,
+    and the enclosures of its slope must run on the scalar (a JAX array
+    made inside the inverse's trace was a value of that trace: the search
+    failed and the folds went unseen, the answer one of three preimages)."""
+    n = 50
+    x = jnp.linspace(0.2, 0.4, n, dtype=jnp.float32)
+    c = jnp.full((n,), 0.02, jnp.float32)
+
+    def with_array(x):
+        return x - c * jnp.tanh(100 * (x - 0.3))
+
+    def with_scalar(x):
+        return x - 0.02 * jnp.tanh(100 * (x - 0.3))
+
+    got = np.asarray(jaxinterp.inverse(with_array)(with_array(x)))
+    want = np.asarray(jaxinterp.inverse(with_scalar)(with_scalar(x)))
+    np.testing.assert_array_equal(got, want)
+    assert np.isnan(got).sum() > 0
+    # Where an answer is given, it is the one preimage.
+    ok = ~np.isnan(got)
+    np.testing.assert_allclose(got[ok], np.asarray(x)[ok], atol=1e-5)

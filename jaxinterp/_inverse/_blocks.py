@@ -1071,7 +1071,9 @@ def _one_value(k: Any) -> bool:
 def _as_scalar(k: Any) -> Any:
     """A known operand that holds one value (`_one_value`) as a scalar."""
     if jnp.shape(k) and _one_value(k):
-        return jnp.asarray(np.ravel(np.asarray(k))[0])
+        # (NumPy, not a JAX array: inside the inverse's trace, a constant of
+        # the enclosures' own trace, not a value of the outer one.)
+        return np.ravel(np.asarray(k))[0]
     return k
 
 
