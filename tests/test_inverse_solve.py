@@ -541,3 +541,48 @@ def test_an_operand_holding_one_value_finds_the_same_folds_as_the_scalar():
     # Where an answer is given, it is the one preimage.
     ok = ~np.isnan(got)
     np.testing.assert_allclose(got[ok], np.asarray(x)[ok], atol=1e-5)
+
+
+def test_a_constant_holding_one_value_inside_a_jit_body():
+    """A `jit` body closing over an array of the elements' shape that holds
+    one value: the same map for every element. Replayed at another shape
+    (the enclosures' scalars, the later tiers' gathered elements) the
+    constant is its scalar: it raised "operands could not be broadcast
+    together" (while tracing, and in the run-time fold search), and a fold
+    with a traced operand went unseen."""
+    n = 400
+    k = jnp.full((n,), 0.5, jnp.float32)
+
+    @jax.jit
+    def wave(x):
+        return k * jnp.sin(x)
+
+    def f(x):
+        return x + wave(x)
+
+    x = jnp.linspace(-3, 3, n, dtype=jnp.float32)
+    # Undecided elements (NaN, far out) go to the later tiers, gathered.
+    y = f(x).at[::50].set(jnp.nan).at[7].set(3e4)
+    got = np.asarray(jaxinterp.inverse(f)(y))
+    assert np.isnan(got[::50]).all()
+    np.testing.assert_allclose(f(got[7]), 3e4, rtol=1e-6)
+    rest = np.ones(n, bool)
+    rest[::50] = rest[7] = False
+    np.testing.assert_allclose(got[rest], np.asarray(x)[rest], atol=1e-5)
+
+    m = 50
+    steep = jnp.full((m,), 100.0, jnp.float32)
+
+    @jax.jit
+    def step(x):
+        return jnp.tanh(steep * (x - 0.3))
+
+    def folds(x, c):  # folds between the grid points 0.25 and 0.5 for c = 0.02
+        return x - c * step(x)
+
+    xs = jnp.linspace(0.2, 0.4, m, dtype=jnp.float32)
+    inverse = jax.jit(jaxinterp.inverse(folds, argnums=0))
+    c = jnp.float32(0.02)
+    assert np.isnan(np.asarray(inverse(folds(xs, c), c))).all()
+    c = jnp.float32(0.001)  # monotone
+    np.testing.assert_allclose(inverse(folds(xs, c), c), xs, atol=1e-6)

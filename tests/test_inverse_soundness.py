@@ -644,6 +644,39 @@ def test_a_window_that_jumps_back_among_a_staircase_is_seen(start, width, operan
     assert np.isnan(np.asarray(x)[0]), x
 
 
+@settings(deadline=None)
+@given(
+    centre=st.floats(0.52, 0.72),
+    width=st.floats(1e-5, 1e-2),
+    traced=st.booleans(),
+    stairs=st.booleans(),
+)
+def test_a_window_written_as_one_comparison_is_seen(centre, width, traced, stairs):
+    """`abs(x - c) < w` is the same (false) at both grid points 0.5 and
+    0.75 around the window, so its switches were not looked for at all,
+    and a `y` from inside the window, where the map drops back by 0.05,
+    came back as one of its two preimages (with a `floor` staircase too).
+    The comparison is now compared again at the kink of `abs` (at `c`),
+    where it differs: both edges are located."""
+    centre, width = np.float32(centre), np.float32(width)
+
+    def f(x, c):
+        drop = jnp.where(jnp.abs(x - c) < width, 0.05, 0.0)
+        out = x + 0.1 * jnp.sin(x) - drop
+        return out + 1e-7 * jnp.floor(1000 * x) if stairs else out
+
+    y = f(jnp.array([centre, 0.3], jnp.float32), centre)
+    try:
+        if traced:
+            x = jax.jit(jaxinterp.inverse(f, argnums=0))(y, jnp.float32(centre))
+        else:
+            x = jaxinterp.inverse(lambda x: f(x, centre))(y)
+    except NotInvertibleError:
+        assert not traced
+        return
+    assert np.isnan(np.asarray(x)[0]), x
+
+
 @pytest.mark.parametrize("low", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
 def test_a_rounded_copy_off_the_image_is_nan(low):
     """A value held twice, once rounded to a dtype of few mantissa bits: the

@@ -302,15 +302,16 @@ class Block:
         self._run(self.eqns, env, (), choice, selected, shape=_shape_of(x))
         return env
 
-    def discrete(self, x: Any, known: Sequence[Any]) -> Any:
+    def discrete(self, x: Any, known: Sequence[Any], kinks: bool = False) -> Any:
         """The block's discrete choices at `x` (elementwise): per element of
         `x`, a row of numbers that changes wherever the map may jump (see
-        `_turning.choices_of`); shape `(*x.shape, k)`, `k` possibly 0."""
+        `_turning.choices_of`, and its `kinks`); shape `(*x.shape, k)`, `k`
+        possibly 0."""
         steps: list[tuple[Any, list[Any], list[Any]]] = []
         env: dict[Any, Any] = {self.x: x}
         env.update(zip(self.known, known, strict=True))
         self._run(self.eqns, env, (), None, None, steps, shape=_shape_of(x))
-        return _turning.choices_of(steps, jnp.shape(x))
+        return _turning.choices_of(steps, jnp.shape(x), kinks)
 
     def _run(
         self,
@@ -356,7 +357,16 @@ class Block:
                     if eqn.primitive is compat.jit_p
                     else _inline_body(eqn)
                 )
-                inner = dict(zip(body.jaxpr.constvars, body.consts, strict=True))
+                consts = body.consts
+                if shape is not None and shape != traced_at:
+                    # (Replayed at another shape: a constant of the
+                    # elements' shape holding one value, `_uniform`, as the
+                    # scalar.)
+                    consts = [
+                        _as_scalar(c) if tuple(jnp.shape(c)) == traced_at else c
+                        for c in consts
+                    ]
+                inner = dict(zip(body.jaxpr.constvars, consts, strict=True))
                 inner.update(zip(body.jaxpr.invars, ins, strict=True))
                 self._run(
                     body.jaxpr.eqns, inner, here, choice, selected, steps, shape=shape
@@ -1527,7 +1537,12 @@ def _solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
         )(y, *known)
     # (The undecided elements gathered: not inside a `shard_map` body, above.)
     return _solve.solver(
-        block.g, choices=choices, uniform=inside, gather=gather, turns=turns
+        block.g,
+        choices=choices,
+        uniform=inside,
+        gather=gather,
+        turns=turns,
+        kinks=lambda x, *known: block.discrete(x, known, kinks=True),
     )(y, *known)
 
 

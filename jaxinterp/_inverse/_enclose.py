@@ -954,6 +954,8 @@ class Slope:
             )(jax.ShapeDtypeStruct((), dtype), *kinds)
         except Exception:  # noqa: BLE001 - a map that does not run so: none
             return None
+        if not shaped and any(a.shape for a in closed.out_avals):
+            return None  # (a constant of the elements' shape inside: per element)
         slope = cls(
             compat.open_jaxpr(closed), compat.jaxpr_consts(closed), dtype, len(kinds)
         )

@@ -42,6 +42,7 @@ def monotone_on_grid(
     like: Any = None,
     extra: Sequence[float] = (),
     choices: Callable[[Any], Sequence[Any]] | None = None,
+    kinks: Callable[[Any], Sequence[Any]] | None = None,
 ) -> Any:
     """Per element, whether `g` (elementwise) never turns on `grid`: its
     finite values either never decrease or never increase, also on the
@@ -65,13 +66,16 @@ def monotone_on_grid(
     piecewise map whose cases overlap (`where(x > a, x * x, 2 * x)`, `a`
     per element or traced) jumps back there, between grid points. (One
     switch per pair of grid points; `switch_points` finds up to 16 for a
-    uniform map.)"""
+    uniform map.) `kinks`: `choices` with the places where a value may
+    turn too (`_turning.choices_of`'s `kinks`): a uniform map's choices
+    are then searched again between the switches found, where one may
+    change and change back between grid points."""
     eps = jnp.finfo(dtype).eps
     size = math.prod(shape)
     if choices is not None and not list(choices(jnp.zeros(shape, dtype))):
         choices = None  # (no discrete choices: a map that cannot jump)
     if uniform and size:
-        checked = _monotone_uniform(g, shape, dtype, like, extra, choices)
+        checked = _monotone_uniform(g, shape, dtype, like, extra, choices, kinks)
         return jnp.broadcast_to(checked, shape)
     points = jnp.asarray(grid(dtype))
     if choices is not None:
@@ -582,39 +586,49 @@ def _each_choice(
 def _switch_sides(
     g: Callable[[Any], Any],
     choices: Callable[[Any], Sequence[Any]],
-    points: np.ndarray,
+    lo: Any,
+    hi: Any,
     shape: Any,
     dtype: Any,
     like: Any = None,
 ) -> tuple[Any, Any]:
-    """For a map that is the same for every element: per pair of neighbouring
-    `points`, the places where each of its discrete choices changes between
-    them, one per choice (`_each_choice`). Returns `(pairs, 2 * columns)`
-    positions and values: the neighbouring floats either side of each
-    switch found (the pair's low end for a choice that does not change
-    there). The (pair, choice) searches are laid over the elements of
-    values of `shape`, as many stacked as they need."""
+    """For a map that is the same for every element: per segment `[lo[s],
+    hi[s]]` (1-D arrays of its ends), the places where each of its
+    discrete choices changes there, one per choice (`_each_choice`).
+    Returns `(segments, 2 * columns)` positions and values: the
+    neighbouring floats either side of each switch found (the segment's low
+    end for a choice that does not change there). The (segment, choice)
+    searches are laid over the elements of values of `shape`, as many
+    stacked as they need."""
     size = math.prod(shape)
-    pairs = len(points) - 1
+    count = int(jnp.shape(lo)[0])
     columns = _columns(choices, shape, dtype)
-    total = pairs * columns
+    total = count * columns
     stack = -(-total // size)
     flat = np.arange(stack * size)
     search = np.where(flat < total, flat, 0)
-    pair, column = search % pairs, search // pairs
-    lay = lambda v: jnp.asarray(v.reshape((stack, *shape)))  # noqa: E731
-    lo, hi = lay(points[:-1][pair].astype(dtype)), lay(points[1:][pair].astype(dtype))
+    segment, column = search % count, search // count
+    lay = lambda v: jnp.reshape(v, (stack, *shape))  # noqa: E731
+    index = jnp.asarray(segment)
+    starts = lay(jnp.asarray(lo, dtype)[index])
+    stops = lay(jnp.asarray(hi, dtype)[index])
     a, b = _each_choice(
-        choices, lo, hi, column.reshape(lo.shape), lay(flat < total), like
+        choices,
+        starts,
+        stops,
+        column.reshape(starts.shape),
+        lay(jnp.asarray(flat < total)),
+        like,
     )
     each_g = _each(g)
 
-    def per_pair(v: Any) -> Any:
-        # (stack, *shape) -> (pairs, columns)
-        return jnp.reshape(v, (-1,))[:total].reshape(columns, pairs).T
+    def per_segment(v: Any) -> Any:
+        # (stack, *shape) -> (segments, columns)
+        return jnp.reshape(v, (-1,))[:total].reshape(columns, count).T
 
-    xs = jnp.concatenate([per_pair(a), per_pair(b)], axis=1)
-    return xs, jnp.concatenate([per_pair(each_g(a)), per_pair(each_g(b))], axis=1)
+    xs = jnp.concatenate([per_segment(a), per_segment(b)], axis=1)
+    vs = jnp.concatenate([per_segment(each_g(a)), per_segment(each_g(b))], axis=1)
+    return xs, vs
 
 
 def _monotone_uniform(
@@ -624,6 +638,7 @@ def _monotone_uniform(
     like: Any = None,
     extra: Sequence[float] = (),
     choices: Callable[[Any], Sequence[Any]] | None = None,
+    kinks: Callable[[Any], Sequence[Any]] | None = None,
 ) -> Any:
     """`monotone_on_grid` of a map that is the same for every element: the
     grid laid out over the elements, a call of `g` per `size` points (in a
@@ -659,8 +674,22 @@ def _monotone_uniform(
     at = jnp.asarray(points, dtype)  # (the point of each value)
     if choices is not None:
         # Per pair of neighbouring points, the map either side of each
-        # choice's switch, in the order of `x` (`_switch_sides`).
-        xs, vs = _switch_sides(g, choices, points, shape, dtype, like)
+        # choice's switch, in the order of `x` (`_switch_sides`); then
+        # again between those switches, where a choice the same at both
+        # ends of the pair may change and change back (`abs(x - c) < w`:
+        # the window's comparison, about the kink of `abs` at `c`).
+        pairs = count - 1
+        found = kinks or choices
+        xs, vs = _switch_sides(g, found, at[:-1], at[1:], shape, dtype, like)
+        if kinks is not None:
+            cuts = jnp.sort(
+                jnp.concatenate([at[:-1, None], xs, at[1:, None]], axis=1), axis=1
+            )
+            more, more_v = _switch_sides(
+                g, found, cuts[:, :-1].ravel(), cuts[:, 1:].ravel(), shape, dtype, like
+            )
+            xs = jnp.concatenate([xs, more.reshape(pairs, -1)], axis=1)
+            vs = jnp.concatenate([vs, more_v.reshape(pairs, -1)], axis=1)
         xs = jnp.concatenate([at[:-1, None], xs], axis=1)
         vs = jnp.concatenate([values[:-1, None], vs], axis=1)
         # (The pair's low end first: a search that found no switch sits

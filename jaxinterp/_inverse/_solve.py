@@ -111,6 +111,7 @@ def solver(
     uniform: bool = True,
     gather: bool = False,
     turns: Callable[..., Any] | None = None,
+    kinks: Choices | None = None,
 ) -> Callable[..., Any]:
     """`solve(y, *known)`: `x` with `g(x, *known) == y` elementwise (NaN where
     none is found, and with `check_grid` where `g` is not monotone on
@@ -126,7 +127,8 @@ def solver(
     apart, gathered with their known operands (`_find_roots`); only for a
     `g` that holds no per-element constant of its own. `turns(*known)`:
     where `g` is proven to turn between grid points (`_blocks.
-    _runtime_turns`), NaN there."""
+    _runtime_turns`), NaN there. `kinks(x, *known)`: `choices` with the
+    places where a value may turn (`monotone_on_grid`)."""
 
     @jax.custom_jvp
     def solve(y: Any, *known: Any) -> Any:
@@ -144,6 +146,7 @@ def solver(
                 uniform=same,
                 like=y,
                 choices=at,
+                kinks=None if kinks is None else (lambda x: kinks(x, *known)),
             )
             x = jnp.where(ok, x, jnp.nan)
         if turns is not None:

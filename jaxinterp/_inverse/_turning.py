@@ -426,10 +426,14 @@ def _turns(values: np.ndarray, eps: float) -> int:
 # Primitives whose float results are discrete choices of their operand: a
 # map built from them jumps where they change.
 _STEPS = frozenset({"floor", "ceil", "round", "sign"})
+# Primitives that pick between continuous pieces (`choices_of`'s `kinks`).
+_KINKS = frozenset({"abs", "max", "min", "clamp"})
 
 
 def choices_of(
-    steps: Sequence[tuple[Any, Sequence[Any], Sequence[Any]]], shape: tuple[int, ...]
+    steps: Sequence[tuple[Any, Sequence[Any], Sequence[Any]]],
+    shape: tuple[int, ...],
+    kinks: bool = False,
 ) -> list[Any]:
     """The discrete choices among a block's evaluated `steps` (`(eqn, ins,
     outs)`, `jit` bodies included), each as an array `(*shape, k)`: every
@@ -437,12 +441,29 @@ def choices_of(
     (a comparison of the unknown, a bin index), the results of `floor`,
     `ceil`, `round` and `sign`, and the quotient of a `rem` (which jumps
     back where it passes a multiple of its divisor). A map may jump only
-    where one of them changes."""
+    where one of them changes. With `kinks`, also which operand a `max` or
+    `min` takes, the sign of an `abs`'s operand, and which bound a `clamp`
+    holds to: no jumps, but where a value may turn (`abs(x - c)`), so that
+    a comparison of it may change and change back between grid points
+    (`switch_points`)."""
     found = []
     for eqn, ins, outs in steps:
         name = eqn.primitive.name
         vals: list[Any]
-        if name in _STEPS:
+        if (
+            kinks
+            and name in _KINKS
+            and all(jnp.issubdtype(jnp.result_type(v), jnp.floating) for v in ins)
+        ):
+            if name == "abs":
+                vals = [ins[0] >= 0]
+            elif name == "clamp":
+                low, value, high = ins
+                vals = [value >= low, value <= high]
+            else:
+                vals = [ins[0] >= ins[1]]
+            vals = [jnp.broadcast_to(v, jnp.shape(outs[0])) for v in vals]
+        elif name in _STEPS:
             vals = list(outs)
         elif name == "rem":
             q = jnp.round((ins[0] - outs[0]) / ins[1])
@@ -487,6 +508,67 @@ def switch_points(
     ends = {float(p): row for p, row in zip(points, at, strict=True)}
     found: dict[tuple[int, int], list[tuple[float, float]]] = {}
     crowded: set[int] = set()
+    seen: set[tuple[float, float, int]] = {
+        (float(a), float(b), c) for a, b, _, c in active
+    }
+    for _ in range(_ROUNDS):
+        _locate(block, known, shape, dtype, active, ends, found, crowded)
+        # A choice the same at both ends of a grid interval may change and
+        # change back inside it (`abs(x - c) < w`): compared again at the
+        # switches of the others found there (the kink of `abs` at `c`).
+        active = []
+        for i in sorted({i for i, _ in found} - crowded):
+            cuts = sorted(
+                {float(points[i]), float(points[i + 1])}
+                | {
+                    p
+                    for (j, _), got in found.items()
+                    if j == i
+                    for pair in got
+                    for p in pair
+                }
+            )
+            for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+                if np.nextafter(np.asarray(a, dtype), np.asarray(b, dtype)) == b:
+                    continue
+                for c in np.flatnonzero(ends[a] != ends[b]).tolist():
+                    if (a, b, c) not in seen:
+                        seen.add((a, b, c))
+                        active.append(
+                            (np.asarray(a, dtype), np.asarray(b, dtype), i, c)
+                        )
+        if not active:
+            break
+    unique = sorted({pair for pairs_ in found.values() for pair in pairs_})
+    located = [p for pair in unique for p in pair]
+    # Where a choice changes more often than is located (a `floor`
+    # staircase), the map is also sampled densely: a jump back there larger
+    # than about 1/`_DENSE` of the interval's rise shows; a smaller one may
+    # not. (The switches of the other choices there are located still.)
+    dense = [
+        np.linspace(float(points[i]), float(points[i + 1]), _DENSE + 1)[1:-1]
+        for i in sorted(crowded)
+    ]
+    extra = np.concatenate(dense).astype(dtype).tolist() if dense else []
+    return located + extra, bool(crowded)
+
+
+def _locate(
+    block: Any,
+    known: Sequence[Any],
+    shape: tuple[int, ...],
+    dtype: Any,
+    active: list[tuple[Any, Any, int, int]],
+    ends: dict[float, np.ndarray],
+    found: dict[tuple[int, int], list[tuple[float, float]]],
+    crowded: set[int],
+) -> None:
+    """`switch_points`' search: the intervals `(lo, hi, grid interval,
+    choice)` where the choice differs at the ends are cut into `_SPLIT`
+    parts, all at once, until each switch lies between neighbouring floats
+    (added to `found`), at most `_MAX_SWITCHES` per choice and grid
+    interval (past that, the grid interval is `crowded`). `ends`: the
+    choices at each point evaluated so far, updated."""
     while active:
         cuts: dict[tuple[float, float], np.ndarray] = {}
         for lo, hi, _, _ in active:
@@ -516,18 +598,6 @@ def switch_points(
                     after.append((a, b, i, c))
                     kept[key] = kept.get(key, 0) + 1
         active = after
-    unique = sorted({pair for pairs_ in found.values() for pair in pairs_})
-    located = [p for pair in unique for p in pair]
-    # Where a choice changes more often than is located (a `floor`
-    # staircase), the map is also sampled densely: a jump back there larger
-    # than about 1/`_DENSE` of the interval's rise shows; a smaller one may
-    # not. (The switches of the other choices there are located still.)
-    dense = [
-        np.linspace(float(points[i]), float(points[i + 1]), _DENSE + 1)[1:-1]
-        for i in sorted(crowded)
-    ]
-    extra = np.concatenate(dense).astype(dtype).tolist() if dense else []
-    return located + extra, bool(crowded)
 
 
 def _choices_on(
@@ -559,10 +629,15 @@ def _choices_on(
     with jax.ensure_compile_time_eval():
         calls = jnp.asarray(padded.reshape((count, *shape)), dtype)
         try:
-            rows = flat(jax.vmap(lambda c: block.discrete(c, known))(calls), count)
+            rows = flat(
+                jax.vmap(lambda c: block.discrete(c, known, kinks=True))(calls), count
+            )
         except NotImplementedError:  # a step without a batching rule
             rows = np.concatenate(
-                [flat(block.discrete(calls[i], known), 1) for i in range(count)]
+                [
+                    flat(block.discrete(calls[i], known, kinks=True), 1)
+                    for i in range(count)
+                ]
             )
     return rows[: len(xs)]
 
@@ -573,3 +648,6 @@ _MAX_SWITCHES = 16
 _SPLIT = 16
 # Points sampled between two grid points with more switches than located.
 _DENSE = 1024
+# Rounds of `switch_points`' search, each comparing the choices again at
+# the switches the last one found.
+_ROUNDS = 3
