@@ -426,3 +426,28 @@ def test_a_row_that_folds_between_grid_points_is_nan():
                 assert "sequential solve" in jaxinterp.explain_inverse(
                     _folding_made, x, s, base, argnums=0
                 )
+
+
+def test_a_value_known_in_parts_inside_the_block_is_checked():
+    """Found by the fuzzer (seed 3333): five results of three unknowns. The
+    sequential solve recovers `x` from `softplus(x)[:, :2]` and the sum;
+    `(x @ M)[:, 1:]` is a slice of a value inside the block, which the
+    engine inverts into pieces of it, and the solve did not check them: a
+    `y` moved off the image in any result came back as an `x` that does
+    not reproduce it. It is NaN now; on the image, `x`."""
+    m = jnp.array([[-1.17, 0.06, 0.39], [0.05, 1.02, 0.3], [0.01, 0.0, 0.86]])
+
+    def f(x):
+        v0 = x @ m
+        v2 = jnp.take(jax.nn.softplus(x), jnp.array([0, 1]), axis=1)
+        return v2, v0[..., 1:], jnp.sum(v0 * jnp.array([1.0, 0.63, 0.78]), axis=-1)
+
+    x = jnp.array([[0.32, 0.71, -0.94]], jnp.float32)
+    inverse = jaxinterp.inverse(f, example_args=(x,))
+    y = f(x)
+    np.testing.assert_allclose(inverse(y), x, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(jax.jit(inverse)(y), x, rtol=1e-5, atol=1e-6)
+    for k, index in [(0, (0, 0)), (1, (0, 0)), (1, (0, 1)), (2, (0,))]:
+        moved = list(y)
+        moved[k] = moved[k].at[index].add(0.05)
+        assert np.isnan(np.asarray(inverse(tuple(moved)))).all(), (k, index)

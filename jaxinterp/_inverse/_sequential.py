@@ -63,7 +63,7 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
-from . import _blocks as bl, _solve
+from . import _blocks as bl, _linear_parts as lp, _solve
 
 _Literal = compat.Literal
 
@@ -509,6 +509,33 @@ def _checked(
     return jnp.where(ok, u, jnp.nan)
 
 
+def _parts_checked(block: bl.Block, x: Any, known: Sequence[Any]) -> Any:
+    """`x`, or NaN everywhere unless the block's values known in parts
+    (`block.parts`: their known value and flat indices) are those parts
+    within rounding at `x`, as `_checked` judges the results: a `y` off
+    the image of a map onto a manifold (`(x[:2] transformed, (x @ M)[1:],
+    sum(x @ M))`: five results of three unknowns) is NaN, not an `x` that
+    reproduces the results the solve used and not the others."""
+    dtype = jnp.result_type(x)
+    eps, tiny = jnp.finfo(dtype).eps, jnp.finfo(dtype).tiny
+    parts = list(block.parts.items())
+    want = jnp.concatenate(
+        [jnp.ravel(base)[idx].astype(dtype) for _, (base, idx) in parts]
+    )
+
+    def got(u: Any) -> Any:
+        env = block.run(jnp.reshape(u, jnp.shape(x)), known)
+        return jnp.concatenate(
+            [jnp.ravel(env[v])[idx].astype(dtype) for v, (_, idx) in parts]
+        )
+
+    u = jnp.ravel(x)
+    at = got(u)
+    scale = jnp.abs(want) + jnp.abs(jax.jacfwd(got)(u)) @ jnp.abs(u)
+    ok = jnp.all(jnp.abs(at - want) <= 16 * u.shape[0] * eps * scale + 16 * tiny)
+    return jnp.where(ok, x, jnp.nan)
+
+
 def sequential_step(st: Any) -> tuple[bl.Block, Any, Any, str] | None:
     """Solve the first sequential block of the engine state `st`: (the block,
     its unknown's value, its ildj, the method), or `None`."""
@@ -519,5 +546,10 @@ def sequential_step(st: Any) -> tuple[bl.Block, Any, Any, str] | None:
         if tri is None:
             continue
         x, ildj = solve_sequential(block, tri, [env[v] for v in block.ys], known)
+        # Values inside the block known in parts (a slice of them is a
+        # result the engine inverted into pieces) are results too: checked.
+        lp.add_parts(block, st, bl.partly_known)
+        if block.parts:
+            x = _parts_checked(block, x, known)
         return block, x, ildj if st.options.want_ildj else 0.0, SEQUENTIAL_SOLVE
     return None
