@@ -308,7 +308,8 @@ def _each(g: Callable[[Any], Any]) -> Callable[[Any], Any]:
         try:
             return jax.vmap(g)(xs)
         except NotImplementedError:
-            return jnp.stack([g(x) for x in xs])
+            outs = [g(x) for x in xs]
+            return jax.tree_util.tree_map(lambda *v: jnp.stack(v), *outs)
 
     return each
 
@@ -474,8 +475,13 @@ def _same(a: Sequence[Any], b: Sequence[Any]) -> Any:
     agrees with NaN)."""
     same: Any = True
     for u, v in zip(a, b, strict=True):
-        same = same & jnp.all((u == v) | ((u != u) & (v != v)), axis=-1)
+        same = same & jnp.all(_agree(u, v), axis=-1)
     return same
+
+
+def _agree(u: Any, v: Any) -> Any:
+    """Elementwise, whether two choices agree (NaN agrees with NaN)."""
+    return (u == v) | ((u != u) & (v != v))
 
 
 def _ordered(x: Any) -> Any:
@@ -528,23 +534,6 @@ def _switch(
     return _unordered(a, dtype), _unordered(b, dtype)
 
 
-def _stacked(f: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """`f` (on values of one shape, returning a list of arrays) over a stack
-    of such values: one batched call, or a call per value where a step does
-    not batch."""
-
-    def each(xs: Any) -> list[Any]:
-        if xs.shape[0] == 1:
-            return [jnp.expand_dims(v, 0) for v in f(xs[0])]
-        try:
-            return list(jax.vmap(lambda x: list(f(x)))(xs))
-        except NotImplementedError:
-            rows = [list(f(x)) for x in xs]
-            return [jnp.stack(col) for col in zip(*rows, strict=True)]
-
-    return each
-
-
 def _columns(choices: Callable[[Any], Sequence[Any]], shape: Any, dtype: Any) -> int:
     """How many discrete choices `choices` makes per element (its arrays'
     columns after the elements' axes)."""
@@ -566,15 +555,15 @@ def _each_choice(
     and `hi`: `(lo, lo)` where it does not, or where not `active`. Each
     choice on its own: a `floor` that changes often does not hide the one
     switch of a comparison."""
-    each = _stacked(choices)
+    each = _each(lambda x: list(choices(x)))
     column = jnp.asarray(which)[..., None]
 
     def chosen(xs: Any) -> list[Any]:
         return [jnp.reshape(c, (*jnp.shape(lo), -1)) for c in each(xs)]
 
     def same(u: Sequence[Any], v: Sequence[Any]) -> Any:
-        # Per element, whether its own column agrees (NaN agrees with NaN).
-        eq = [(a == b) | ((a != a) & (b != b)) for a, b in zip(u, v, strict=True)]
+        # Per element, whether its own column agrees.
+        eq = [_agree(a, b) for a, b in zip(u, v, strict=True)]
         agree = jnp.concatenate(eq, axis=-1)
         return jnp.take_along_axis(agree, column, axis=-1)[..., 0]
 
