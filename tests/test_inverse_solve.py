@@ -586,3 +586,37 @@ def test_a_constant_holding_one_value_inside_a_jit_body():
     assert np.isnan(np.asarray(inverse(folds(xs, c), c))).all()
     c = jnp.float32(0.001)  # monotone
     np.testing.assert_allclose(inverse(folds(xs, c), c), xs, atol=1e-6)
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    c=st.floats(-3.0, 3.0, width=32),
+    s=st.floats(0.125, 2.0, width=32),
+    x0=st.lists(st.floats(-6.0, 6.0, width=32), min_size=1, max_size=8),
+)
+def test_the_edge_of_a_plateau_is_nan_where_the_test_runs_lazily(c, s, x0):
+    # Constant for `x >= c`: `y = g(c)` has every `x >= c` as a preimage.
+    # The enclosures prove the map moves away from the corner, so the edge
+    # test runs only if some root lies in a run about it (`_unproven`).
+    from jaxinterp._inverse import _blocks
+
+    def g(x):
+        return jnp.where(x < c, x + s * x * x * x, c + s * c * c * c)
+
+    x0 = np.asarray(x0, np.float32)
+    below = x0[x0 < c - 1e-3]
+    y = jnp.concatenate([g(jnp.asarray(below)), g(jnp.float32(c))[None]])
+    captured = []
+    real = _blocks._unproven
+
+    def spy(*args):
+        captured.append(real(*args))
+        return captured[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_blocks, "_unproven", spy)
+        got = np.asarray(jax.jit(jaxinterp.inverse(g))(y))
+    (runs,) = captured
+    assert runs is not None and any(lo <= c <= hi for lo, hi in runs)
+    assert np.isnan(got[-1])
+    np.testing.assert_allclose(got[:-1], below, rtol=2e-5, atol=2e-5)

@@ -309,3 +309,62 @@ def test_a_map_with_a_constant_per_element_inside_is_not_gathered():
     got = jax.jit(jaxinterp.inverse(f))(y)
     assert np.isnan(np.asarray(got)).tolist() == [i == 5 for i in range(N)]
     np.testing.assert_allclose(f(got), y, rtol=1e-5, atol=1e-5)
+
+
+def _lambert_w(y):
+    """The principal branch of Lambert's W (`w e^w = y`, `w >= -1`) for
+    `y >= 0`, by Halley's iteration in float64: the reference for the
+    inverse of `x e^x` on the values it takes once."""
+    y = np.asarray(y, np.float64)
+    w = np.log1p(y)
+    for _ in range(40):
+        e = np.exp(w)
+        f = w * e - y
+        w = w - f / (e * (w + 1) - (w + 2) * f / (2 * w + 2))
+    return w
+
+
+def test_a_map_that_turns_has_a_table_on_the_stretch_that_holds_y(monkeypatch):
+    # `x e^x` turns at -1: values in (-1/e, 0) are taken twice, those >= 0
+    # once (by the stretch x > -1). The table holds the inverse on that
+    # stretch, and nothing where two stretches take `y`.
+    def g(x):
+        return x * jnp.exp(x)
+
+    built = []
+    real_build = _table.build
+
+    def spy(*args, **kwargs):
+        table = real_build(*args, **kwargs)
+        built.append((args[3] if len(args) > 3 else kwargs.get("stretches"), table))
+        return table
+
+    monkeypatch.setattr(_table, "build", spy)
+    y = jnp.concatenate(
+        [
+            jnp.geomspace(1e-3, 50.0, N - 64, dtype=jnp.float32),
+            jnp.linspace(-0.3, -0.01, 64, dtype=jnp.float32),
+        ]
+    )
+    got = np.asarray(jax.jit(jaxinterp.inverse(g))(y))
+    ((stretches, table),) = built
+    assert stretches is not None and table is not None
+    want = _lambert_w(np.asarray(y[: N - 64]))
+    np.testing.assert_allclose(got[: N - 64], want, rtol=2e-6, atol=1e-7)
+    assert np.isnan(got[N - 64 :]).all()  # two preimages each
+    start = np.asarray(_table.lookup(table, y))
+    rel = np.abs(start[: N - 64] - want) / np.maximum(np.abs(want), 1)
+    assert np.nanmax(rel) < 2e-3 and np.isnan(start[: N - 64]).mean() < 1e-3
+    assert np.isnan(start[N - 64 :]).all()
+
+
+def test_a_table_on_stretches_holds_nothing_where_two_take_the_value():
+    # `x^2 - x`: falls to -1/4 at 1/2, then rises; every value above -1/4 is
+    # taken twice, so no cell holds a start.
+    def g(x):
+        return x * x - x
+
+    with jax.ensure_compile_time_eval():
+        both = [(-np.inf, 0.5, -0.25, np.inf), (0.5, np.inf, -0.25, np.inf)]
+        table = _table.build(g, (N,), jnp.float32, both)
+    assert table is None or np.isnan(np.asarray(table.x)).all()

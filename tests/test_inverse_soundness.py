@@ -893,3 +893,56 @@ def test_a_removable_singularity_on_the_grid_is_bridged():
         np.testing.assert_allclose(
             float(ildj), -float(jnp.sum(jnp.log(jnp.abs(slope)))), rtol=1e-4
         )
+
+
+# Maps with corners (`max`, a constant case of a `where`) and terms that
+# round away, of the kinds whose plateau edges `_solve.edge_of_plateau`
+# finds: `_blocks._unproven` skips that test where the enclosures prove the
+# map moves a step away either side (`_enclose.unmoving`).
+def _cornered(kind, c, s, big):
+    def g(x):
+        if kind == "flat beyond":
+            return jnp.where(x < c, x + s * x * x * x, c + s * c * c * c)
+        if kind == "rounded max":
+            return (big + s * jnp.maximum(x, c)) - big + 1e-12 * jnp.sin(x)
+        return x + s * jnp.maximum(x - c, 0.0) ** 2  # a kink, no plateau
+
+    return g
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    kind=st.sampled_from(["flat beyond", "rounded max", "kink"]),
+    c=st.floats(-4.0, 4.0, width=32),
+    s=st.floats(0.0009765625, 2.0, width=32),
+    big=st.sampled_from([0.0, 32.0, 4096.0]),
+)
+def test_where_the_map_is_proven_to_move_no_neighbour_repeats_its_value(
+    kind, c, s, big
+):
+    from jaxinterp._inverse import _enclose, _solve
+
+    g = _cornered(kind, c, s, big)
+    dtype = np.float32
+    with jax.ensure_compile_time_eval():
+        slope = _enclose.Slope.of(g, dtype)
+    assert slope is not None
+    step = float(np.sqrt(np.finfo(dtype).eps))
+    runs = _enclose.unmoving(slope, _solve.grid(dtype), dtype, step)
+    # Dense points about the corner and on a wide grid, in float32.
+    near = c + np.linspace(-0.05, 0.05, 20001)
+    wide = np.geomspace(1e-6, 1e6, 20000)
+    wide = np.concatenate([wide, -wide])
+    x = np.unique(np.concatenate([near, wide, np.linspace(-8, 8, 20001)]).astype(dtype))
+    outside = np.ones(x.shape, bool)
+    for lo, hi in runs:
+        outside &= ~((x >= lo) & (x <= hi))
+    xs = jnp.asarray(x[outside])
+    d = _solve.plateau_step(xs)
+    at, below, above = g(xs), g(xs - d), g(xs + d)
+    finite = np.isfinite(np.asarray(at))
+    assert not np.any(np.asarray(below == at) & finite)
+    assert not np.any(np.asarray(above == at) & finite)
+    # The plateau's edge, where there is one, lies in a run.
+    if kind != "kink":
+        assert any(lo <= np.float32(c) <= hi for lo, hi in runs), runs

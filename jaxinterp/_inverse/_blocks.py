@@ -1421,10 +1421,62 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
     is constant (`_solve.edge_of_plateau`): every point of the stretch is a
     preimage too."""
     x = _solve_numerically(block, y, known)
-    if _has_corners(block.eqns):
-        edge = _solve.edge_of_plateau(lambda u: block.g(u, *known), x)
-        x = jnp.where(edge, jnp.asarray(jnp.nan, jnp.result_type(x)), x)
-    return x
+    if not _has_corners(block.eqns):
+        return x
+    g = lambda u: block.g(u, *known)  # noqa: E731
+    runs = _unproven(block, known, y)
+    if runs is None:
+        edge = _solve.edge_of_plateau(g, x)
+    else:
+        edge = _edges_in(g, x, runs)
+    return jnp.where(edge, jnp.asarray(jnp.nan, jnp.result_type(x)), x)
+
+
+# At most this many runs where a map with corners is not proven strictly
+# monotone (`_unproven`) are tested for at run time; beyond, every element
+# is tested for the edge of a plateau.
+_MAX_RUNS = 8
+
+
+def _unproven(block: Block, known: Sequence[Any], y: Any) -> np.ndarray | None:
+    """For a map `g` the same for every element, known now (constant scalar
+    operands, equations that run on scalars): the runs of `x` outside of
+    which `g(x - d) != g(x) != g(x + d)` is proven, as computed in its
+    dtype, for `_solve.edge_of_plateau`'s step `d` (`_solve.plateau_step`),
+    so that no `x` there is the edge of a plateau (`_enclose.unmoving`);
+    `None` where there is no proof to use, or more than `_MAX_RUNS` runs."""
+    if (
+        any(compat.is_tracer(k) for k in known)
+        or compat.in_manual_body()
+        or not _uniform(block, known, tuple(jnp.shape(y)))
+    ):
+        return None
+    known = [_as_scalar(k) for k in known]
+    if any(np.shape(k) for k in known) or not _replays_at_any_shape(block.eqns):
+        return None
+    dtype = jnp.result_type(y)
+    with jax.ensure_compile_time_eval():
+        slope = _enclose.Slope.of(lambda u: block.g(u, *known), dtype)
+    if slope is None:
+        return None
+    step = math.sqrt(float(jnp.finfo(dtype).eps))
+    runs = _enclose.unmoving(slope, _solve.grid(dtype), dtype, step)
+    return runs if len(runs) <= _MAX_RUNS else None
+
+
+def _edges_in(g: Callable[[Any], Any], x: Any, runs: np.ndarray) -> Any:
+    """`_solve.edge_of_plateau(g, x)`, evaluated (lazily: `_solve.once`) only
+    if some `x` lies in one of `runs`; false elsewhere, where `g(x)` is
+    proven to differ from its values at `edge_of_plateau`'s nearest
+    neighbours either side."""
+    x = lax.stop_gradient(x)
+    near: Any = jnp.zeros(jnp.shape(x), bool)
+    for lo, hi in runs.tolist():
+        near = near | ((x >= lo) & (x <= hi))
+    none = jnp.zeros(jnp.shape(x), bool)
+    return _solve.once(
+        jnp.any(near), none, x, lambda _, x: _solve.edge_of_plateau(g, x)
+    )
 
 
 def _solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
@@ -1505,8 +1557,16 @@ def _solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
                     f"{_solve.grid(dtype)[[0, -1]].tolist()}), so it takes "
                     f"some values more than once{every} and has no inverse"
                 )
+            # A table of starts on the stretches (`found` only exists for
+            # the same map for every element, known now).
+            try:
+                table = _table.build(
+                    lambda x: block.g(x, *known), shape, dtype, found.pieces()
+                )
+            except jax.errors.TracerArrayConversionError:
+                table = None
             x = _solve.solver(
-                block.g, check_grid=False, choices=choices, gather=gather
+                block.g, check_grid=False, table=table, choices=choices, gather=gather
             )(y, *known)
             ok_y = found.single(y) & found.holds(y, x)
             return jnp.where(ok_y, x, jnp.asarray(jnp.nan, jnp.result_type(x)))

@@ -1082,6 +1082,73 @@ def turn_points(slope: Slope, points: np.ndarray, dtype: Any, box: Box = ()) -> 
     return Turns(points, complete, turns)
 
 
+def unmoving(slope: Slope, points: np.ndarray, dtype: Any, step: float) -> np.ndarray:
+    """Where the map may repeat its value a step away: runs `(lo, hi)` of
+    `x` (float64, merged, sorted; shape `(k, 2)`) outside of which
+    `g(x - d) != g(x) != g(x + d)` as computed in `dtype`, for `d = step
+    max(|x|, 1)` computed there too. Proven per interval between `points`
+    (sorted floats of `dtype`, cut as `turn_points` cuts them): over the
+    interval widened by the steps, the map's slope keeps one sign (no jump
+    either: `bad` there leaves it open), and the least slope times the
+    least step outweighs twice the map's rounding (`_noise`); or the map is
+    NaN all over it. An interval left open is cut in `_WAYS`, at most
+    `_FAMILY` open parts per interval between `points` and `_CAP` in all,
+    for at most `_ROUNDS` rounds; what is left open then is a run."""
+    # (`d` and `x +- d` are rounded in `dtype`: the step taken is `d` within
+    # a relative `sqrt(eps)`.)
+    slack = 2 * math.sqrt(float(jnp.finfo(dtype).eps))
+    ends = _ordered(points, dtype)
+    a, b = ends[:-1], ends[1:]
+    keep = b > a
+    a, b = a[keep], b[keep]
+    family = np.arange(a.size)
+    left: list[tuple[np.ndarray, np.ndarray]] = []
+    for _ in range(_ROUNDS):
+        if not a.size:
+            break
+        lo, hi = _unordered(a, dtype), _unordered(b, dtype)
+        big = np.maximum(np.maximum(np.abs(lo), np.abs(hi)), 1.0)
+        across = (lo <= 0) & (hi >= 0)
+        least_x = np.minimum(np.abs(lo), np.abs(hi))
+        small = np.where(across, 1.0, np.maximum(least_x, 1.0))
+        reach = step * big * (1 + slack)
+        got = _enclosed(slope, lo - reach, hi + reach, ())
+        least = np.where(got.d_lo > 0, got.d_lo, np.where(got.d_hi < 0, -got.d_hi, 0.0))
+        with np.errstate(invalid="ignore"):
+            moves = least * (step * small * (1 - slack)) > _noise(got)
+        open_ = ~(moves | got.void)
+        split = open_ & (b - a >= 2)
+        crowd = np.bincount(family[split], minlength=int(np.max(family)) + 1)
+        split &= crowd[family] <= _FAMILY
+        left.append((a[open_ & ~split], b[open_ & ~split]))
+        a, b, family = a[split], b[split], family[split]
+        if _WAYS * a.size > _CAP:
+            break
+        cuts = [a, b]
+        while len(cuts) <= _WAYS:
+            pairs = zip(cuts[:-1], cuts[1:], strict=True)
+            cuts = [c for lo_, hi_ in pairs for c in (lo_, _mid(lo_, hi_))] + [b]
+        parts = list(zip(cuts[:-1], cuts[1:], strict=True))
+        nonempty = [hi_ > lo_ for lo_, hi_ in parts]
+        a = np.concatenate([p[0][m] for p, m in zip(parts, nonempty, strict=True)])
+        b = np.concatenate([p[1][m] for p, m in zip(parts, nonempty, strict=True)])
+        family = np.concatenate([family[m] for m in nonempty])
+    left.append((a, b))
+    a = np.concatenate([p[0] for p in left])
+    b = np.concatenate([p[1] for p in left])
+    order = np.argsort(a, kind="stable")
+    runs: list[list[int]] = []
+    for lo_, hi_ in zip(a[order].tolist(), b[order].tolist(), strict=True):
+        if runs and lo_ <= runs[-1][1]:
+            runs[-1][1] = max(runs[-1][1], hi_)
+        else:
+            runs.append([lo_, hi_])
+    if not runs:
+        return np.zeros((0, 2))
+    bounds = _unordered(np.asarray(runs, np.int64).ravel(), dtype)
+    return np.asarray(bounds, np.float64).reshape(-1, 2)
+
+
 def _mid(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The middle of `a` and `b` (int64, without overflow)."""
     return a // 2 + b // 2 + (a % 2 + b % 2) // 2

@@ -312,7 +312,7 @@ def _lazily(
 ) -> Any:
     """`x`, with `solve(y)` where `x` is NaN and `y` is not: `solve` runs
     only if there is such an element, inside a `while_loop` of at most one
-    step (`_once`: a `cond` that stays lazy under `vmap`).
+    step (`once`: a `cond` that stays lazy under `vmap`).
 
     First a test on `x` alone, whether it may hold a NaN (a reduction that
     reads `x` and writes nothing per element), then only if so the exact
@@ -328,11 +328,11 @@ def _lazily(
     def exact(x: Any, y: Any) -> Any:
         need = jnp.isnan(x) & ~jnp.isnan(y)
         if known is None:
-            return _once(jnp.any(need), x, y, lambda x, y: _fill(x, y, solve))
+            return once(jnp.any(need), x, y, lambda x, y: _fill(x, y, solve))
         count = jnp.sum(need, dtype=jnp.int32)
         caps = _caps(y, known)
         if not caps:
-            return _once(count > 0, x, y, lambda x, y: _fill(x, y, solve, known))
+            return once(count > 0, x, y, lambda x, y: _fill(x, y, solve, known))
         # Few undecided elements: one gather of `_FEW`. More: chunks of the
         # largest size, in a loop. The program holds at most two copies of
         # the later tiers (each copy is most of the solver's compile time).
@@ -340,14 +340,14 @@ def _lazily(
         if few:
             (small,) = few
             compact = functools.partial(_compacted, small, solve, known)
-            x = _once((count > 0) & (count <= small), x, y, compact)
+            x = once((count > 0) & (count <= small), x, y, compact)
         return _chunks(count > (few[0] if few else 0), cap, solve, known, x, y)
 
     # A sum holding a NaN is NaN (so is one of inf and -inf: then the exact
     # test runs for nothing). Not a `max`: XLA's CPU reductions may drop
     # NaN there.
     some_nan = jnp.isnan(jnp.sum(x))
-    return _once(some_nan, x, y, exact)
+    return once(some_nan, x, y, exact)
 
 
 # The sizes of the gathers of undecided elements (`_caps`): a few, or a
@@ -437,7 +437,7 @@ def _chunks(
         last = jnp.max(jnp.where(index < size, index, -1)).astype(jnp.int32)
         return jnp.maximum(start, last + 1), _gathered(index, solve, known, x, y)
 
-    # (The state behind an optimisation barrier, as in `_once`: XLA must
+    # (The state behind an optimisation barrier, as in `once`: XLA must
     # not inline or hoist the loop's work out of it.)
     start = lax.optimization_barrier((jnp.int32(0), x))
     _, x = lax.while_loop(lambda s: flag & jnp.any(waiting(s[1], s[0])), body, start)
@@ -471,7 +471,7 @@ def _fill(x: Any, y: Any, solve: Callable[..., Any], known: Sequence[Any] = ()) 
     return jnp.where(jnp.isnan(x) & ~jnp.isnan(y), solve(y, *known), x)
 
 
-def _once(flag: Any, x: Any, y: Any, step: Callable[[Any, Any], Any]) -> Any:
+def once(flag: Any, x: Any, y: Any, step: Callable[[Any, Any], Any]) -> Any:
     """`step(x, y)` if `flag`, else `x`: a `while_loop` of at most one step
     (a batched `cond` runs both branches; the loop runs once if any member
     of a `vmap` needs it)."""
@@ -576,7 +576,7 @@ def _accepted(
 
     at, slope = _value_and_slope(g, x)
     need = jnp.any(~_steep(x, at, slope) & ~jnp.isnan(x))
-    return _once(need, x, y, neighbours)
+    return once(need, x, y, neighbours)
 
 
 def _steep(x: Any, at: Any, slope: Any) -> Any:
@@ -897,7 +897,7 @@ def edge_of_plateau(g: Callable[[Any], Any], x: Any) -> Any:
     than its value rounds to steps, and may repeat `g(x)` one step away."""
     finfo = jnp.finfo(jnp.result_type(x))
     eps, tiny = finfo.eps, finfo.tiny
-    d = jnp.sqrt(eps) * jnp.maximum(jnp.abs(x), 1.0)
+    d = plateau_step(x)
     at, below, above = g(x), g(x - d), g(x + d)
     noise = 4 * eps * jnp.abs(at) + tiny
     moves_below, moves_above = jnp.abs(below - at) > noise, jnp.abs(above - at) > noise
@@ -907,6 +907,13 @@ def edge_of_plateau(g: Callable[[Any], Any], x: Any) -> Any:
     flat_below = (below == at) & (g(x - 4 * d) == at)
     flat_above = (above == at) & (g(x + 4 * d) == at)
     return (flat_below & moves_above) | (flat_above & moves_below)
+
+
+def plateau_step(x: Any) -> Any:
+    """The step `d` from `x` to the neighbours `edge_of_plateau` compares
+    with `g(x)`: `sqrt(eps) max(|x|, 1)`."""
+    eps = jnp.finfo(jnp.result_type(x)).eps
+    return jnp.sqrt(eps) * jnp.maximum(jnp.abs(x), 1.0)
 
 
 def _single(g: Callable[[Any], Any], x: Any, at: Any, flat: Any) -> Any:

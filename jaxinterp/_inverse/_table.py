@@ -24,7 +24,7 @@ between close samples is made monotone by a running maximum.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -67,12 +67,22 @@ def _magnitudes(bits: int, top: int) -> np.ndarray:
     return np.append((e[:, None] * m[None, :]).ravel(), 2.0**top)
 
 
-def build(g: Callable[[Any], Any], shape: Any, dtype: Any) -> Table | None:
+def build(
+    g: Callable[[Any], Any],
+    shape: Any,
+    dtype: Any,
+    stretches: Sequence[tuple[float, float, float, float]] | None = None,
+) -> Table | None:
     """The table for the elementwise map `g` (called on arrays of `shape`;
     its values must be concrete: known operands are constants), or `None`
     where it would not pay (`shape` holds fewer than `MIN_SIZE` elements, a
     dtype other than float32 or float64) or the map has fewer than two finite
-    values on the samples."""
+    values on the samples.
+
+    For a map that turns, `stretches` are its monotone stretches, `(x_lo,
+    x_hi, v_lo, v_hi)` each (`_turning.Stretches`): the table holds, at a
+    value taken by exactly one of them, the inverse on that one (read off
+    its own samples), and nothing (NaN) at a value taken by none or several."""
     dtype = np.dtype(dtype)
     size = math.prod(shape)
     if size < MIN_SIZE or dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
@@ -97,23 +107,51 @@ def build(g: Callable[[Any], Any], shape: Any, dtype: Any) -> Table | None:
     xs64, gs = xs.astype(np.float64)[finite], gs[finite]
     if gs.size < 2 or gs[0] == gs[-1]:
         return None
-    if gs[-1] < gs[0]:  # decreasing: interpolate on the reversed samples
-        xs64, gs = xs64[::-1], gs[::-1]
-    gs = np.maximum.accumulate(gs)
+    # Per piece: its samples and the values it alone stands for (all of
+    # them without `stretches`).
+    pieces = [(xs64, gs, -np.inf, np.inf)]
+    if stretches is not None:
+        pieces = []
+        for x_lo, x_hi, v_lo, v_hi in stretches:
+            on = (xs64 >= x_lo) & (xs64 <= x_hi)
+            pieces.append((xs64[on], gs[on], v_lo, v_hi))
     mags = _magnitudes(_BITS, _EXPONENTS)
     xt, st = [], []
     for t in (mags, -mags):
-        x = np.interp(t, gs, xs64)
-        # Only strictly inside the sampled values: at an end, the map may
-        # be saturated by rounding (softsign is 1.0 from 2**24 on).
-        x[(t <= gs[0]) | (t >= gs[-1])] = np.nan
+        x = np.full(t.shape, np.nan)
+        owner = np.full(t.shape, -1)
+        count = np.zeros(t.shape, np.int64)
+        for k, (xp, gp, v_lo, v_hi) in enumerate(pieces):
+            held = (t >= v_lo) & (t <= v_hi)
+            count += held
+            x = np.where(held, _inverse_at(t, xp, gp), x)
+            owner = np.where(held, k, owner)
+        x[count != 1] = np.nan
         slope = np.diff(x) / np.diff(mags)
+        # (Across two stretches the slope means nothing: the cell's `x`.)
+        slope[owner[1:] != owner[:-1]] = 0.0
         xt.append(x[:-1])
         st.append(np.where(np.isfinite(slope), slope, 0.0))
     with np.errstate(over="ignore"):
         x, slope = np.concatenate(xt).astype(dtype), np.concatenate(st).astype(dtype)
     # (A slope beyond the dtype's range: the cell's `x` alone.)
     return Table(x, np.where(np.isfinite(slope), slope, 0).astype(dtype))
+
+
+def _inverse_at(t: np.ndarray, xs: np.ndarray, gs: np.ndarray) -> np.ndarray:
+    """The inverse at `t` of the monotone map sampled as `gs` at `xs`
+    (ascending; made monotone by a running extremum where it wobbles by
+    rounding), by linear interpolation; NaN outside the sampled values."""
+    if gs.size < 2 or gs[0] == gs[-1]:
+        return np.full(t.shape, np.nan)
+    if gs[-1] < gs[0]:  # decreasing: interpolate on the reversed samples
+        xs, gs = xs[::-1], gs[::-1]
+    gs = np.maximum.accumulate(gs)
+    x = np.interp(t, gs, xs)
+    # Only strictly inside the sampled values: at an end, the map may be
+    # saturated by rounding (softsign is 1.0 from 2**24 on).
+    x[(t <= gs[0]) | (t >= gs[-1])] = np.nan
+    return x
 
 
 def _sample(g: Callable[[Any], Any], xs: np.ndarray, shape: Any, dtype: Any) -> Any:

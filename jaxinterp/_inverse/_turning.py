@@ -55,21 +55,38 @@ class Stretches:
 
     def single(self, y: Any) -> Any:
         """Per element of `y`: whether exactly one stretch takes the value."""
-        inside = self._holding(y)
-        return jnp.sum(inside, axis=-1) == 1
+        count = sum(held.astype(jnp.int32) for held in self._holding(y))
+        return count == 1
 
     def holds(self, y: Any, x: Any) -> Any:
         """Per element: whether `x` lies in a stretch that takes `y`."""
-        inside = self._holding(y)
-        x_ = jnp.asarray(x)[..., None]
         dtype = jnp.result_type(x)
-        within = (x_ >= _cast(self.x_lo, dtype)) & (x_ <= _cast(self.x_hi, dtype))
-        return jnp.any(inside & within, axis=-1)
+        lo, hi = _cast(self.x_lo, dtype), _cast(self.x_hi, dtype)
+        out: Any = False
+        for k, held in enumerate(self._holding(y)):
+            out = out | (held & (x >= lo[k]) & (x <= hi[k]))
+        return out
 
-    def _holding(self, y: Any) -> Any:
-        y_ = jnp.asarray(y)[..., None]
+    def _holding(self, y: Any) -> list[Any]:
+        """Per stretch, whether it takes `y`, elementwise. (One comparison
+        per stretch with scalar bounds: the same on a new axis of the
+        stretches, reduced, compiles on XLA's CPU backend to code as slow as
+        the whole solve.)"""
         dtype = jnp.result_type(y)
-        return (y_ >= _cast(self.v_lo, dtype)) & (y_ <= _cast(self.v_hi, dtype))
+        lo, hi = _cast(self.v_lo, dtype), _cast(self.v_hi, dtype)
+        return [(y >= lo[k]) & (y <= hi[k]) for k in range(len(lo))]
+
+    def pieces(self) -> list[tuple[float, float, float, float]]:
+        """Per stretch, `(x_lo, x_hi, v_lo, v_hi)`."""
+        return list(
+            zip(
+                self.x_lo.tolist(),
+                self.x_hi.tolist(),
+                self.v_lo.tolist(),
+                self.v_hi.tolist(),
+                strict=True,
+            )
+        )
 
     def any_single(self) -> bool:
         """Whether some value is taken by exactly one stretch."""
@@ -86,11 +103,11 @@ class Stretches:
         return False
 
 
-def _cast(bounds: np.ndarray, dtype: Any) -> Any:
+def _cast(bounds: np.ndarray, dtype: Any) -> np.ndarray:
     """Float64 bounds as `dtype`, those beyond its range as its largest
     magnitude (the same comparisons with its values, without overflow)."""
     top = float(jnp.finfo(dtype).max)
-    return jnp.asarray(np.clip(bounds, -top, top), dtype)
+    return np.clip(bounds, -top, top).astype(dtype)
 
 
 def stretches(
