@@ -776,19 +776,22 @@ def flattened(
     """An elementwise block's result, known operands and their compact
     forms reshaped to one axis, and the shape to restore: where `y` has
     several axes, the block's equations replay at another shape
-    (`_replays_at_any_shape`), each operand is a scalar or of `y`'s shape,
-    and the program runs on one device (no sharding to keep). XLA's CPU
-    code vectorizes a fusion along its last axis, so a block on `(n, 5)`
-    (a batch of small vectors) ran about 8 times slower than on `(5 n,)`:
-    TFP's `Invert(Softplus())` at 10^4 elements, 0.89 against 0.11 ms. A
-    reshape of the whole array is free. `None` where not done."""
+    (`_replays_at_any_shape`), each operand is a scalar, of `y`'s shape, or
+    one value with an axis of size 1 for each of `y`'s, and the program runs
+    on one device (no sharding to keep). XLA's CPU code vectorizes a fusion
+    along its last axis, so a block on `(n, 5)` (a batch of small vectors)
+    ran about 8 times slower than on `(5 n,)`: TFP's `Invert(Softplus())`
+    at 10^4 elements, 0.89 against 0.11 ms. A reshape of the whole array is
+    free. `None` where not done."""
     shape = tuple(jnp.shape(y))
     if len(shape) < 2 or tuple(block.x.aval.shape) != shape:
         return None
     if jax.device_count() > 1 or compat.in_manual_body():
         return None
+    # (A compact form of one value keeps a size-1 axis per axis of `y`.)
+    ones = (1,) * len(shape)
     values = [*known, *compacts]
-    if not all(jnp.shape(k) in ((), shape) for k in values):
+    if not all(jnp.shape(k) in ((), shape, ones) for k in values):
         return None
     if not _replays_at_any_shape(block.eqns):
         return None
@@ -796,7 +799,16 @@ def flattened(
     def flat(v: Any) -> Any:
         # (Behind a barrier: else XLA moves the reshape past the block's
         # elementwise steps, and their fusion is on `y`'s shape again.)
-        return lax.optimization_barrier(jnp.reshape(v, (-1,))) if jnp.shape(v) else v
+        if not jnp.shape(v):
+            return v
+        size = (1,) if jnp.shape(v) == ones else (-1,)
+        if not compat.is_tracer(v):
+            # (A constant stays one, NumPy: the table of starts, the grid
+            # and the folds are built from it while tracing.)
+            return np.reshape(np.asarray(v), size)
+        if jnp.shape(v) == ones:
+            return jnp.reshape(v, size)
+        return lax.optimization_barrier(jnp.reshape(v, size))
 
     return flat(y), [flat(k) for k in known], [flat(k) for k in compacts], shape
 
@@ -1423,19 +1435,22 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
     x = _solve_numerically(block, y, known)
     if not _has_corners(block.eqns):
         return x
-    g = lambda u: block.g(u, *known)  # noqa: E731
     runs = _unproven(block, known, y)
     if runs is None:
-        edge = _solve.edge_of_plateau(g, x)
+        edge = _solve.edge_of_plateau(lambda u: block.g(u, *known), x)
     else:
-        edge = _edges_in(g, x, runs)
+        # (The known operands are scalars there, or hold one value: as
+        # scalars, the map runs on the elements gathered.)
+        scalars = [_as_scalar(k) for k in known]
+        edge = _edges_in(lambda u: block.g(u, *scalars), x, runs)
     return jnp.where(edge, jnp.asarray(jnp.nan, jnp.result_type(x)), x)
 
 
-# At most this many runs where a map with corners is not proven strictly
-# monotone (`_unproven`) are tested for at run time; beyond, every element
-# is tested for the edge of a plateau.
-_MAX_RUNS = 8
+# At most this many runs where a map with corners is not proven to move
+# (`_unproven`) are looked up at run time; beyond, every element is tested
+# for the edge of a plateau. Up to `_FEW_RUNS`, by a comparison with each.
+_MAX_RUNS = 256
+_FEW_RUNS = 8
 
 
 def _unproven(block: Block, known: Sequence[Any], y: Any) -> np.ndarray | None:
@@ -1465,18 +1480,30 @@ def _unproven(block: Block, known: Sequence[Any], y: Any) -> np.ndarray | None:
 
 
 def _edges_in(g: Callable[[Any], Any], x: Any, runs: np.ndarray) -> Any:
-    """`_solve.edge_of_plateau(g, x)`, evaluated (lazily: `_solve.once`) only
-    if some `x` lies in one of `runs`; false elsewhere, where `g(x)` is
-    proven to differ from its values at `edge_of_plateau`'s nearest
-    neighbours either side."""
+    """`_solve.edge_of_plateau(g, x)` where `x` lies in one of `runs`, false
+    elsewhere (where `g(x)` is proven to differ from its values at
+    `edge_of_plateau`'s nearest neighbours either side). The elements in a
+    run are tested gathered, lazily (`_solve.gather_where`): none of them,
+    usually, when the runs are short stretches about a map's corners."""
     x = lax.stop_gradient(x)
-    near: Any = jnp.zeros(jnp.shape(x), bool)
-    for lo, hi in runs.tolist():
-        near = near | ((x >= lo) & (x <= hi))
-    none = jnp.zeros(jnp.shape(x), bool)
-    return _solve.once(
-        jnp.any(near), none, x, lambda _, x: _solve.edge_of_plateau(g, x)
+    if len(runs) <= _FEW_RUNS:
+        near: Any = jnp.zeros(jnp.shape(x), bool)
+        for lo, hi in runs.tolist():
+            near = near | ((x >= lo) & (x <= hi))
+    else:
+        # (Sorted, apart: `x` lies in a run where an odd number of ends are
+        # at or below it; the ends a float apart outwards, so that one equal
+        # to an end counts too.)
+        dtype = jnp.result_type(x)
+        lo = np.nextafter(runs[:, 0].astype(dtype), -np.inf)
+        hi = np.nextafter(runs[:, 1].astype(dtype), np.inf)
+        ends = jnp.asarray(np.stack([lo, hi], axis=1).ravel())
+        near = jnp.searchsorted(ends, x, side="right", method="scan_unrolled") % 2 == 1
+    nan = jnp.asarray(jnp.nan, jnp.result_type(x))
+    tested = _solve.gather_where(
+        near, x, lambda x: jnp.where(_solve.edge_of_plateau(g, x), nan, x)
     )
+    return jnp.isnan(tested) & ~jnp.isnan(x)
 
 
 def _solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:

@@ -60,6 +60,10 @@ _ROUND = 16 * 2.0**-52
 # turn, a fold or a jump keeps one or two undecided each round, a map flat
 # to within rounding keeps them all (its slope's sign stays unknown).
 _FAMILY = 64
+# As many for `unmoving`, whose open intervals about a jump never close:
+# fewer per family keeps the many families of a staircase (`floor`) within
+# `_CAP`, so that the others are cut down.
+_MOVING_FAMILY = 16
 # At most this many intervals are enclosed at once; beyond, the search stops.
 _CAP = 4096
 _ROUNDS = 40
@@ -1092,8 +1096,9 @@ def unmoving(slope: Slope, points: np.ndarray, dtype: Any, step: float) -> np.nd
     either: `bad` there leaves it open), and the least slope times the
     least step outweighs twice the map's rounding (`_noise`); or the map is
     NaN all over it. An interval left open is cut in `_WAYS`, at most
-    `_FAMILY` open parts per interval between `points` and `_CAP` in all,
-    for at most `_ROUNDS` rounds; what is left open then is a run."""
+    `_MOVING_FAMILY` open parts per interval between `points` and `_CAP` in
+    all (the most crowded given up first), for at most `_ROUNDS` rounds;
+    what is left open then is a run."""
     # (`d` and `x +- d` are rounded in `dtype`: the step taken is `d` within
     # a relative `sqrt(eps)`.)
     slack = 2 * math.sqrt(float(jnp.finfo(dtype).eps))
@@ -1119,11 +1124,16 @@ def unmoving(slope: Slope, points: np.ndarray, dtype: Any, step: float) -> np.nd
         open_ = ~(moves | got.void)
         split = open_ & (b - a >= 2)
         crowd = np.bincount(family[split], minlength=int(np.max(family)) + 1)
-        split &= crowd[family] <= _FAMILY
+        split &= crowd[family] <= _MOVING_FAMILY
+        # Over `_CAP`: the most crowded families are given up (left runs)
+        # first, so that the others (near 0, where most roots lie) are cut.
+        crowd = np.bincount(family[split], minlength=crowd.size)
+        while _WAYS * int(np.sum(crowd)) > _CAP:
+            worst = int(np.argmax(crowd))
+            split &= family != worst
+            crowd[worst] = 0
         left.append((a[open_ & ~split], b[open_ & ~split]))
         a, b, family = a[split], b[split], family[split]
-        if _WAYS * a.size > _CAP:
-            break
         cuts = [a, b]
         while len(cuts) <= _WAYS:
             pairs = zip(cuts[:-1], cuts[1:], strict=True)
