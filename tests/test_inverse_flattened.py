@@ -91,3 +91,28 @@ def test_a_block_over_several_devices_keeps_its_shape():
     c = jnp.zeros((7, 5), jnp.float32)
     text = jax.jit(jaxinterp.inverse(f, argnums=0)).lower(f(x, c), c).as_text()
     assert ("35xf32" in text) == (jax.device_count() == 1)
+
+
+def test_a_constant_of_the_batchs_shape_is_flattened_and_stays_a_constant():
+    """TFP's `Softfloor` broadcasts a constant through a `where`: a known
+    operand of the batch's shape holding one value, whose compact form has
+    a size-1 axis per axis of the batch. The block is solved on one axis,
+    and the constant is still one there (its table of starts, built while
+    tracing, is in the program: a `gather`; a traced operand would have
+    none, and would look for folds by a host callback instead)."""
+    n = 4096  # (`_table.MIN_SIZE`: a table is built from this size on)
+
+    def f(x):
+        zero = jnp.broadcast_to(jnp.float32(0.0), x.shape)
+        return jnp.where(x > zero, x, zero) + 0.5 * jnp.tanh(x) + x * x * x / 8
+
+    x = jnp.linspace(-3.0, 3.0, n, dtype=jnp.float32).reshape(n // 4, 4)
+    y = f(x)
+    assert "(elementwise solve)" in str(jaxinterp.explain_inverse(f, y))
+    inverse = jax.jit(jaxinterp.inverse(f))
+    text = inverse.lower(y).as_text()
+    assert f"{n}xf32" in text and "gather" in text and "callback" not in text
+    got = inverse(y)
+    np.testing.assert_allclose(got, x, rtol=2e-5, atol=2e-5)
+    flat = jax.jit(jaxinterp.inverse(f))(y.ravel()).reshape(x.shape)
+    np.testing.assert_array_equal(got, flat)

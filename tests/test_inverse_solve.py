@@ -600,8 +600,9 @@ def test_the_edge_of_a_plateau_is_nan_where_the_test_runs_lazily(c, s, x0):
     # test runs only if some root lies in a run about it (`_unproven`).
     from jaxinterp._inverse import _blocks
 
-    def g(x):
-        return jnp.where(x < c, x + s * x * x * x, c + s * c * c * c)
+    def g(x):  # (`min`: at `c` the slope is not 0, half of the left side's)
+        u = jnp.minimum(x, c)
+        return u + s * u * u * u
 
     x0 = np.asarray(x0, np.float32)
     below = x0[x0 < c - 1e-3]
@@ -620,3 +621,52 @@ def test_the_edge_of_a_plateau_is_nan_where_the_test_runs_lazily(c, s, x0):
     assert runs is not None and any(lo <= c <= hi for lo, hi in runs)
     assert np.isnan(got[-1])
     np.testing.assert_allclose(got[:-1], below, rtol=2e-5, atol=2e-5)
+
+
+def _soft_staircase(x):
+    # Continuous and increasing, written through `floor` (TFP's `Softfloor`
+    # is so): the enclosures leave a run about each step, and more than
+    # `_blocks._FEW_RUNS` of them are looked up by a sorted search.
+    k = jnp.floor(x)
+    lo, hi = jax.nn.sigmoid(-2.0), jax.nn.sigmoid(2.0)
+    return k + (jax.nn.sigmoid(4.0 * (x - k - 0.5)) - lo) / (hi - lo)
+
+
+def test_the_edge_of_a_plateau_is_nan_among_many_runs():
+    from jaxinterp._inverse import _blocks
+
+    def g(x):  # constant from 4.5 on (its slope there not 0: `min`)
+        return _soft_staircase(jnp.minimum(x, 4.5))
+
+    x = jnp.linspace(-3.0, 4.0, 4096, dtype=jnp.float32)
+    y = jnp.concatenate([g(x), g(jnp.float32(4.5))[None], g(x[:3] + 9.0)])
+    captured = []
+    real = _blocks._unproven
+
+    def spy(*args):
+        captured.append(real(*args))
+        return captured[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_blocks, "_unproven", spy)
+        got = np.asarray(jax.jit(jaxinterp.inverse(g))(y))
+    (runs,) = captured
+    assert runs is not None and _blocks._FEW_RUNS < len(runs) <= _blocks._MAX_RUNS
+    assert any(lo <= 4.5 <= hi for lo, hi in runs)
+    # Every root where the map moves; NaN at the plateau (its edge and the
+    # values the plateau takes beyond 4.5: all the plateau's value).
+    np.testing.assert_allclose(got[:4096], x, rtol=2e-5, atol=2e-5)
+    assert np.isnan(got[4096:]).all(), got[4096:]
+
+
+def test_a_root_beside_a_plateau_holding_every_start_is_found():
+    # Constant from -2 on: the fixed starts (0, +-1/2, +-1, +-2) and `y`
+    # all lie on the plateau, with slope 0 there. The search stepped right
+    # from them for ever (NaN); a step that moves nothing now turns it round.
+    def g(x):
+        u = jnp.minimum(x, -2.0)
+        return u + u * u * u
+
+    x = jnp.asarray([-3.0, -2.5, -2.1, -5.0, -40.0], jnp.float32)
+    got = jax.jit(jaxinterp.inverse(g))(g(x))
+    np.testing.assert_allclose(got, x, rtol=2e-6)

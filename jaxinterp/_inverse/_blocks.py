@@ -1439,10 +1439,7 @@ def solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
     if runs is None:
         edge = _solve.edge_of_plateau(lambda u: block.g(u, *known), x)
     else:
-        # (The known operands are scalars there, or hold one value: as
-        # scalars, the map runs on the elements gathered.)
-        scalars = [_as_scalar(k) for k in known]
-        edge = _edges_in(lambda u: block.g(u, *scalars), x, runs)
+        edge = _edges_in(block.g, x, known, runs)
     return jnp.where(edge, jnp.asarray(jnp.nan, jnp.result_type(x)), x)
 
 
@@ -1479,12 +1476,15 @@ def _unproven(block: Block, known: Sequence[Any], y: Any) -> np.ndarray | None:
     return runs if len(runs) <= _MAX_RUNS else None
 
 
-def _edges_in(g: Callable[[Any], Any], x: Any, runs: np.ndarray) -> Any:
-    """`_solve.edge_of_plateau(g, x)` where `x` lies in one of `runs`, false
-    elsewhere (where `g(x)` is proven to differ from its values at
-    `edge_of_plateau`'s nearest neighbours either side). The elements in a
-    run are tested gathered, lazily (`_solve.gather_where`): none of them,
-    usually, when the runs are short stretches about a map's corners."""
+def _edges_in(
+    g: Callable[..., Any], x: Any, known: Sequence[Any], runs: np.ndarray
+) -> Any:
+    """`_solve.edge_of_plateau` of `g(., *known)` at `x` where `x` lies in
+    one of `runs`, false elsewhere (where `g(x)` is proven to differ from
+    its values at `edge_of_plateau`'s nearest neighbours either side). The
+    elements in a run are tested gathered with their known operands,
+    lazily (`_solve.gather_where`): none of them, usually, when the runs
+    are short stretches about a map's corners."""
     x = lax.stop_gradient(x)
     if len(runs) <= _FEW_RUNS:
         near: Any = jnp.zeros(jnp.shape(x), bool)
@@ -1494,15 +1494,19 @@ def _edges_in(g: Callable[[Any], Any], x: Any, runs: np.ndarray) -> Any:
         # (Sorted, apart: `x` lies in a run where an odd number of ends are
         # at or below it; the ends a float apart outwards, so that one equal
         # to an end counts too.)
-        dtype = jnp.result_type(x)
-        lo = np.nextafter(runs[:, 0].astype(dtype), -np.inf)
-        hi = np.nextafter(runs[:, 1].astype(dtype), np.inf)
+        dtype = np.dtype(jnp.result_type(x))
+        inf = np.asarray(np.inf, dtype)
+        lo = np.nextafter(runs[:, 0].astype(dtype), -inf)
+        hi = np.nextafter(runs[:, 1].astype(dtype), inf)
         ends = jnp.asarray(np.stack([lo, hi], axis=1).ravel())
         near = jnp.searchsorted(ends, x, side="right", method="scan_unrolled") % 2 == 1
     nan = jnp.asarray(jnp.nan, jnp.result_type(x))
-    tested = _solve.gather_where(
-        near, x, lambda x: jnp.where(_solve.edge_of_plateau(g, x), nan, x)
-    )
+
+    def test(x: Any, *known: Any) -> Any:
+        edge = _solve.edge_of_plateau(lambda u: g(u, *known), x)
+        return jnp.where(edge, nan, x)
+
+    tested = _solve.gather_where(near, x, test, known)
     return jnp.isnan(tested) & ~jnp.isnan(x)
 
 

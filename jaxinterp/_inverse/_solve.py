@@ -350,11 +350,14 @@ def _lazily(
     return once(some_nan, x, y, exact)
 
 
-def gather_where(mask: Any, x: Any, solve: Callable[[Any], Any]) -> Any:
-    """`x`, with `solve` run where `mask` holds (and `x` is not NaN): lazily,
-    on those elements gathered (as `_lazily` gathers undecided elements:
-    `_compacted`, `_chunks`), or not at all if there is none."""
-    return _lazily(jnp.where(mask, jnp.nan, x), x, solve, ())
+def gather_where(
+    mask: Any, x: Any, solve: Callable[..., Any], known: Sequence[Any] = ()
+) -> Any:
+    """`x`, with `solve(x, *known)` run where `mask` holds (and `x` is not
+    NaN): lazily, on those elements gathered with their known operands (as
+    `_lazily` gathers undecided elements: `_compacted`, `_chunks`), or not
+    at all if there is none."""
+    return _lazily(jnp.where(mask, jnp.nan, x), x, solve, known)
 
 
 # The sizes of the gathers of undecided elements (`_caps`): a few, or a
@@ -735,7 +738,10 @@ def _search(
         # Further from zero on the same side: the step jumped a pole or an
         # extremum, or the slope at the start misled. Shrink the step like
         # where `g` is undefined; once it is tiny, turn round (once).
-        worse = ~undefined & ~crossed & (jnp.abs(f_new) > jnp.abs(fa))
+        # From a start on a plateau (slope 0: no direction to go), a step
+        # that moves nothing is no better: the root may lie the other way.
+        flat = (slope_sign == 0) & (flips == 0) & (jnp.abs(f_new) == jnp.abs(fa))
+        worse = ~undefined & ~crossed & ((jnp.abs(f_new) > jnp.abs(fa)) | flat)
         go_on = active & ~undefined & ~crossed & ~worse
         shrink = active & (undefined | worse)
         new_step = jnp.where(go_on, step * 2, jnp.where(shrink, step / 2, step))
