@@ -946,3 +946,25 @@ def test_where_the_map_is_proven_to_move_no_neighbour_repeats_its_value(
     # The plateau's edge, where there is one, lies in a run.
     if kind != "kink":
         assert any(lo <= np.float32(c) <= hi for lo, hi in runs), runs
+
+
+def test_a_fold_beside_a_max_is_seen_whatever_jax_writes_its_derivative():
+    # `max(x, 0) + x - 0.05 tanh(100 (x - 0.3))` folds between the grid
+    # points 0.25 and 0.5: the values in (0.582, 0.618) have three
+    # preimages. JAX 0.10 and older write the derivative of `max` with a
+    # comparison `max(x, 0) == x`, which the enclosures did not decide at
+    # a point; the intervals about the fold were then taken for NaN all
+    # over, the fold went unseen, and one of the three preimages came back.
+    def g(x):
+        return jnp.maximum(x, 0.0) + x - 0.05 * jnp.tanh(100.0 * (x - 0.3))
+
+    inside = jnp.linspace(0.28, 0.32, 9, dtype=jnp.float32)
+    away = jnp.asarray([1.0, -1.0, 3.0], jnp.float32)
+    y = jnp.concatenate([g(inside), g(away)])
+    try:
+        got = np.asarray(jax.jit(jaxinterp.inverse(g))(y))
+    except NotInvertibleError as err:  # (refused outright: also no wrong answer)
+        assert "not monotone" in str(err)
+        return
+    assert np.isnan(got[:9]).all(), got[:9]
+    np.testing.assert_allclose(got[9:], away, rtol=1e-5)

@@ -111,7 +111,10 @@ class _Form:
 
 class _Cells:
     """The intervals being enclosed, and which of them some step could not
-    enclose (`bad`: a jump, a pole, a value outside a step's domain)."""
+    enclose (`bad`: a jump, a pole, a value outside a step's domain); of
+    those, `unsure` where a step could not decide a discrete choice (a
+    comparison, the case of a `max` or an `abs`, a step function): the map
+    may well be finite there."""
 
     def __init__(self, lo: np.ndarray, hi: np.ndarray, unit: float) -> None:
         self.unit = unit  # (the unit roundoff of the map's dtype)
@@ -120,6 +123,7 @@ class _Cells:
         self.r = np.maximum(self.r, np.abs(hi - self.m), out=self.r)
         self.r = np.maximum(self.r, np.abs(self.m - lo))
         self.bad = np.zeros(lo.shape, bool)
+        self.unsure = np.zeros(lo.shape, bool)
 
     def const(self, value: Any) -> _Form:
         if np.ndim(value):
@@ -210,21 +214,24 @@ class _Cells:
     def where(self, pick: np.ndarray, a: _Form, b: _Form) -> _Form:
         return _Form(*(np.where(pick, getattr(a, f), getattr(b, f)) for f in _FIELDS))
 
-    def flag(self, mask: np.ndarray, *forms: _Form) -> None:
+    def flag(self, mask: np.ndarray, *forms: _Form, unsure: bool = False) -> None:
         """Cells where a step could not enclose its result (not where an
-        operand in `forms` is NaN all over)."""
+        operand in `forms` is NaN all over); `unsure`: for want of deciding
+        a discrete choice."""
         mask = np.asarray(mask, bool)
         for f in forms:
             mask = mask & ~f.void
-        self.mark(mask)
+        self.mark(mask, unsure=unsure)
 
-    def mark(self, mask: Any) -> None:
+    def mark(self, mask: Any, *, unsure: bool = False) -> None:
         """The cells where `mask` holds for some element of a value (a
         value's axes come first, the cells' last)."""
         mask = np.asarray(mask, bool)
         if mask.ndim > 1:
             mask = mask.reshape(-1, mask.shape[-1]).any(axis=0)
         self.bad |= mask
+        if unsure:
+            self.unsure |= mask
 
 
 _FIELDS = ("c", "s", "e", "void", "lo", "hi", "err")
@@ -519,7 +526,7 @@ def _max(k: _Cells, a: _Form, b: _Form) -> _Form:
     a_lo, a_hi = k.range(a)
     b_lo, b_hi = k.range(b)
     first = a_lo >= b_hi
-    k.flag(~first & ~(b_lo >= a_hi), a, b)
+    k.flag(~first & ~(b_lo >= a_hi), a, b, unsure=True)
     return _nan_of(k.where(first, a, b), a, b)
 
 
@@ -527,7 +534,7 @@ def _min(k: _Cells, a: _Form, b: _Form) -> _Form:
     a_lo, a_hi = k.range(a)
     b_lo, b_hi = k.range(b)
     first = a_hi <= b_lo
-    k.flag(~first & ~(b_hi <= a_lo), a, b)
+    k.flag(~first & ~(b_hi <= a_lo), a, b, unsure=True)
     return _nan_of(k.where(first, a, b), a, b)
 
 
@@ -548,7 +555,7 @@ def _nan_of(out: _Form, *forms: _Form) -> _Form:
 def _decided(k: _Cells, true: np.ndarray, false: np.ndarray, nan: Any = False) -> _Form:
     """A condition: 1 where `true`, 0 where `false`, neither: not decided
     (unless an operand is NaN all over, `nan`)."""
-    k.flag(~true & ~false & ~np.asarray(nan, bool))
+    k.flag(~true & ~false & ~np.asarray(nan, bool), unsure=True)
     return _Form(true.astype(float), np.zeros(true.shape), np.zeros(true.shape))
 
 
@@ -575,7 +582,10 @@ def _compare_numbers(k: _Cells, name: str, a: _Form, b: _Form) -> _Form:
     if name == "le":
         return _decided(k, a_hi <= b_lo, a_lo > b_hi, nan)
     apart = (a_hi < b_lo) | (b_hi < a_lo)
-    equal = both & (a.c == b.c)
+    # (Also the same exact affine function of `x`: `max(x, 0)`, where it is
+    # `x`, against `x`, as the derivative of `max` compares them.)
+    same = (a.e == 0) & (b.e == 0) & (a.c == b.c) & (a.s == b.s)
+    equal = (both & (a.c == b.c)) | same
     if name == "eq":
         return _decided(k, equal, apart | (both & ~equal), nan)
     return _decided(k, apart | (both & ~equal), equal, nan)
@@ -586,7 +596,7 @@ def _jumps(k: _Cells, a: _Form, f: Callable[[np.ndarray], np.ndarray]) -> _Form:
     of `a`'s range (and `f` moves only upwards), else not decided."""
     lo, hi = k.range(a)
     f_lo, f_hi = f(lo), f(hi)
-    k.flag(f_lo != f_hi, a)
+    k.flag(f_lo != f_hi, a, unsure=True)
     value = np.where(a.void, np.nan, np.where(np.isfinite(f_lo), f_lo, 0.0))
     return _Form(value, np.zeros_like(lo), np.zeros_like(lo), a.void)
 
@@ -855,7 +865,7 @@ def _step(k: _Cells, eqn: Any, ins: list[_Form]) -> list[_Form]:
     if name == "abs":
         a = ins[0]
         lo, hi = k.range(a)
-        k.flag(~(lo >= 0) & ~(hi <= 0), a)
+        k.flag(~(lo >= 0) & ~(hi <= 0), a, unsure=True)
         return [k.where(lo >= 0, a, _neg(a))]
     if name == "sign":
         return [_jumps(k, ins[0], np.sign)]
@@ -879,7 +889,7 @@ def _step(k: _Cells, eqn: Any, ins: list[_Form]) -> list[_Form]:
         return [_compare(k, name, ins[0], ins[1], same)]
     if name == "select_n":
         which, *cases = ins
-        k.flag(~which.constant())
+        k.flag(~which.constant(), unsure=True)
         index = np.clip(np.where(np.isfinite(which.c), which.c, 0), 0, len(cases) - 1)
         index = index.astype(int)
         return [
@@ -997,7 +1007,7 @@ class Slope:
         v_lo, v_hi, d_lo, d_hi, err = (
             np.where(bad | void, nan, a) for a in (v_lo, v_hi, d_lo, d_hi, value.err)
         )
-        return Enclosed(v_lo, v_hi, d_lo, d_hi, void, err)
+        return Enclosed(v_lo, v_hi, d_lo, d_hi, void, err, k.unsure & ~void)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1013,6 +1023,9 @@ class Enclosed:
     # How far the map's values computed in its dtype may be from the exact
     # ones (a running error bound), NaN where not enclosed.
     err: np.ndarray
+    # Not enclosed for want of deciding a discrete choice (`_Cells.unsure`):
+    # not known to be NaN or infinite there.
+    unsure: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1177,13 +1190,17 @@ def _enclosed(slope: Slope, lo: np.ndarray, hi: np.ndarray, box: Box) -> Enclose
         for i in range(3)
     ]
     whole, at_lo, at_hi = part
-    finite = [np.isfinite(e.v_lo) & np.isfinite(e.v_hi) for e in (at_lo, at_hi)]
+    # (An end not enclosed for want of deciding a choice may be finite: at
+    # a point, `max(x, 0) == x` is not decided on forms that both round.)
+    finite = [
+        (np.isfinite(e.v_lo) & np.isfinite(e.v_hi)) | e.unsure for e in (at_lo, at_hi)
+    ]
     open_ = np.isnan(whole.d_lo) & ~whole.void
     void = whole.void | (open_ & ~finite[0] & ~finite[1])
     return dataclasses.replace(whole, void=void)
 
 
-_ENCLOSED = ("v_lo", "v_hi", "d_lo", "d_hi", "void", "err")
+_ENCLOSED = ("v_lo", "v_hi", "d_lo", "d_hi", "void", "err", "unsure")
 
 
 def _noise(got: Enclosed) -> np.ndarray:

@@ -382,7 +382,9 @@ def _caps(y: Any, known: Sequence[Any]) -> list[int]:
     size = math.prod(shape)
     if size >= 2**31:  # (`_chunks` counts positions in int32)
         return []
-    chunk = max(size // _FRACTION, min(_MIN_CHUNK, size // 4))
+    chunk = size // _FRACTION
+    if chunk >= _FEW:  # (else one size, `_FEW`: one copy of the later tiers)
+        chunk = max(chunk, min(_MIN_CHUNK, size // 4))
     return sorted({c for c in (_FEW, chunk) if _FEW <= c <= size // 4})
 
 
