@@ -280,7 +280,7 @@ def _from_table(
     # expensive step (a division) to memory rather than fuse it into a
     # consumer that reads it twice.
     residual, slope = _residual_and_slope(g, y, x)
-    return _split(jnp.where(_plainly_accepted(y, x, residual, slope), x, jnp.nan))
+    return jnp.where(_plainly_accepted(y, x, residual, slope), x, jnp.nan)
 
 
 def _plainly_accepted(y: Any, x: Any, residual: Any, slope: Any) -> Any:
