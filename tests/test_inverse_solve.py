@@ -588,25 +588,11 @@ def test_a_constant_holding_one_value_inside_a_jit_body():
     np.testing.assert_allclose(inverse(folds(xs, c), c), xs, atol=1e-6)
 
 
-@settings(max_examples=10, deadline=None)
-@given(
-    c=st.floats(-3.0, 3.0, width=32),
-    s=st.floats(0.125, 2.0, width=32),
-    x0=st.lists(st.floats(-6.0, 6.0, width=32), min_size=1, max_size=8),
-)
-def test_the_edge_of_a_plateau_is_nan_where_the_test_runs_lazily(c, s, x0):
-    # Constant for `x >= c`: `y = g(c)` has every `x >= c` as a preimage.
-    # The enclosures prove the map moves away from the corner, so the edge
-    # test runs only if some root lies in a run about it (`_unproven`).
+def _inverse_and_runs(g, y):
+    """`jit(inverse(g))(y)`, and the runs where its plateau-edge test runs
+    (`_blocks._unproven`, called once)."""
     from jaxinterp._inverse import _blocks
 
-    def g(x):  # (`min`: at `c` the slope is not 0, half of the left side's)
-        u = jnp.minimum(x, c)
-        return u + s * u * u * u
-
-    x0 = np.asarray(x0, np.float32)
-    below = x0[x0 < c - 1e-3]
-    y = jnp.concatenate([g(jnp.asarray(below)), g(jnp.float32(c))[None]])
     captured = []
     real = _blocks._unproven
 
@@ -618,6 +604,27 @@ def test_the_edge_of_a_plateau_is_nan_where_the_test_runs_lazily(c, s, x0):
         patch.setattr(_blocks, "_unproven", spy)
         got = np.asarray(jax.jit(jaxinterp.inverse(g))(y))
     (runs,) = captured
+    return got, runs
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    c=st.floats(-3.0, 3.0, width=32),
+    s=st.floats(0.125, 2.0, width=32),
+    x0=st.lists(st.floats(-6.0, 6.0, width=32), min_size=1, max_size=8),
+)
+def test_the_edge_of_a_plateau_is_nan_where_the_test_runs_lazily(c, s, x0):
+    # Constant for `x >= c`: `y = g(c)` has every `x >= c` as a preimage.
+    # The enclosures prove the map moves away from the corner, so the edge
+    # test runs only if some root lies in a run about it (`_unproven`).
+    def g(x):  # (`min`: at `c` the slope is not 0, half of the left side's)
+        u = jnp.minimum(x, c)
+        return u + s * u * u * u
+
+    x0 = np.asarray(x0, np.float32)
+    below = x0[x0 < c - 1e-3]
+    y = jnp.concatenate([g(jnp.asarray(below)), g(jnp.float32(c))[None]])
+    got, runs = _inverse_and_runs(g, y)
     assert runs is not None and any(lo <= c <= hi for lo, hi in runs)
     assert np.isnan(got[-1])
     np.testing.assert_allclose(got[:-1], below, rtol=2e-5, atol=2e-5)
@@ -640,17 +647,7 @@ def test_the_edge_of_a_plateau_is_nan_among_many_runs():
 
     x = jnp.linspace(-3.0, 4.0, 4096, dtype=jnp.float32)
     y = jnp.concatenate([g(x), g(jnp.float32(4.5))[None], g(x[:3] + 9.0)])
-    captured = []
-    real = _blocks._unproven
-
-    def spy(*args):
-        captured.append(real(*args))
-        return captured[-1]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_blocks, "_unproven", spy)
-        got = np.asarray(jax.jit(jaxinterp.inverse(g))(y))
-    (runs,) = captured
+    got, runs = _inverse_and_runs(g, y)
     assert runs is not None and _blocks._FEW_RUNS < len(runs) <= _blocks._MAX_RUNS
     assert any(lo <= 4.5 <= hi for lo, hi in runs)
     # Every root where the map moves; NaN at the plateau (its edge and the

@@ -1083,16 +1083,7 @@ def turn_points(slope: Slope, points: np.ndarray, dtype: Any, box: Box = ()) -> 
         if _WAYS * a.size > _CAP:
             complete = False
             break
-        # Each split in `_WAYS` (on the floats' order), dropping empty parts.
-        cuts = [a, b]
-        while len(cuts) <= _WAYS:
-            pairs = zip(cuts[:-1], cuts[1:], strict=True)
-            cuts = [c for lo_, hi_ in pairs for c in (lo_, _mid(lo_, hi_))] + [b]
-        parts = list(zip(cuts[:-1], cuts[1:], strict=True))
-        nonempty = [hi_ > lo_ for lo_, hi_ in parts]
-        a = np.concatenate([p[0][m] for p, m in zip(parts, nonempty, strict=True)])
-        b = np.concatenate([p[1][m] for p, m in zip(parts, nonempty, strict=True)])
-        family = np.concatenate([family[m] for m in nonempty])
+        a, b, family = _cut(a, b, family)
     else:
         complete = complete and not a.size
     points, turns = _around_turns(found, dtype)
@@ -1147,15 +1138,7 @@ def unmoving(slope: Slope, points: np.ndarray, dtype: Any, step: float) -> np.nd
             crowd[worst] = 0
         left.append((a[open_ & ~split], b[open_ & ~split]))
         a, b, family = a[split], b[split], family[split]
-        cuts = [a, b]
-        while len(cuts) <= _WAYS:
-            pairs = zip(cuts[:-1], cuts[1:], strict=True)
-            cuts = [c for lo_, hi_ in pairs for c in (lo_, _mid(lo_, hi_))] + [b]
-        parts = list(zip(cuts[:-1], cuts[1:], strict=True))
-        nonempty = [hi_ > lo_ for lo_, hi_ in parts]
-        a = np.concatenate([p[0][m] for p, m in zip(parts, nonempty, strict=True)])
-        b = np.concatenate([p[1][m] for p, m in zip(parts, nonempty, strict=True)])
-        family = np.concatenate([family[m] for m in nonempty])
+        a, b, family = _cut(a, b, family)
     left.append((a, b))
     a = np.concatenate([p[0] for p in left])
     b = np.concatenate([p[1] for p in left])
@@ -1170,6 +1153,22 @@ def unmoving(slope: Slope, points: np.ndarray, dtype: Any, step: float) -> np.nd
         return np.zeros((0, 2))
     bounds = _unordered(np.asarray(runs, np.int64).ravel(), dtype)
     return np.asarray(bounds, np.float64).reshape(-1, 2)
+
+
+def _cut(
+    a: np.ndarray, b: np.ndarray, family: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each interval `[a, b]` (on the floats' order) cut in `_WAYS`, empty
+    parts dropped; each part keeps its interval's `family`."""
+    cuts = [a, b]
+    while len(cuts) <= _WAYS:
+        pairs = zip(cuts[:-1], cuts[1:], strict=True)
+        cuts = [c for lo_, hi_ in pairs for c in (lo_, _mid(lo_, hi_))] + [b]
+    parts = list(zip(cuts[:-1], cuts[1:], strict=True))
+    nonempty = [hi_ > lo_ for lo_, hi_ in parts]
+    a = np.concatenate([p[0][m] for p, m in zip(parts, nonempty, strict=True)])
+    b = np.concatenate([p[1][m] for p, m in zip(parts, nonempty, strict=True)])
+    return a, b, np.concatenate([family[m] for m in nonempty])
 
 
 def _mid(a: np.ndarray, b: np.ndarray) -> np.ndarray:
