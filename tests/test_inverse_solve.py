@@ -667,3 +667,17 @@ def test_a_root_beside_a_plateau_holding_every_start_is_found():
     x = jnp.asarray([-3.0, -2.5, -2.1, -5.0, -40.0], jnp.float32)
     got = jax.jit(jaxinterp.inverse(g))(g(x))
     np.testing.assert_allclose(got, x, rtol=2e-6)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    ends=st.lists(st.floats(-5.0, 5.0, width=32), min_size=1, max_size=300),
+    x=st.lists(st.floats(-6.0, 6.0, width=32), min_size=1, max_size=50),
+)
+def test_the_unrolled_search_counts_the_ends_at_or_below_as_numpy_does(ends, x):
+    from jaxinterp._inverse._blocks import _at_or_below
+
+    ends = np.sort(np.asarray(ends, np.float32))
+    x = np.concatenate([np.asarray(x, np.float32), ends])
+    got = np.asarray(_at_or_below(ends, jnp.asarray(x)))
+    np.testing.assert_array_equal(got, np.searchsorted(ends, x, side="right"))

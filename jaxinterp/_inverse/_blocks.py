@@ -1476,6 +1476,24 @@ def _unproven(block: Block, known: Sequence[Any], y: Any) -> np.ndarray | None:
     return runs if len(runs) <= _MAX_RUNS else None
 
 
+def _at_or_below(ends: np.ndarray, x: Any) -> Any:
+    """Per element of `x`, how many of the sorted `ends` are at or below it:
+    a binary search unrolled over the bits of the count, each step a
+    comparison with one gathered end. (`jnp.searchsorted` batches a scan
+    with `vmap`, which JAX's hijax scan does not take; its `compare_all`
+    was 384 ms at 10^6 elements and 214 ends, against 5.6 ms searched.)"""
+    table = jnp.asarray(ends)
+    count = jnp.zeros(jnp.shape(x), jnp.int32)
+    step = 1 << (len(ends).bit_length() - 1)
+    while step:
+        # (`count + step` ends are at or below `x` if the last of them is.)
+        take = count + step
+        last = jnp.take(table, jnp.minimum(take, len(ends)) - 1, mode="clip")
+        count = jnp.where((take <= len(ends)) & (last <= x), take, count)
+        step >>= 1
+    return count
+
+
 def _edges_in(
     g: Callable[..., Any], x: Any, known: Sequence[Any], runs: np.ndarray
 ) -> Any:
@@ -1498,8 +1516,7 @@ def _edges_in(
         inf = np.asarray(np.inf, dtype)
         lo = np.nextafter(runs[:, 0].astype(dtype), -inf)
         hi = np.nextafter(runs[:, 1].astype(dtype), inf)
-        ends = jnp.asarray(np.stack([lo, hi], axis=1).ravel())
-        near = jnp.searchsorted(ends, x, side="right", method="scan_unrolled") % 2 == 1
+        near = _at_or_below(np.stack([lo, hi], axis=1).ravel(), x) % 2 == 1
     nan = jnp.asarray(jnp.nan, jnp.result_type(x))
 
     def test(x: Any, *known: Any) -> Any:
