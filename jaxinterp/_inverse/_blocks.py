@@ -1176,11 +1176,7 @@ def _folds(
     `None` where it is left to the samplers. Only for scalar known operands
     and equations that run on scalars. A map with turns found and intervals
     left undecided (where more turns may hide) is refused."""
-    known = [_as_scalar(k) for k in known]
-    if any(np.shape(k) for k in known) or not _replays_at_any_shape(block.eqns):
-        return None
-    with jax.ensure_compile_time_eval():
-        slope = _enclose.Slope.of(lambda u: block.g(u, *known), dtype)
+    slope = _scalar_slope(block, known, dtype)
     if slope is None:
         return None
     points = _solve.grid(dtype)
@@ -1195,6 +1191,19 @@ def _folds(
             "more than once and has no inverse"
         )
     return turns
+
+
+def _scalar_slope(
+    block: Block, known: Sequence[Any], dtype: Any
+) -> _enclose.Slope | None:
+    """The enclosable slope of the block's map with its known operands as
+    scalars (`_as_scalar`), or `None` where one is not a scalar, the
+    equations do not run on scalars, or a step has no enclosure rule."""
+    known = [_as_scalar(k) for k in known]
+    if any(np.shape(k) for k in known) or not _replays_at_any_shape(block.eqns):
+        return None
+    with jax.ensure_compile_time_eval():
+        return _enclose.Slope.of(lambda u: block.g(u, *known), dtype)
 
 
 def _per_element_slope(block: Block, known: Sequence[Any], y: Any) -> Any:
@@ -1463,15 +1472,11 @@ def _unproven(block: Block, known: Sequence[Any], y: Any) -> np.ndarray | None:
         or not _uniform(block, known, tuple(jnp.shape(y)))
     ):
         return None
-    known = [_as_scalar(k) for k in known]
-    if any(np.shape(k) for k in known) or not _replays_at_any_shape(block.eqns):
-        return None
     dtype = jnp.result_type(y)
-    with jax.ensure_compile_time_eval():
-        slope = _enclose.Slope.of(lambda u: block.g(u, *known), dtype)
+    slope = _scalar_slope(block, known, dtype)
     if slope is None:
         return None
-    step = math.sqrt(float(jnp.finfo(dtype).eps))
+    step = _solve.plateau_step_size(dtype)
     runs = _enclose.unmoving(slope, _solve.grid(dtype), dtype, step)
     return runs if len(runs) <= _MAX_RUNS else None
 

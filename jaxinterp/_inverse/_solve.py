@@ -931,9 +931,14 @@ def edge_of_plateau(g: Callable[[Any], Any], x: Any) -> Any:
     return (flat_below & moves_above) | (flat_above & moves_below)
 
 
+def plateau_step_size(dtype: Any) -> float:
+    """`plateau_step`'s step relative to `max(|x|, 1)`: `sqrt(eps)`."""
+    return math.sqrt(float(jnp.finfo(dtype).eps))
+
+
 def plateau_step(x: Any) -> Any:
     """The step `d` from `x` to the neighbours `edge_of_plateau` compares
-    with `g(x)`: `sqrt(eps) max(|x|, 1)`."""
+    with `g(x)`: `sqrt(eps) max(|x|, 1)` (`plateau_step_size`)."""
     eps = jnp.finfo(jnp.result_type(x)).eps
     return jnp.sqrt(eps) * jnp.maximum(jnp.abs(x), 1.0)
 
