@@ -368,3 +368,88 @@ def test_a_table_on_stretches_holds_nothing_where_two_take_the_value():
         both = [(-np.inf, 0.5, -0.25, np.inf), (0.5, np.inf, -0.25, np.inf)]
         table = _table.build(g, (N,), jnp.float32, both)
     assert table is None or np.isnan(np.asarray(table.x)).all()
+
+
+def stairs(x):
+    # Nearly flat about each integer (slope 0.001 there): its inverse curves
+    # within the table's cells, which are cut (`_table._tree`).
+    return x - 0.999 * jnp.sin(2 * np.pi * x) / (2 * np.pi)
+
+
+def _stairs_inverse(y):
+    """The inverse of `stairs` in float64, by bisection (`stairs` is
+    increasing, and within 1/(2 pi) of the identity)."""
+    y = np.asarray(y, np.float64)
+    lo, hi = y - 1.0, y + 1.0
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        below = mid - 0.999 * np.sin(2 * np.pi * mid) / (2 * np.pi) < y
+        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+    return (lo + hi) / 2
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_cells_where_the_inverse_curves_are_cut_so_the_start_is_close(dtype):
+    # Uncut, a cell about an integer holds a cube-root-shaped stretch of the
+    # inverse, and its chord is off by up to 4e-2 (session 34's table).
+    with _x64():
+        table = _table.build(stairs, (N,), dtype)
+        assert table is not None and table.levels > 0
+        assert table.x.size - 2 * (64 << 7) <= _table._MAX_REFINED
+        for low, high in [(-3.0, 3.0), (3.0, 40.0), (1e-6, 1e-3)]:
+            x = np.random.default_rng(0).uniform(low, high, N)
+            y = stairs(jnp.asarray(x, dtype))
+            want = _stairs_inverse(y)
+            start = np.asarray(_table.lookup(table, y), np.float64)
+            rel = np.abs(start - want) / np.maximum(np.abs(want), 1)
+            assert np.max(rel) < 5e-4, (low, high, np.max(rel))
+
+
+def test_with_cut_cells_one_newton_step_decides_most_roots_of_a_staircase():
+    # Session 34's table decided 70% of these (TFP's `Softfloor(0.05)`: 28%
+    # of its benchmark's roots) and left the rest to the later tiers.
+    x = jnp.asarray(np.random.default_rng(1).uniform(-3, 3, N), jnp.float32)
+    y = stairs(x)
+    table = _table_for(stairs)
+    x1 = np.asarray(jax.jit(lambda y: _solve._from_table(stairs, y, table))(y))
+    decided = ~np.isnan(x1)
+    assert decided.mean() > 0.8
+    want = _stairs_inverse(y)
+    # Within the rounding of `y` (and of `stairs` in float32) carried
+    # through the inverse's slope, up to 1000 where the steps are flat.
+    eps = float(jnp.finfo(jnp.float32).eps)
+    slope = 1 - 0.999 * np.cos(2 * np.pi * want)
+    tol = 8 * eps * (np.abs(np.asarray(y)) + 1) / slope + 4 * eps * np.abs(want)
+    assert (np.abs(x1 - want) <= tol)[decided].all()
+    # The whole solve agrees with the float64 inverse. (Not within 0.02 of
+    # 0, where `stairs` is a difference of two terms 1000 times its value:
+    # there JAX 0.7's unoptimized XLA (`jax_disable_most_optimizations`)
+    # rounds it so coarsely that the solver's tests reject some roots as
+    # plateaus, a false NaN, with or without cut cells.)
+    got = np.asarray(jax.jit(jaxinterp.inverse(stairs))(y))
+    far = np.abs(want) > 0.02
+    assert (np.abs(got - want) <= tol)[far].all()
+    assert (np.isnan(got) | (np.abs(got - want) <= tol)).all()
+
+
+@ft.cache
+def _stairs_table():
+    return _table_for(stairs)
+
+
+@given(
+    st.floats(-60.0, 60.0, width=32).filter(lambda x: abs(x) > 1e-6),
+)
+def test_a_cut_table_starts_near_the_inverse_at_any_value(x):
+    # The cells' bits walked down the cut levels (`lookup`) against the
+    # inverse itself, one value at a time: a sign, an exponent, a cell edge
+    # or a level picked wrongly lands far from it.
+    table = _stairs_table()
+    y = stairs(jnp.full((1,), x, jnp.float32)) * 1.0
+    want = _stairs_inverse(y)
+    start = np.asarray(_table.lookup(table, y), np.float64)
+    assert np.isfinite(start).all()
+    # Past `|x| = 40` the samples are too sparse for the cut budget: the
+    # start is within a step's width.
+    bound = 5e-4 if abs(x) <= 40 else 0.05
+    assert np.abs(start - want)[0] <= bound * max(abs(want[0]), 1.0)
