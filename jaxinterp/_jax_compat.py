@@ -1228,6 +1228,20 @@ def hijax_params(params: Any) -> HijaxParams:
     )
 
 
+def custom_jvp_body(eqn: Any) -> Any | None:
+    """The body of a `custom_jvp` equation, JAX's hijax flags on or off (a
+    `ClosedJaxpr` taking the equation's operands): `custom_jvp_call`'s
+    `call_jaxpr`, or the traced function of a `call_hi_primitive` standing
+    for one (`jax_custom_jvp3`); `None` for any other equation."""
+    if eqn.primitive is custom_jvp_call_p:
+        return call_jaxpr(eqn.params)
+    if call_hi_primitive_p is not None and eqn.primitive is call_hi_primitive_p:
+        hi = hijax_params(eqn)
+        if hi.kind == "custom_jvp" and hi.keep is None:
+            return as_closed(hi.body)
+    return None
+
+
 def expand_hi_primitive(prim: Any) -> Any:
     """Trace a hijax primitive's `expand` (its ordinary-JAX meaning) to a Jaxpr.
 

@@ -416,7 +416,7 @@ def _reshaped_call(eqn: Any, ins: Sequence[Any]) -> bool:
     extremes, and the solver's roots are checked by value). Elsewhere the
     call is bound whole, its rule kept (the implicit function theorem's
     slope at the answer)."""
-    return eqn.primitive is compat.custom_jvp_call_p and any(
+    return compat.custom_jvp_body(eqn) is not None and any(
         tuple(jnp.shape(v)) != tuple(var.aval.shape)
         for v, var in zip(ins, eqn.invars, strict=True)
     )
@@ -1139,7 +1139,7 @@ def _replays_at_any_shape(eqns: Sequence[Any]) -> bool:
             body = compat.jit_params(eqn.params).jaxpr
             if not _replays_at_any_shape(compat.open_jaxpr(body).eqns):
                 return False
-        elif eqn.primitive is compat.custom_jvp_call_p:
+        elif compat.custom_jvp_body(eqn) is not None:
             if not _replays_at_any_shape(_inline_body(eqn).jaxpr.eqns):
                 return False
         elif eqn.primitive.name not in _ELEMENTWISE and not _scalar_broadcast(eqn):
@@ -1149,9 +1149,10 @@ def _replays_at_any_shape(eqns: Sequence[Any]) -> bool:
 
 def _inline_body(eqn: Any) -> Any:
     """The body of a `custom_jvp` call (a `ClosedJaxpr` taking the call's
-    operands), which `Block._run` runs equation by equation where the call
-    is replayed at another shape than it was traced at."""
-    return compat.call_jaxpr(eqn.params)
+    operands; also under JAX's hijax flags), which `Block._run` runs
+    equation by equation where the call is replayed at another shape than
+    it was traced at."""
+    return compat.custom_jvp_body(eqn)
 
 
 # Steps at which a map may have a corner: on one side of it the map may be
