@@ -968,3 +968,63 @@ def test_a_fold_beside_a_max_is_seen_whatever_jax_writes_its_derivative():
         return
     assert np.isnan(got[:9]).all(), got[:9]
     np.testing.assert_allclose(got[9:], away, rtol=1e-5)
+
+
+def _algebraic_sigmoid(x):
+    return x / jnp.sqrt(1 + x**2)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_map_that_jumps_where_it_overflows_is_split_there_not_refused(dtype):
+    # `x / sqrt(1 + x**2)` as computed is 1 up to where `x**2` overflows
+    # (1.8e19 in float32), and 0 past it: the samples show a turn, and the
+    # stretch after it was taken to fall through every value from 1 to 0,
+    # so every `y` seemed to have two preimages and the map was refused.
+    # The map takes no value between the neighbouring floats where it
+    # jumps; the stretches part there, and only `y = 0` (taken at 0 and past
+    # the overflow) has two.
+    from helpers import x64
+
+    with x64():
+        x = jnp.asarray([-40.0, -3.0, -0.5, -1e-3, 2e-3, 0.7, 3.0, 60.0], dtype)
+        y = _algebraic_sigmoid(x)
+        inv = jaxinterp.inverse(_algebraic_sigmoid)
+        want = y / jnp.sqrt((1 - y) * (1 + y))
+        for got in (inv(y), jax.jit(inv)(y)):
+            # Within the rounding of `y` through the slope `(1 + x**2)**1.5`.
+            eps = float(jnp.finfo(dtype).eps)
+            tol = 8 * eps * (1 + np.asarray(want) ** 2) ** 1.5 * (np.abs(y) + eps)
+            assert np.all(
+                np.abs(np.asarray(got - want)) <= tol + 4 * eps * np.abs(want)
+            )
+        assert np.isnan(np.asarray(inv(jnp.zeros(2, dtype)))).all()
+        # Off the image: NaN.
+        assert np.isnan(np.asarray(inv(jnp.asarray([1.5, -2.0], dtype)))).all()
+        # The implicit function theorem's derivative, `(1 + x**2)**1.5`
+        # (where `|x| <= 3`: beyond, `g'` cancels in float32, off by 5e-4
+        # at `x = 60`).
+        grad = np.asarray(jax.vmap(jax.grad(inv))(y), np.float64)
+        near = np.abs(np.asarray(x)) <= 3
+        want64 = np.asarray(want, np.float64)
+        np.testing.assert_allclose(
+            grad[near], (1 + want64[near] ** 2) ** 1.5, rtol=1e-4
+        )
+
+
+@given(st.floats(-(1 - 2**-11), 1 - 2**-11, width=32))
+def test_past_an_overflow_jump_no_value_but_zero_has_a_second_preimage(v):
+    # Any `y` of `x / sqrt(1 + x**2)` but 0 has its one preimage below the
+    # overflow (`|x| < 1.8e19`); the answer is that preimage, never NaN but
+    # within the stretches' rounding allowance of 0 (`_turning._margin`:
+    # 16 times the smallest normal float).
+    y = jnp.full((3,), v, jnp.float32)
+    got = np.asarray(jaxinterp.inverse(_algebraic_sigmoid)(y), np.float64)
+    tiny = float(jnp.finfo(jnp.float32).tiny)
+    if v == 0:
+        assert np.isnan(got).all()
+        return
+    want = v / np.sqrt((1 - v) * (1 + v))
+    eps = float(jnp.finfo(jnp.float32).eps)
+    tol = 8 * eps * (1 + want**2) ** 1.5 * abs(v) + 4 * eps * abs(want)
+    close = np.abs(got - want) <= tol
+    assert np.all(close | (np.isnan(got) & (abs(v) <= 32 * tiny))), (got, want)

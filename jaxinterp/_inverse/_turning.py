@@ -172,12 +172,14 @@ def _stretches(
         points = np.unique(np.concatenate([points, added]))
     values = values_on(g, points, shape, dtype)
     points, values = _with_edges(g, dtype, shape, points, values)
+    points, values, jumps = _with_jumps(g, dtype, shape, points, values)
     eps = float(jnp.finfo(dtype).eps)
     finite = np.isfinite(values)
-    # `extra` holds pairs of neighbouring values either side of a switch:
-    # nothing lies between them, so a jump there is no turn to refine but a
-    # break between stretches (as a pole is).
-    pairs = np.asarray(extra, dtype).reshape(-1, 2)
+    # `extra` holds pairs of neighbouring values either side of a switch,
+    # `jumps` pairs of neighbouring floats across which the map jumps where
+    # it seems to turn: nothing lies between them, so a jump there is no
+    # turn to refine but a break between stretches (as a pole is).
+    pairs = np.concatenate([np.asarray(extra, dtype).reshape(-1, 2), jumps])
     index = {float(p): k for k, p in enumerate(points)}
     cut = {index[float(lo)] for lo, _ in pairs if float(lo) in index}
     x_lo: list[float] = []
@@ -282,6 +284,65 @@ def _with_edges(
     vs = np.concatenate([values, *new_v])
     xs, first = np.unique(xs, return_index=True)
     return xs.astype(points.dtype), vs[first]
+
+
+def _with_jumps(
+    g: Callable[[Any], Any],
+    dtype: Any,
+    shape: tuple[int, ...],
+    points: np.ndarray,
+    values: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`points` and `values` with neighbouring floats added where the map
+    jumps between two samples on either side of a turn, and those pairs
+    (`(k, 2)`): `x / sqrt(1 + x**2)` is 1 up to where `x**2` overflows, and
+    0 past it, which the samples show as a turn. Where the values of two
+    samples move one way and the map turns round next to them, the place
+    where it crosses the middle of their values is located by bisection on
+    the floats' order (as `_with_edges` does); if the neighbouring floats
+    there differ by more than half the move, the map takes no value between
+    them, and the stretches part there (at most `_MAX_EDGES` such
+    intervals)."""
+    eps = float(jnp.finfo(dtype).eps)
+    steps = np.diff(values)
+    with np.errstate(invalid="ignore"):
+        noise = 16 * eps * np.fmax(np.fmax(np.abs(values[:-1]), np.abs(values[1:])), 1)
+        sign = np.where(np.isfinite(steps) & (np.abs(steps) > noise), np.sign(steps), 0)
+    moving = np.flatnonzero(sign)
+    turning = moving[:-1][sign[moving[1:]] != sign[moving[:-1]]]
+    after = moving[1:][sign[moving[1:]] != sign[moving[:-1]]]
+    candidates = np.unique(np.concatenate([turning, after]))
+    none = np.zeros((0, 2), np.float64)
+    if candidates.size == 0 or candidates.size > _MAX_EDGES:
+        return points, values, none
+    size = max(math.prod(shape), 1)
+    k = min(size, 4096)
+    found: list[tuple[float, float, float, float]] = []
+    for i in map(int, candidates):
+        mid = (values[i] + values[i + 1]) / 2
+        rising = values[i + 1] > values[i]
+        a, b = (int(ordered_np(p, dtype)) for p in points[i : i + 2])
+        v_a, v_b = float(values[i]), float(values[i + 1])
+        while b - a > 1:
+            ks = sorted({a + (b - a) * j // (k + 1) for j in range(1, k + 1)} - {a})
+            vs = values_on(g, unordered_np(ks, dtype), shape, dtype)
+            past = np.flatnonzero(~np.isfinite(vs) | ((vs > mid) == rising))
+            j = int(past[0]) if past.size else len(ks)
+            if j < len(ks):
+                b, v_b = ks[j], float(vs[j])
+            if j > 0:
+                a, v_a = ks[j - 1], float(vs[j - 1])
+        move = abs(values[i + 1] - values[i])
+        if np.isfinite(v_a) and np.isfinite(v_b) and abs(v_b - v_a) > move / 2:
+            x_a, x_b = unordered_np([a, b], dtype)
+            found.append((float(x_a), float(x_b), v_a, v_b))
+    if not found:
+        return points, values, none
+    jumps = np.asarray(found)
+    xs = np.concatenate([points, jumps[:, 0], jumps[:, 1]])
+    vs = np.concatenate([values, jumps[:, 2], jumps[:, 3]])
+    xs, first = np.unique(xs, return_index=True)
+    return xs.astype(points.dtype), vs[first], jumps[:, :2]
 
 
 # At most this many places where a map stops or starts being finite are
