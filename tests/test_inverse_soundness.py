@@ -1028,3 +1028,75 @@ def test_past_an_overflow_jump_no_value_but_zero_has_a_second_preimage(v):
     tol = 8 * eps * (1 + want**2) ** 1.5 * abs(v) + 4 * eps * abs(want)
     close = np.abs(got - want) <= tol
     assert np.all(close | (np.isnan(got) & (abs(v) <= 32 * tiny))), (got, want)
+
+
+def _dropped_window(x):
+    # Drops by 0.05 where a bump about 0.3 exceeds a half (`|x - 0.3| <
+    # 0.0416`): between two grid points, where the choice is the same at
+    # both.
+    base = x + 0.1 * jnp.sin(x)
+    bump = jnp.exp(-400.0 * (x - 0.3) ** 2)
+    return jnp.where(bump > 0.5, base - 0.05, base)
+
+
+def test_a_window_of_a_smoothly_turning_comparison_between_grid_points_is_seen():
+    # The comparison `bump > 0.5` turns on and off between two grid points,
+    # so the samples never saw the drop: a `y` the window drops back to,
+    # which has a second preimage before the window, came back as one of
+    # them (91 of these 4,001). Enclosing the map locates where the choice
+    # may switch, down to neighbouring floats; sampled there, the drop is
+    # seen and those `y` are NaN.
+    x = jnp.linspace(-2.0, 2.0, 4001, dtype=jnp.float32)
+    y32 = _dropped_window(x)
+    got = np.asarray(jax.jit(jaxinterp.inverse(_dropped_window))(y32))
+    y = np.asarray(y32, np.float64)
+    start = 0.3 - np.sqrt(np.log(2.0) / 400.0)
+    top = start + 0.1 * np.sin(start)  # the value just before the window
+    # Taken before the window and inside it: `[top - 0.05, top)`; either
+    # answer within rounding of its ends.
+    margin = 1e-5
+    inside = (y >= top - 0.05 + margin) & (y < top - margin)
+    outside = (y < top - 0.05 - margin) | (y >= top + margin)
+    assert inside.sum() > 50 and np.isnan(got[inside]).all()
+    np.testing.assert_allclose(got[outside], np.asarray(x)[outside], atol=2e-6)
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    st.floats(-3.0, 3.0),
+    st.floats(50.0, 5000.0),
+    st.floats(-0.2, 0.2).filter(lambda d: abs(d) > 0.01),
+)
+def test_a_window_between_grid_points_never_answers_one_of_two_preimages(c, k, d):
+    # `base + d` where `exp(-k (x - c)**2) > 1/2`, `base` elsewhere: a
+    # window of half-width `sqrt(ln 2 / k)` about `c` shifted by `d`. A `y`
+    # with a preimage outside the window and one inside is NaN; one with a
+    # single preimage comes back as it.
+    def g(x):
+        base = x + 0.1 * jnp.sin(x)
+        return jnp.where(jnp.exp(-k * (x - c) ** 2) > 0.5, base + d, base)
+
+    x = jnp.linspace(-4.0, 4.0, 2001, dtype=jnp.float32)
+    y32 = g(x)
+    got = np.asarray(jaxinterp.inverse(g)(y32), np.float64)
+    y = np.asarray(y32, np.float64)
+    # `base` is increasing (its slope is at least 0.9): its inverse by
+    # interpolation on a dense grid, good to 1e-7 here.
+    xs = np.linspace(-6.0, 6.0, 2_000_001)
+    bs = xs + 0.1 * np.sin(xs)
+    half = np.sqrt(np.log(2.0) / k)
+    out = np.interp(y, bs, xs)  # the preimage off the window, if any
+    win = np.interp(y - d, bs, xs)  # the one in it, if any
+    margin = 1e-4
+    off_ok = np.abs(out - c) > half + margin
+    in_ok = np.abs(win - c) < half - margin
+    unclear = (np.abs(np.abs(out - c) - half) <= margin) | (
+        np.abs(np.abs(win - c) - half) <= margin
+    )
+    two = off_ok & in_ok & ~unclear
+    assert np.isnan(got[two]).all()
+    one = (off_ok ^ in_ok) & ~unclear
+    single = np.where(off_ok, out, win)[one]
+    answered = ~np.isnan(got[one])
+    np.testing.assert_allclose(got[one][answered], single[answered], atol=1e-5)
+    assert answered.mean() > 0.95  # (NaN only about the window's edges)

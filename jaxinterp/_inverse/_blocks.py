@@ -1562,7 +1562,13 @@ def _solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
             folds = _folds(block, known, dtype, extra) if uniform else None
             if not uniform:
                 _refuse_folds_per_element(block, known, y)
-            more = folds.points.tolist() if folds is not None else []
+            # (And either side of the switches the enclosures could not
+            # decide between grid points: the map may jump back there.)
+            more = (
+                [*folds.points.tolist(), *folds.switches.tolist()]
+                if folds is not None
+                else []
+            )
             with jax.ensure_compile_time_eval():
                 ok = np.asarray(
                     _solve.monotone_on_grid(

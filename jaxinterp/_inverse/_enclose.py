@@ -1038,6 +1038,12 @@ class Turns:
     complete: bool
     # Each turn: `(lo, hi, peak)`, within `[lo, hi]`, a maximum if `peak > 0`.
     turns: list[tuple[float, float, int]] = dataclasses.field(default_factory=list)
+    # Neighbouring floats (both, flat) where a discrete choice of the map
+    # was not decided down to them: where it may switch (a comparison of a
+    # value that turns between grid points, `exp(-400 (x - 0.3)**2) > 0.5`),
+    # and the map may jump there, which the samplers see only if they
+    # sample there.
+    switches: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
 
 
 def turn_points(slope: Slope, points: np.ndarray, dtype: Any, box: Box = ()) -> Turns:
@@ -1052,12 +1058,16 @@ def turn_points(slope: Slope, points: np.ndarray, dtype: Any, box: Box = ()) -> 
     a, b = a[keep], b[keep]
     family = np.arange(a.size)
     found: list[tuple[np.ndarray, ...]] = []
+    switches: list[np.ndarray] = []
     complete = True
     for _ in range(_ROUNDS):
         if not a.size:
             break
         lo, hi = _unordered(a, dtype), _unordered(b, dtype)
         got = _enclosed(slope, lo, hi, box)
+        # (Down to neighbouring floats, a choice still not decided.)
+        at = (b - a < 2) & got.unsure & ~got.void & np.isnan(got.d_lo)
+        switches += [lo[at], hi[at]]
         up = got.d_lo >= 0
         down = got.d_hi <= 0
         direction = np.where(up & down, 0, np.where(up, 1, -1))
@@ -1087,7 +1097,8 @@ def turn_points(slope: Slope, points: np.ndarray, dtype: Any, box: Box = ()) -> 
     else:
         complete = complete and not a.size
     points, turns = _around_turns(found, dtype)
-    return Turns(points, complete, turns)
+    near = np.unique(np.concatenate(switches)) if switches else np.zeros(0)
+    return Turns(points, complete, turns, near)
 
 
 def unmoving(slope: Slope, points: np.ndarray, dtype: Any, step: float) -> np.ndarray:
