@@ -28,6 +28,7 @@ rule for relies on the grid, as the monotonicity check does.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -256,34 +257,65 @@ def _with_edges(
     samples of the bisection approach it about geometrically, so the
     stretch there holds the values it reaches."""
     finite = np.isfinite(values)
-    size = max(math.prod(shape), 1)
-    k = min(size, 4096)
     new_x: list[np.ndarray] = []
     new_v: list[np.ndarray] = []
     flips = np.flatnonzero(finite[1:] != finite[:-1])
     if len(flips) > _MAX_EDGES:
         raise _Wiggles  # (holes everywhere: `log(sin(x))`; refused)
     for i in map(int, flips):
-        a, b = (int(ordered_np(p, dtype)) for p in points[i : i + 2])
-        side = finite[i]
-        while b - a > 1:
-            ks = sorted({a + (b - a) * j // (k + 1) for j in range(1, k + 1)} - {a})
-            xs = unordered_np(ks, dtype).astype(dtype)
-            vs = values_on(g, xs, shape, dtype)
-            new_x.append(xs)
-            new_v.append(vs)
-            differ = np.flatnonzero(np.isfinite(vs) != side)
-            j = int(differ[0]) if differ.size else len(ks)
-            if j < len(ks):
-                b = ks[j]
-            if j > 0:
-                a = ks[j - 1]
+        flip = functools.partial(_flips, bool(finite[i]))
+        *_, seen_x, seen_v = _bisect(g, dtype, shape, points[i], points[i + 1], flip)
+        new_x += seen_x
+        new_v += seen_v
     if not new_x:
         return points, values
     xs = np.concatenate([points, *new_x])
     vs = np.concatenate([values, *new_v])
     xs, first = np.unique(xs, return_index=True)
     return xs.astype(points.dtype), vs[first]
+
+
+def _bisect(
+    g: Callable[[Any], Any],
+    dtype: Any,
+    shape: tuple[int, ...],
+    lo: float,
+    hi: float,
+    past: Callable[[np.ndarray], np.ndarray],
+) -> tuple[int, int, list[np.ndarray], list[np.ndarray]]:
+    """Neighbouring floats `a < b` between `lo` and `hi` (as `ordered_np`
+    integers) where the map's values first pass `past`, on the floats'
+    order, assuming they pass it at `hi` and not at `lo`: a call of `g`
+    per step, `shape`'s elements (at most 4,096) points apart each; and the
+    points sampled on the way, and their values."""
+    k = min(max(math.prod(shape), 1), 4096)
+    a, b = int(ordered_np(lo, dtype)), int(ordered_np(hi, dtype))
+    xs_seen: list[np.ndarray] = []
+    vs_seen: list[np.ndarray] = []
+    while b - a > 1:
+        ks = sorted({a + (b - a) * j // (k + 1) for j in range(1, k + 1)} - {a})
+        xs = unordered_np(ks, dtype).astype(dtype)
+        vs = values_on(g, xs, shape, dtype)
+        xs_seen.append(xs)
+        vs_seen.append(vs)
+        passed = np.flatnonzero(past(vs))
+        j = int(passed[0]) if passed.size else len(ks)
+        if j < len(ks):
+            b = ks[j]
+        if j > 0:
+            a = ks[j - 1]
+    return a, b, xs_seen, vs_seen
+
+
+def _flips(finite: bool, v: np.ndarray) -> np.ndarray:
+    """Whether each value is finite where `finite` is false, or not."""
+    return np.isfinite(v) != finite
+
+
+def _crosses(mid: float, rising: bool, v: np.ndarray) -> np.ndarray:
+    """Whether each value is past `mid` (above it if `rising`) or not a
+    number."""
+    return ~np.isfinite(v) | ((v > mid) == rising)
 
 
 def _with_jumps(
@@ -315,27 +347,17 @@ def _with_jumps(
     none = np.zeros((0, 2), np.float64)
     if candidates.size == 0 or candidates.size > _MAX_EDGES:
         return points, values, none
-    size = max(math.prod(shape), 1)
-    k = min(size, 4096)
     found: list[tuple[float, float, float, float]] = []
     for i in map(int, candidates):
         mid = (values[i] + values[i + 1]) / 2
         rising = values[i + 1] > values[i]
-        a, b = (int(ordered_np(p, dtype)) for p in points[i : i + 2])
-        v_a, v_b = float(values[i]), float(values[i + 1])
-        while b - a > 1:
-            ks = sorted({a + (b - a) * j // (k + 1) for j in range(1, k + 1)} - {a})
-            vs = values_on(g, unordered_np(ks, dtype), shape, dtype)
-            past = np.flatnonzero(~np.isfinite(vs) | ((vs > mid) == rising))
-            j = int(past[0]) if past.size else len(ks)
-            if j < len(ks):
-                b, v_b = ks[j], float(vs[j])
-            if j > 0:
-                a, v_a = ks[j - 1], float(vs[j - 1])
+        cross = functools.partial(_crosses, float(mid), bool(rising))
+        a, b, _, _ = _bisect(g, dtype, shape, points[i], points[i + 1], cross)
+        x_a, x_b = unordered_np([a, b], dtype)
+        v_a, v_b = values_on(g, np.asarray([x_a, x_b]), shape, dtype)
         move = abs(values[i + 1] - values[i])
         if np.isfinite(v_a) and np.isfinite(v_b) and abs(v_b - v_a) > move / 2:
-            x_a, x_b = unordered_np([a, b], dtype)
-            found.append((float(x_a), float(x_b), v_a, v_b))
+            found.append((float(x_a), float(x_b), float(v_a), float(v_b)))
     if not found:
         return points, values, none
     jumps = np.asarray(found)
