@@ -630,6 +630,39 @@ def test_the_edge_of_a_plateau_is_nan_where_the_test_runs_lazily(c, s, x0):
     np.testing.assert_allclose(got[:-1], below, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("count, size", [(40, 64), (150, 256), (600, 1024)])
+def test_the_plateau_test_gathers_its_roots_in_the_smallest_size_that_holds_them(
+    count, size
+):
+    # `count` roots in the run about the corner at 0.5 (`[0.49965, inf)`),
+    # single preimages all, among 4,096: the edge test runs on them only,
+    # gathered 64, 256 (`_solve._MIDDLE`) or a chunk (1,024 here) at a time.
+    def g(x):
+        u = jnp.minimum(x, 0.5)
+        return u + u * u * u
+
+    inside = np.linspace(0.4997, 0.49995, count, dtype=np.float32)
+    assert np.unique(inside).size == count
+    x = np.concatenate(
+        [np.linspace(-3.0, 0.49, 4096 - count, dtype=np.float32), inside]
+    )
+    y = jnp.concatenate([g(jnp.asarray(x)), g(jnp.float32(0.5))[None]])
+    sizes = []
+    real = _solve._gathered
+
+    def spy(index, *args):
+        sizes.append(index.shape[0])
+        return real(index, *args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_solve, "_gathered", spy)
+        got, runs = _inverse_and_runs(g, y)
+    assert any(lo <= 0.4997 and 0.5 <= hi for lo, hi in runs)
+    assert size in sizes
+    np.testing.assert_allclose(got[:-1], x, rtol=2e-5, atol=2e-5)
+    assert np.isnan(got[-1])
+
+
 def _soft_staircase(x):
     # Continuous and increasing, written through `floor` (TFP's `Softfloor`
     # is so): the enclosures leave a run about each step, and more than

@@ -308,7 +308,11 @@ def _plainly_accepted(y: Any, x: Any, residual: Any, slope: Any) -> Any:
 
 
 def _lazily(
-    x: Any, y: Any, solve: Callable[..., Any], known: Sequence[Any] | None = None
+    x: Any,
+    y: Any,
+    solve: Callable[..., Any],
+    known: Sequence[Any] | None = None,
+    sizes: Callable[[Any, Sequence[Any]], list[int]] | None = None,
 ) -> Any:
     """`x`, with `solve(y)` where `x` is NaN and `y` is not: `solve` runs
     only if there is such an element, inside a `while_loop` of at most one
@@ -323,25 +327,28 @@ def _lazily(
     their known operands: up to `_FEW` at once (`_compacted`), else in
     chunks of 1/`_FRACTION` of the elements (`_chunks`). A `y` off the
     map's image in an array of a million would otherwise cost a million
-    full searches."""
+    full searches. `sizes(y, known)`: the sizes of those gathers, in
+    increasing order (`_caps` by default), the last one the chunks'."""
 
     def exact(x: Any, y: Any) -> Any:
         need = jnp.isnan(x) & ~jnp.isnan(y)
         if known is None:
             return once(jnp.any(need), x, y, lambda x, y: _fill(x, y, solve))
         count = jnp.sum(need, dtype=jnp.int32)
-        caps = _caps(y, known)
+        caps = (sizes or _caps)(y, known)
         if not caps:
             return once(count > 0, x, y, lambda x, y: _fill(x, y, solve, known))
-        # Few undecided elements: one gather of `_FEW`. More: chunks of the
-        # largest size, in a loop. The program holds at most two copies of
-        # the later tiers (each copy is most of the solver's compile time).
+        # Few undecided elements: one gather of the smallest size that holds
+        # them. More: chunks of the largest size, in a loop. By default the
+        # program holds at most two copies of the later tiers (each copy is
+        # most of the solver's compile time).
         *few, cap = caps
-        if few:
-            (small,) = few
+        below = 0
+        for small in few:
             compact = functools.partial(_compacted, small, solve, known)
-            x = once((count > 0) & (count <= small), x, y, compact)
-        return _chunks(count > (few[0] if few else 0), cap, solve, known, x, y)
+            x = once((count > below) & (count <= small), x, y, compact)
+            below = small
+        return _chunks(count > below, cap, solve, known, x, y)
 
     # A sum holding a NaN is NaN (so is one of inf and -inf: then the exact
     # test runs for nothing). Not a `max`: XLA's CPU reductions may drop
@@ -356,14 +363,26 @@ def gather_where(
     """`x`, with `solve(x, *known)` run where `mask` holds (and `x` is not
     NaN): lazily, on those elements gathered with their known operands (as
     `_lazily` gathers undecided elements: `_compacted`, `_chunks`), or not
-    at all if there is none."""
-    return _lazily(jnp.where(mask, jnp.nan, x), x, solve, known)
+    at all if there is none. (A size of gather between `_FEW` and the
+    chunks' too, `_MIDDLE`: a test on a few hundred elements is cheap to
+    hold a copy of, and a chunk of 1/64 of a million costs a search of the
+    whole array for them: TFP-like maps with a corner at 0 hold about a
+    hundred such roots.)"""
+
+    def sizes(y: Any, known: Sequence[Any]) -> list[int]:
+        caps = _caps(y, known)
+        if len(caps) == 2 and caps[0] < _MIDDLE < caps[1]:
+            return [caps[0], _MIDDLE, caps[1]]
+        return caps
+
+    return _lazily(jnp.where(mask, jnp.nan, x), x, solve, known, sizes)
 
 
 # The sizes of the gathers of undecided elements (`_caps`): a few, or a
-# fraction of the elements.
+# fraction of the elements (and for `gather_where`, `_MIDDLE` between).
 _FEW = 64
 _FRACTION = 64
+_MIDDLE = 256
 # The chunks hold at least this many elements (at most a quarter of all):
 # each round of `_chunks` costs tens of microseconds besides its elements
 # on a CPU (its loops, gathers and scatter), so at 10^4 elements, chunks of
@@ -475,7 +494,7 @@ def _first(mask: Any, cap: int) -> Any:
     blocks holding a true element are found first (a reduction and a
     cumulative sum over the blocks), then the elements within them."""
     size = mask.shape[0]
-    if cap * _BLOCK * 4 > size:
+    if cap * _BLOCK * 2 > size:
         return jnp.nonzero(mask, size=cap, fill_value=size)[0]
     count = -(-size // _BLOCK)
     blocks = jnp.pad(mask, (0, count * _BLOCK - size)).reshape(count, _BLOCK)
