@@ -293,7 +293,8 @@ def _deviations(
         half = np.where(gp[inside] < 0, 1, 0)
         parts = 1 << (_FANOUT * depth)
         q = np.floor((a - mags[c]) / ((mags[c + 1] - mags[c]) / parts))
-        key = ((half * cells + c) << (_FANOUT * depth)) + np.minimum(q, parts - 1)
+        q = np.minimum(q, parts - 1).astype(np.int64)
+        key = ((half * cells + c) << (_FANOUT * depth)) + q
         at = np.minimum(np.searchsorted(level.key, key), level.key.size - 1)
         on = level.key[at] == key
         at, a, xs, wob = at[on], a[on], xs[on], wob[on]
