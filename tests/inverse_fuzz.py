@@ -1934,6 +1934,15 @@ _JUMPS: list[_BlockRow] = [
         lambda a, c: bool(np.all(np.abs(a - 2.0) > c + 0.05)),
         (0.1, 0.5),
     ),
+    # Drops by 0.05 inside a window `|x - C| < 0.0416` of a smoothly turning
+    # comparison, which can lie between two grid points (session 35): the
+    # values within 0.056 either way of its left edge are taken twice.
+    (
+        "jnp.where(jnp.exp(-400.0 * ({0} - C) ** 2) > 0.5, {0} - 0.05, {0})"
+        " + 0.1 * jnp.sin({0})",
+        lambda a, c: bool(np.all(np.abs(a - (c - 0.0416)) > 0.07)),
+        (-1, 1),
+    ),
     # A `cond` and a `switch` on each element (`lax.map`: a `scan` whose
     # body chooses by the unknown), unfolded into piecewise maps (session 25).
     (
