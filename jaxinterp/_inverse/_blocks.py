@@ -352,10 +352,11 @@ class Block:
                     picked = ins[choice[site.key] + offset]
                 outs = [jnp.broadcast_to(picked, at_shape(eqn.outvars[0]))]
             elif eqn.primitive is compat.jit_p or _reshaped_call(eqn, ins):
-                body = (
+                # (`_reshaped_call`: a `custom_jvp` call, its body there.)
+                body: Any = (
                     compat.jit_params(eqn.params).jaxpr
                     if eqn.primitive is compat.jit_p
-                    else _inline_body(eqn)
+                    else compat.custom_jvp_body(eqn)
                 )
                 consts = body.consts
                 if shape is not None and shape != traced_at:
@@ -1139,20 +1140,12 @@ def _replays_at_any_shape(eqns: Sequence[Any]) -> bool:
             body = compat.jit_params(eqn.params).jaxpr
             if not _replays_at_any_shape(compat.open_jaxpr(body).eqns):
                 return False
-        elif compat.custom_jvp_body(eqn) is not None:
-            if not _replays_at_any_shape(_inline_body(eqn).jaxpr.eqns):
+        elif (body := compat.custom_jvp_body(eqn)) is not None:
+            if not _replays_at_any_shape(body.jaxpr.eqns):
                 return False
         elif eqn.primitive.name not in _ELEMENTWISE and not _scalar_broadcast(eqn):
             return False
     return True
-
-
-def _inline_body(eqn: Any) -> Any:
-    """The body of a `custom_jvp` call (a `ClosedJaxpr` taking the call's
-    operands; also under JAX's hijax flags), which `Block._run` runs
-    equation by equation where the call is replayed at another shape than
-    it was traced at."""
-    return compat.custom_jvp_body(eqn)
 
 
 # Steps at which a map may have a corner: on one side of it the map may be

@@ -211,12 +211,12 @@ def _tree(
     xs, slopes, cut = [], [], []
     budget = _MAX_REFINED
     for depth in range(top + 1):
-        x, slope = _entries(pieces, level)
+        x, slope, owner = _entries(pieces, level)
         xs.append(x)
         slopes.append(slope)
         if depth == top or budget < 2**_FANOUT:
             break
-        dev, noise = _deviations(pieces, wobble, mags, level, depth, x, slope)
+        dev, noise = _deviations(pieces, wobble, mags, level, depth, x, slope, owner)
         scale = np.fmax(np.abs(x), np.abs(x + slope * level.width))
         tol = np.fmax(_TOLERANCE * scale, _NOISE * noise)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -247,14 +247,17 @@ def _tree(
     )
 
 
-def _entries(pieces: Sequence[_Piece], level: _Nodes) -> tuple[np.ndarray, np.ndarray]:
-    """Per cell, the inverse at its low end and its slope over the cell (0
-    where its ends lie on two stretches: the low end's `x` alone)."""
+def _entries(
+    pieces: Sequence[_Piece], level: _Nodes
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per cell, the inverse at its low end, its slope over the cell (0
+    where its ends lie on two stretches: the low end's `x` alone), and the
+    piece its low end lies on (`_held`)."""
     x_lo, o_lo = _held(level.sign * level.lo, pieces)
     x_hi, o_hi = _held(level.sign * (level.lo + level.width), pieces)
     slope = (x_hi - x_lo) / level.width
     slope[o_lo != o_hi] = 0.0
-    return x_lo, slope
+    return x_lo, slope, o_lo
 
 
 def _children(level: _Nodes, cut: np.ndarray) -> _Nodes:
@@ -278,10 +281,12 @@ def _deviations(
     depth: int,
     x: np.ndarray,
     slope: np.ndarray,
+    owner: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per cell of `level` (cut `depth` times), how far the samples inside it
-    lie from its chord at most (in `x`; NaN where none tells), and how far
-    they lie from their neighbours' chords at most (`_wobble`)."""
+    """Per cell of `level` (cut `depth` times; its entries `x`, `slope` and
+    `owner`, `_entries`), how far the samples inside it lie from its chord
+    at most (in `x`; NaN where none tells), and how far they lie from their
+    neighbours' chords at most (`_wobble`)."""
     cells = mags.size - 1
     dev = np.full(level.key.shape, np.nan)
     noise = np.zeros(level.key.shape)
@@ -300,7 +305,7 @@ def _deviations(
         at, a, xs, wob = at[on], a[on], xs[on], wob[on]
         # (Only where the cell's ends lie on this piece: its `x` alone
         # elsewhere, `_entries`.)
-        mine = _held(level.sign[at] * level.lo[at], pieces)[1] == k
+        mine = owner[at] == k
         at, a, xs, wob = at[mine], a[mine], xs[mine], wob[mine]
         off = np.abs(xs - (x[at] + (a - level.lo[at]) * slope[at]))
         ok = np.isfinite(off)
