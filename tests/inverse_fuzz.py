@@ -1856,6 +1856,13 @@ _MONOTONE: list[_BlockRow] = [
     ("{0} + C * jnp.tanh(2.0 * {0})", lambda a, c: True, (0.1, 1)),
     ("jnp.sinh({0}) + C * {0}", lambda a, c: _amax(a) < 6, (0.2, 2)),
     ("{0} ** 3 + C * {0}", lambda a, c: _amax(a) < 10, (0.2, 2)),
+    # Falls to 0 where `x**2` overflows (session 35: split there, not a
+    # turn); `y = 0` has a second preimage past it, so samples stay off 0.
+    (
+        "{0} / jnp.sqrt(C + {0} * {0})",
+        lambda a, c: _amax(a) < 50 and _amin(np.abs(a)) > 1e-3,
+        (0.5, 2),
+    ),
     (
         "jnp.log({0}) - jnp.log1p(-{0}) + C * {0}",
         lambda a, c: 0.02 < _lo(a) and _hi(a) < 0.98,
