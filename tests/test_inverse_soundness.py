@@ -1100,3 +1100,70 @@ def test_a_window_between_grid_points_never_answers_one_of_two_preimages(c, k, d
     answered = ~np.isnan(got[one])
     np.testing.assert_allclose(got[one][answered], single[answered], atol=1e-5)
     assert answered.mean() > 0.95  # (NaN only about the window's edges)
+
+
+def _window_of(x, c, k, d):
+    # `base + d` where a bump of width about `1 / sqrt(k)` about `c` exceeds
+    # a half: a window between grid points, the same choice at both.
+    base = x + 0.1 * jnp.sin(x)
+    return jnp.where(jnp.exp(-k * (x - c) ** 2) > 0.5, base + d, base)
+
+
+@pytest.mark.parametrize("operands", ["traced", "vmap", "per element"])
+def test_a_window_of_a_smoothly_turning_comparison_with_traced_operands_is_nan(
+    operands,
+):
+    # With traced operands the samplers locate one switch of each choice
+    # between grid points, so they never saw the window; a `y` it drops back
+    # to came back as one of its two preimages (12 of these 2,001 with a
+    # traced scalar `c`). The search for turns, run on the operands' values
+    # when the program runs, now encloses the map either side of where the
+    # choice switches: proven to jump back there, it is not injective, NaN
+    # (as where the samples show a turn when the program runs).
+    x = jnp.linspace(-2.0, 2.0, 2001, dtype=jnp.float32)
+    inv = jaxinterp.inverse(_window_of, argnums=0)
+    if operands == "traced":
+        c = jnp.float32(0.3)
+        got = jax.jit(inv)(_window_of(x, c, 400.0, -0.05), c, 400.0, -0.05)
+    elif operands == "vmap":
+        c = jnp.linspace(-1.0, 1.0, 4, dtype=jnp.float32)
+        y = jax.vmap(lambda c: _window_of(x, c, 400.0, -0.05))(c)
+        got = jax.jit(jax.vmap(inv, (0, 0, None, None)))(y, c, 400.0, -0.05)
+    else:
+        # (One `c` per element, spread over a thousandth.)
+        c = 0.3 + jnp.linspace(0.0, 1e-3, x.size, dtype=jnp.float32)
+        got = jax.jit(inv)(_window_of(x, c, 400.0, -0.05), c, 400.0, -0.05)
+    assert np.isnan(np.asarray(got)).all()
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    st.floats(-1.5, 1.5),
+    st.floats(50.0, 5000.0),
+    st.floats(-0.2, 0.2).filter(lambda d: abs(d) > 0.01),
+)
+def test_with_traced_operands_a_window_never_answers_one_of_two_preimages(c, k, d):
+    # Every answer is the one preimage of its `y`: here none is, every
+    # `y` near the window has two, and with traced operands the map's turn
+    # is found only as a whole (NaN for every element).
+    x = jnp.linspace(-2.0, 2.0, 1001, dtype=jnp.float32)
+    c, k, d = np.float32(c), np.float32(k), np.float32(d)
+    got = jax.jit(jaxinterp.inverse(_window_of, argnums=0))(
+        _window_of(x, c, k, d), c, k, d
+    )
+    assert np.isnan(np.asarray(got)).all()
+
+
+def test_with_traced_operands_a_continuous_window_is_still_inverted():
+    # A comparison of a smoothly turning value that switches between cases
+    # that meet there (`bump - 0.5` is 0 at the edges): no jump, a monotone
+    # map, answered everywhere.
+    def f(x, c):
+        base = x + 0.1 * jnp.sin(x)
+        bump = jnp.exp(-400.0 * (x - c) ** 2)
+        return jnp.where(bump > 0.5, base + 0.01 * (bump - 0.5), base)
+
+    x = jnp.linspace(-2.0, 2.0, 2001, dtype=jnp.float32)
+    c = jnp.float32(0.3)
+    got = jax.jit(jaxinterp.inverse(f, argnums=0))(f(x, c), c)
+    np.testing.assert_allclose(got, x, atol=2e-6)

@@ -1356,15 +1356,15 @@ def scalar_turns(g: Callable[..., Any], dtype: Any, known: Sequence[Any]) -> Any
         values = tuple(np.asarray(v, np.float64) for v in values)
         batch = values[0].shape[: values[0].ndim - ranks[0]]
         if not batch:
-            return np.asarray(bool(search([(v, v) for v in values]).turns))
+            return np.asarray(search([(v, v) for v in values]).turned)
         axes = tuple(range(len(batch)))
         whole = search([(v.min(axis=axes), v.max(axis=axes)) for v in values])
-        out = np.full(batch, bool(whole.turns))
-        if not whole.turns and not whole.complete:
+        out = np.full(batch, whole.turned)
+        if not whole.turned and not whole.complete:
             for i, at in enumerate(np.ndindex(*batch)):
                 if i == _ROWS:
                     break
-                out[at] = bool(search([(v[at], v[at]) for v in values]).turns)
+                out[at] = search([(v[at], v[at]) for v in values]).turned
         return out
 
     def turns(*operands: Any) -> Any:
@@ -1408,7 +1408,7 @@ def row_turns(
             out = np.zeros(m, np.float64)
             out[rows[j]] = 1
             box = [(v, v) for v in (prev, pick, out, *kn)]
-            found[j] = bool(_enclose.turn_points(slope, points, dtype, box).turns)
+            found[j] = _enclose.turn_points(slope, points, dtype, box).turned
         return found
 
     def host(prev: Any, on: Any, *kn: Any) -> np.ndarray:

@@ -1044,6 +1044,15 @@ class Turns:
     # and the map may jump there, which the samplers see only if they
     # sample there.
     switches: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    # How many of those places the map is proven to jump across against the
+    # direction it moves everywhere else (`_jumps_back`): it takes some
+    # values twice there, as at a turn.
+    jumps_back: int = 0
+
+    @property
+    def turned(self) -> bool:
+        """Whether the map is proven not injective: a turn, or a jump back."""
+        return bool(self.turns) or self.jumps_back > 0
 
 
 def turn_points(slope: Slope, points: np.ndarray, dtype: Any, box: Box = ()) -> Turns:
@@ -1059,14 +1068,18 @@ def turn_points(slope: Slope, points: np.ndarray, dtype: Any, box: Box = ()) -> 
     family = np.arange(a.size)
     found: list[tuple[np.ndarray, ...]] = []
     switches: list[np.ndarray] = []
+    # Intervals where a choice was not decided when cutting them stopped
+    # (down to neighbouring floats, or given up): `(a, b)` per round.
+    bands: list[tuple[np.ndarray, np.ndarray]] = []
     complete = True
     for _ in range(_ROUNDS):
         if not a.size:
             break
         lo, hi = _unordered(a, dtype), _unordered(b, dtype)
         got = _enclosed(slope, lo, hi, box)
+        choosing = got.unsure & ~got.void & np.isnan(got.d_lo)
         # (Down to neighbouring floats, a choice still not decided.)
-        at = (b - a < 2) & got.unsure & ~got.void & np.isnan(got.d_lo)
+        at = (b - a < 2) & choosing
         switches += [lo[at], hi[at]]
         up = got.d_lo >= 0
         down = got.d_hi <= 0
@@ -1089,16 +1102,94 @@ def turn_points(slope: Slope, points: np.ndarray, dtype: Any, box: Box = ()) -> 
         split &= crowd[family] <= _FAMILY
         if np.any(open_ & ~split):
             complete = False
-        a, b, family = a[split], b[split], family[split]
-        if _WAYS * a.size > _CAP:
+        # (With known operands in a box, where a choice switches moves with
+        # them: cutting stops at the crowd of intervals it leaves open.)
+        stop = at | (open_ & ~split & choosing)
+        if _WAYS * int(np.sum(split)) > _CAP:
             complete = False
+            stop |= split & choosing
+            bands.append((a[stop], b[stop]))
             break
-        a, b, family = _cut(a, b, family)
+        bands.append((a[stop], b[stop]))
+        a, b, family = _cut(a[split], b[split], family[split])
     else:
         complete = complete and not a.size
-    points, turns = _around_turns(found, dtype)
+    points, turns, way = _around_turns(found, dtype)
     near = np.unique(np.concatenate(switches)) if switches else np.zeros(0)
-    return Turns(points, complete, turns, near)
+    back = 0
+    if bands and way and not turns:
+        band_a = np.concatenate([p[0] for p in bands])
+        band_b = np.concatenate([p[1] for p in bands])
+        back = _jumps_back(slope, band_a, band_b, way, dtype, box)
+    return Turns(points, complete, turns, near, back)
+
+
+# Floats stepped outwards from a switch to where the map's choice, so its
+# value, is decided (`_jumps_back`).
+_OUTWARD = 8
+
+
+def _jumps_back(
+    slope: Slope,
+    band_a: np.ndarray,
+    band_b: np.ndarray,
+    direction: int,
+    dtype: Any,
+    box: Box,
+) -> int:
+    """How many places where a choice switches the map is proven to jump
+    across against `direction`, the way it moves everywhere it was proven
+    to move: `[band_a, band_b]` (on the floats' order) are the intervals
+    `turn_points` left with a choice not decided, which join into bands
+    where they touch (neighbouring floats about a switch; with known
+    operands in a box, the stretch over which the switch moves with them).
+    Each band's map is enclosed at the nearest float outside it on each
+    side where the choice is decided (within `_OUTWARD` floats), for every
+    operand value in `box`; a jump back is one where the two values as
+    computed in `dtype` (within their running error bound) move the wrong
+    way by more than the samplers' rounding allowance (`_grid._noise`).
+    The samplers locate one switch per choice between grid points, and
+    with traced or per-element operands do not sample at these places: they
+    miss a window of a comparison of a smoothly turning value (`exp(-400 (x
+    - c)**2) > 0.5` between the grid points 0.25 and 0.5) and all but one
+    step of a staircase."""
+    if not band_a.size:
+        return 0
+    order = np.argsort(band_a, kind="stable")
+    band_a, band_b = band_a[order], band_b[order]
+    # (Bands: intervals that touch, or lie a float apart, join.)
+    reach = np.maximum.accumulate(band_b)
+    starts = np.flatnonzero(np.append(True, band_a[1:] > reach[:-1] + 1))
+    first = band_a[starts]
+    last = reach[np.append(starts[1:], band_a.size) - 1]
+    steps = np.arange(_OUTWARD)
+    sides = [first[:, None] - steps, last[:, None] + steps]
+    n = first.size
+    at = _unordered(np.concatenate([s.ravel() for s in sides]), dtype)
+    got = slope.enclose(at, at, box)
+    lo, hi, err = (
+        np.asarray(v, float).reshape(2, n, _OUTWARD)
+        for v in (got.v_lo, got.v_hi, got.err)
+    )
+    decided = np.isfinite(lo) & np.isfinite(hi) & np.isfinite(err)
+    pick = np.argmax(decided, axis=2)  # (the nearest decided float)
+    use = np.take_along_axis(decided, pick[..., None], axis=2)[..., 0].all(axis=0)
+
+    def nearest(v: np.ndarray) -> np.ndarray:
+        return np.take_along_axis(v, pick[..., None], axis=2)[..., 0]
+
+    (l_lo, r_lo), (l_hi, r_hi), (l_err, r_err) = nearest(lo), nearest(hi), nearest(err)
+    # The computed values lie within `[lo - err, hi + err]`.
+    eps = float(jnp.finfo(dtype).eps)
+    with np.errstate(all="ignore"):
+        size = np.maximum(np.maximum(np.abs(l_lo), np.abs(r_hi)), 1.0)
+        size = np.maximum(size, np.maximum(np.abs(l_hi), np.abs(r_lo)))
+        noise = 16 * eps * size
+        if direction > 0:
+            back = (l_lo - l_err) - (r_hi + r_err) > noise
+        else:
+            back = (r_lo - r_err) - (l_hi + l_err) > noise
+    return int(np.sum(back & use))
 
 
 def unmoving(slope: Slope, points: np.ndarray, dtype: Any, step: float) -> np.ndarray:
@@ -1235,13 +1326,18 @@ def _shallow(got: Enclosed, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 def _around_turns(
     found: list[tuple[np.ndarray, ...]], dtype: Any
-) -> tuple[np.ndarray, list[tuple[float, float, int]]]:
+) -> tuple[np.ndarray, list[tuple[float, float, int]], int]:
     """The ends of the proven runs either side of each turn, and each turn
     as `(lo, hi, peak)`: it lies within `[lo, hi]`, a maximum if `peak >
-    0`. Runs of intervals proven to move one way are joined; a run that
-    provably moves by no more than rounding (`_noise`) is no turn, and its
-    neighbours join across it."""
-    none: tuple[np.ndarray, list[tuple[float, float, int]]] = (np.zeros(0, dtype), [])
+    0`; without turns, the way the map moves (1 rising, -1 falling, 0 where
+    no run was proven to move). Runs of intervals proven to move one way
+    are joined; a run that provably moves by no more than rounding
+    (`_noise`) is no turn, and its neighbours join across it."""
+    none: tuple[np.ndarray, list[tuple[float, float, int]], int] = (
+        np.zeros(0, dtype),
+        [],
+        0,
+    )
     if not found:
         return none
     a, b, d, move, noise = (np.concatenate([f[k] for f in found]) for k in range(5))
@@ -1275,9 +1371,10 @@ def _around_turns(
         ends = _unordered(np.asarray([a[i], b[j]], np.int64), dtype)
         turns.append((float(ends[0]), float(ends[1]), int(before[2])))
     if not out:
-        return none
+        # (One direction, or none: the way the map moves.)
+        return (*none[:2], kept[0][2] if kept else 0)
     points = np.unique(_unordered(np.asarray(out, np.int64), dtype).astype(dtype))
-    return points, turns
+    return points, turns, 0
 
 
 # --- per element ------------------------------------------------------------
@@ -1324,7 +1421,7 @@ def turning_boxes(
         found = turn_points(
             slope, points, dtype, list(zip(low.tolist(), high.tolist(), strict=True))
         )
-        if found.turns:
+        if found.turned:
             boxes.append(np.stack([low, high], axis=-1))
             continue
         spread = high - low
@@ -1343,7 +1440,7 @@ def turning_boxes(
             dtype,
             list(zip(middle.tolist(), middle.tolist(), strict=True)),
         )
-        if alone.turns:
+        if alone.turned:
             boxes.append(np.stack([middle, middle], axis=-1))
         elif not alone.complete:
             continue
