@@ -1167,3 +1167,23 @@ def test_with_traced_operands_a_continuous_window_is_still_inverted():
     c = jnp.float32(0.3)
     got = jax.jit(jaxinterp.inverse(f, argnums=0))(f(x, c), c)
     np.testing.assert_allclose(got, x, atol=2e-6)
+
+
+@pytest.mark.parametrize("step", [27, 30, 36])
+def test_with_a_traced_operand_one_step_of_a_staircase_that_drops_back_is_nan(step):
+    # `floor(50 x)` switches about 37 times between the grid points about
+    # 0.6, and the samplers locate one switch of it there: step `c` falls
+    # back by about 0.02, and a `y` it drops back to came back as the
+    # preimage on the step before (`y(0.61) = y(0.591)` for `c = 30`).
+    # The search for turns, on the traced `c` when the program runs, now
+    # compares the map at both ends of each interval it cuts: it falls
+    # across that step, so the map is not monotone, NaN.
+    def f(x, c):
+        s = jnp.floor(50 * x)
+        return x + 1e-3 * s - 0.02 * jnp.exp(-100 * (s - c) ** 2)
+
+    c = jnp.float32(step)
+    inside = np.float32(step / 50 + 0.01)
+    x = jnp.asarray([inside, 0.3, 0.7], jnp.float32)
+    got = jax.jit(jaxinterp.inverse(f, argnums=0))(f(x, c), c)
+    assert np.isnan(np.asarray(got)).all()

@@ -1071,12 +1071,15 @@ def turn_points(slope: Slope, points: np.ndarray, dtype: Any, box: Box = ()) -> 
     # Intervals where a choice was not decided when cutting them stopped
     # (down to neighbouring floats, or given up): `(a, b)` per round.
     bands: list[tuple[np.ndarray, np.ndarray]] = []
+    moved: list[np.ndarray] = []
     complete = True
     for _ in range(_ROUNDS):
         if not a.size:
             break
         lo, hi = _unordered(a, dtype), _unordered(b, dtype)
-        got = _enclosed(slope, lo, hi, box)
+        got, ends = _enclosed(slope, lo, hi, box, ends=True)
+        # (Proven to fall or rise from one end to the other, as computed.)
+        moved.append(_ends_moved(ends, dtype))
         choosing = got.unsure & ~got.void & np.isnan(got.d_lo)
         # (Down to neighbouring floats, a choice still not decided.)
         at = (b - a < 2) & choosing
@@ -1117,11 +1120,32 @@ def turn_points(slope: Slope, points: np.ndarray, dtype: Any, box: Box = ()) -> 
     points, turns, way = _around_turns(found, dtype)
     near = np.unique(np.concatenate(switches)) if switches else np.zeros(0)
     back = 0
-    if bands and way and not turns:
+    if way and not turns:
+        # Against the way the map moves: from an interval's end to the
+        # other, or across where a choice switches.
+        back = int(np.sum(np.concatenate(moved) == -way))
         band_a = np.concatenate([p[0] for p in bands])
         band_b = np.concatenate([p[1] for p in bands])
-        back = _jumps_back(slope, band_a, band_b, way, dtype, box)
+        back += _jumps_back(slope, band_a, band_b, way, dtype, box)
     return Turns(points, complete, turns, near, back)
+
+
+def _ends_moved(ends: tuple[Enclosed, Enclosed], dtype: Any) -> np.ndarray:
+    """Per interval, from the map enclosed at its two ends: 1 where its
+    values as computed in `dtype` (within their running error bound) are
+    proven to rise from one end to the other by more than the samplers'
+    rounding allowance (`_grid._noise`), -1 where to fall, else 0."""
+    (l_lo, r_lo), (l_hi, r_hi), (l_err, r_err) = (
+        (getattr(ends[0], f), getattr(ends[1], f)) for f in ("v_lo", "v_hi", "err")
+    )
+    eps = float(jnp.finfo(dtype).eps)
+    with np.errstate(all="ignore"):
+        size = np.fmax(np.fmax(np.abs(l_lo), np.abs(l_hi)), 1.0)
+        size = np.fmax(size, np.fmax(np.abs(r_lo), np.abs(r_hi)))
+        noise = 16 * eps * size
+        rise = (r_lo - r_err) - (l_hi + l_err) > noise
+        fall = (l_lo - l_err) - (r_hi + r_err) > noise
+    return np.where(rise, 1, np.where(fall, -1, 0))
 
 
 # Floats stepped outwards from a switch to where the map's choice, so its
@@ -1278,12 +1302,15 @@ def _mid(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return a // 2 + b // 2 + (a % 2 + b % 2) // 2
 
 
-def _enclosed(slope: Slope, lo: np.ndarray, hi: np.ndarray, box: Box) -> Enclosed:
+def _enclosed(
+    slope: Slope, lo: np.ndarray, hi: np.ndarray, box: Box, *, ends: bool = False
+) -> Any:
     """`slope.enclose(lo, hi)`, with the intervals not enclosed where the
     map is not finite at either end taken as NaN all over: past where it
     overflows float64 (so the dtype too), or outside its domain. The
     samplers take it so between two such points of theirs too. (One call
-    for the intervals and their ends: each call walks the Jaxpr.)"""
+    for the intervals and their ends: each call walks the Jaxpr.) With
+    `ends`, the ends' enclosures too: `(enclosed, (at_lo, at_hi))`."""
     n = lo.size
     got = slope.enclose(np.concatenate([lo, lo, hi]), np.concatenate([hi, lo, hi]), box)
     part = [
@@ -1298,7 +1325,8 @@ def _enclosed(slope: Slope, lo: np.ndarray, hi: np.ndarray, box: Box) -> Enclose
     ]
     open_ = np.isnan(whole.d_lo) & ~whole.void
     void = whole.void | (open_ & ~finite[0] & ~finite[1])
-    return dataclasses.replace(whole, void=void)
+    whole = dataclasses.replace(whole, void=void)
+    return (whole, (at_lo, at_hi)) if ends else whole
 
 
 _ENCLOSED = ("v_lo", "v_hi", "d_lo", "d_hi", "void", "err", "unsure")
