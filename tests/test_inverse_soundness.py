@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from helpers import tree_allclose
 from hypothesis import given, settings, strategies as st
+from jax import lax
 from jax.experimental import checkify
 
 import jaxinterp
@@ -1187,3 +1188,42 @@ def test_with_a_traced_operand_one_step_of_a_staircase_that_drops_back_is_nan(st
     x = jnp.asarray([inside, 0.3, 0.7], jnp.float32)
     got = jax.jit(jaxinterp.inverse(f, argnums=0))(f(x, c), c)
     assert np.isnan(np.asarray(got)).all()
+
+
+_PAD_SCALES = jnp.array([[0.35, -0.42, -0.42], [0.36, -1.6, 0.89]])
+
+
+def _cropped_copy_and_block(kind):
+    # `d = x * C` is solved with `x` by a block from the second result; the
+    # first holds a cropped copy of `d` (`pad` with negative low padding)
+    # and a padding element.
+    def f(x):
+        d = x * _PAD_SCALES
+        copy = lax.pad(d, jnp.float32(0.5), [(-1, 0, 0), (-1, 1, 0)])
+        if kind == "linear":
+            return copy, x - d
+        return copy, x + 0.5 * jnp.sin(d)
+
+    return f
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    kind=st.sampled_from(["linear", "solved"]),
+    at=st.sampled_from([(0, 0), (0, 1), (0, 2)]),
+    by=st.floats(0.01, 1.0).map(np.float32) | st.floats(-1.0, -0.01).map(np.float32),
+)
+def test_a_cropped_copy_of_a_value_a_block_solves_is_checked(kind, at, by):
+    # Found by the fuzzer (seed 356): the block's values replaced the pieces
+    # the `pad` had solved of `d` without comparing them, so a `y` whose
+    # copy (or padding) was moved off the image came back as the `x` of
+    # the other result. Now NaN; on the image, `x`.
+    f = _cropped_copy_and_block(kind)
+    x = jnp.array([[-0.3, 0.9, 1.56], [-0.6, -0.31, 0.75]], jnp.float32)
+    inv = jaxinterp.inverse_and_ildj(f, example_args=(x,))
+    copy, rest = f(x)
+    back, ildj = inv((copy, rest))
+    np.testing.assert_allclose(back, x, rtol=1e-5, atol=1e-5)
+    assert np.isfinite(ildj)
+    back, ildj = inv((copy.at[at].add(by), rest))
+    assert np.isnan(np.asarray(back)).all() and np.isnan(ildj)

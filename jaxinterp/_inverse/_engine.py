@@ -864,6 +864,7 @@ class InverseWalker:
                 lambda u: block.g(u, *known), x_val, y_val
             )
         values = block.run(x_val, known)
+        top_eqn = st.eqns[block.top]
         new_vars = [*block.xs, *(v for e in block.eqns for v in e.outvars)]
         # A symmetric solve chooses only what depends on the antisymmetric part.
         chosen = (
@@ -874,7 +875,12 @@ class InverseWalker:
         for v in new_vars:
             if v not in env:
                 env[v] = values[v]
-                st.pieces.pop(v, None)
+                # Pieces of it solved from other results (a `pad` that crops
+                # it) and not solved for with the block (`block.parts`): a
+                # second constraint, which a `y` off the image fails.
+                for p in st.pieces.pop(v, ()):
+                    if v not in block.parts and v not in block.partial:
+                        st.agreements.append((agree_piece(p, env[v]), top_eqn))
                 if tainted and (chosen is None or v in chosen):
                     st.mark(v, br.REALS, origin)
         for j in block.indices:
