@@ -1062,20 +1062,20 @@ def test_a_window_of_a_smoothly_turning_comparison_between_grid_points_is_seen()
     np.testing.assert_allclose(got[outside], np.asarray(x)[outside], atol=2e-6)
 
 
+# A window's sharpness `k` and its shift `d` (`_window_of`).
+_SHARPNESS = st.floats(50.0, 5000.0)
+_SHIFT = st.floats(-0.2, 0.2).filter(lambda d: abs(d) > 0.01)
+
+
 @settings(max_examples=10, deadline=None)
-@given(
-    st.floats(-3.0, 3.0),
-    st.floats(50.0, 5000.0),
-    st.floats(-0.2, 0.2).filter(lambda d: abs(d) > 0.01),
-)
+@given(st.floats(-3.0, 3.0), _SHARPNESS, _SHIFT)
 def test_a_window_between_grid_points_never_answers_one_of_two_preimages(c, k, d):
     # `base + d` where `exp(-k (x - c)**2) > 1/2`, `base` elsewhere: a
     # window of half-width `sqrt(ln 2 / k)` about `c` shifted by `d`. A `y`
     # with a preimage outside the window and one inside is NaN; one with a
     # single preimage comes back as it.
     def g(x):
-        base = x + 0.1 * jnp.sin(x)
-        return jnp.where(jnp.exp(-k * (x - c) ** 2) > 0.5, base + d, base)
+        return _window_of(x, c, k, d)
 
     x = jnp.linspace(-4.0, 4.0, 2001, dtype=jnp.float32)
     y32 = g(x)
@@ -1138,11 +1138,7 @@ def test_a_window_of_a_smoothly_turning_comparison_with_traced_operands_is_nan(
 
 
 @settings(max_examples=10, deadline=None)
-@given(
-    st.floats(-1.5, 1.5),
-    st.floats(50.0, 5000.0),
-    st.floats(-0.2, 0.2).filter(lambda d: abs(d) > 0.01),
-)
+@given(st.floats(-1.5, 1.5), _SHARPNESS, _SHIFT)
 def test_with_traced_operands_a_window_never_answers_one_of_two_preimages(c, k, d):
     # Every answer is the one preimage of its `y`: here none is, every
     # `y` near the window has two, and with traced operands the map's turn
