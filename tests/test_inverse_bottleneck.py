@@ -261,6 +261,26 @@ def test_a_planar_fold_between_grid_points_is_nan():
     assert np.all(np.isnan(got)), got
 
 
+def test_under_vmap_every_batch_element_whose_planar_map_folds_is_nan():
+    # Per batch element `u`: `w @ u = -2` (folds between grid points) for
+    # every other element, `-0.5` for the rest. The batch's box is not
+    # decided; the first 8 elements were then searched one by one and the
+    # others left to the samplers, so elements 8 and on that fold came back
+    # as one of three preimages. The batch is now halved at the median of
+    # its operands, which puts the folding elements apart.
+    w = jnp.asarray([60.0, 80.0, 0.0, 0.0], jnp.float32)
+    b = jnp.float32(-30.0)
+    x = jnp.asarray([0.18, 0.24, 0.1, -0.2], jnp.float32)
+    folds = np.arange(32) % 2 == 0
+    scale = jnp.where(jnp.asarray(folds), 0.004, 0.001)[:, None]
+    u = jnp.asarray([-3.0, -4.0, 1.0, 0.0], jnp.float32) * scale
+    ys = jax.vmap(planar, in_axes=(None, 0, None, None))(x, u, w, b)
+    inv = jax.vmap(jaxinterp.inverse(planar, argnums=0), (0, 0, None, None))
+    got = np.asarray(jax.jit(inv)(ys, u, w, b))
+    assert np.isnan(got[folds]).all(), got[folds]
+    np.testing.assert_allclose(got[~folds], np.tile(x, (16, 1)), rtol=1e-5, atol=1e-5)
+
+
 def test_without_solvers_it_is_refused():
     params = planar_params(3)
     with pytest.raises(NotInvertibleError):

@@ -428,6 +428,25 @@ def test_a_row_that_folds_between_grid_points_is_nan():
                 )
 
 
+def test_under_vmap_every_batch_element_whose_row_folds_is_nan():
+    # Under `vmap` over `(y, s, base)`, the rows of the first 8 batch
+    # elements were searched one by one and the others left to the samplers,
+    # which do not see a fold between grid points: batch elements 8 and on
+    # that fold came back as one of three preimages. The batch is now
+    # halved at the median of its operands (folding and not apart here).
+    n = 24
+    folds = np.arange(n) % 3 == 0
+    s = jnp.where(jnp.asarray(folds), 100.0, -100.0)
+    base = jnp.full((n,), 0.008, jnp.float32)
+    x = jnp.tile(jnp.asarray([0.3, 0.29, 0.35], jnp.float32), (n, 1))
+    y = jax.vmap(_folding_made)(x, s, base)
+    got = np.asarray(
+        jax.jit(jax.vmap(jaxinterp.inverse(_folding_made, argnums=0)))(y, s, base)
+    )
+    assert np.isnan(got[folds][:, 1:]).all(), got[folds]
+    np.testing.assert_allclose(got[~folds], np.asarray(x)[~folds], atol=2e-6)
+
+
 def test_a_value_known_in_parts_inside_the_block_is_checked():
     """Found by the fuzzer (seed 3333): five results of three unknowns. The
     sequential solve recovers `x` from `softplus(x)[:, :2]` and the sum;

@@ -1326,11 +1326,6 @@ def _on_host(host: Callable[..., Any], result: Any, operands: Sequence[Any]) -> 
     )
 
 
-# At most this many batch elements are searched one by one where the box of
-# them all leaves the search undecided (`scalar_turns`).
-_ROWS = 8
-
-
 def scalar_turns(g: Callable[..., Any], dtype: Any, known: Sequence[Any]) -> Any:
     """For `g(s, *known)` with a scalar unknown `s` and known operands of any
     shape (the gap function of a scalar bottleneck, `_bottleneck.py`):
@@ -1339,8 +1334,8 @@ def scalar_turns(g: Callable[..., Any], dtype: Any, known: Sequence[Any]) -> Any
     arrays), by a host callback when the program runs; `None` where `g` has
     no enclosure. Under `vmap` the batch's operands are searched as one box
     first (each element of each operand between its least and greatest over
-    the batch), then the first `_ROWS` batch elements one by one where that
-    leaves it undecided (the others are left to the samplers)."""
+    the batch), then halved where that leaves it undecided
+    (`_enclose.turning_rows`)."""
     with jax.ensure_compile_time_eval():
         slope = _enclose.Slope.of(g, dtype, known, shaped=True)
     if slope is None:
@@ -1357,20 +1352,40 @@ def scalar_turns(g: Callable[..., Any], dtype: Any, known: Sequence[Any]) -> Any
         batch = values[0].shape[: values[0].ndim - ranks[0]]
         if not batch:
             return np.asarray(search([(v, v) for v in values]).turned)
-        axes = tuple(range(len(batch)))
-        whole = search([(v.min(axis=axes), v.max(axis=axes)) for v in values])
-        out = np.full(batch, whole.turned)
-        if not whole.turned and not whole.complete:
-            for i, at in enumerate(np.ndindex(*batch)):
-                if i == _ROWS:
-                    break
-                out[at] = search([(v[at], v[at]) for v in values]).turned
-        return out
+        shapes = [v.shape[len(batch) :] for v in values]
+        return _in_rows(
+            values,
+            batch,
+            lambda lo, hi: search(
+                list(zip(_unflat(lo, shapes), _unflat(hi, shapes), strict=True))
+            ),
+        )
 
     def turns(*operands: Any) -> Any:
         return _on_host(host, ((), jnp.bool_), operands)
 
     return turns
+
+
+def _in_rows(
+    values: Sequence[np.ndarray],
+    batch: tuple[int, ...],
+    search: Callable[[np.ndarray, np.ndarray], _enclose.Turns],
+) -> np.ndarray:
+    """Per batch element of `values` (each with the leading axes `batch`),
+    whether `search(lo, hi)` over the box of the flattened operand values
+    proves a turn (`_enclose.turning_rows`)."""
+    n = math.prod(batch)
+    rows = np.concatenate([np.reshape(v, (n, -1)) for v in values], axis=1)
+    return _enclose.turning_rows(rows, search).reshape(batch)
+
+
+def _unflat(flat: np.ndarray, shapes: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
+    """`flat` cut into arrays of `shapes`, in order."""
+    cuts = np.cumsum([math.prod(sh) for sh in shapes])[:-1]
+    return [
+        np.reshape(p, sh) for p, sh in zip(np.split(flat, cuts), shapes, strict=True)
+    ]
 
 
 def row_turns(
@@ -1382,8 +1397,8 @@ def row_turns(
     between grid points (`_enclose.turn_points`), by a host callback when
     the program runs; `None` where `flat` has no enclosure. The row's map
     picks its element and its result with one-hot operands, so one
-    enclosure serves every row. Under `vmap`, the first `_ROWS` batch
-    elements are searched (the others are left to the samplers)."""
+    enclosure serves every row. Under `vmap`, each element's batch is
+    searched as one box, then halved (`_enclose.turning_rows`)."""
     n = len(rows)
 
     def row(s: Any, prev: Any, pick: Any, out: Any, *kn: Any) -> Any:
@@ -1400,26 +1415,32 @@ def row_turns(
     points = _solve.grid(dtype)
     ranks = [1, 1, *(jnp.ndim(k) for k in known)]
 
-    def one(prev: np.ndarray, on: np.ndarray, kn: list[np.ndarray]) -> np.ndarray:
-        found = np.zeros(n, bool)
-        for j in np.flatnonzero(on):
-            pick = np.zeros(n, np.float64)
-            pick[j] = 1
-            out = np.zeros(m, np.float64)
-            out[rows[j]] = 1
-            box = [(v, v) for v in (prev, pick, out, *kn)]
-            found[j] = _enclose.turn_points(slope, points, dtype, box).turned
-        return found
+    shapes = [(n,), *(tuple(jnp.shape(k)) for k in known)]
 
     def host(prev: Any, on: Any, *kn: Any) -> np.ndarray:
-        values = [np.asarray(v, np.float64) for v in (prev, on, *kn)]
+        values = [np.asarray(v, np.float64) for v in (prev, *kn)]
+        on = np.asarray(on) != 0
         batch = values[0].shape[: values[0].ndim - ranks[0]]
         out = np.zeros((*batch, n), bool)
-        for i, at in enumerate(np.ndindex(*batch)):
-            if i == _ROWS and batch:
-                break
-            row_values = [v[at] for v in values]
-            out[at] = one(row_values[0], row_values[1] != 0, row_values[2:])
+        for j in range(n):
+            pick = np.zeros(n, np.float64)
+            pick[j] = 1
+            one = np.zeros(m, np.float64)
+            one[rows[j]] = 1
+
+            def search(
+                lo: np.ndarray, hi: np.ndarray, pick: Any = pick, one: Any = one
+            ) -> _enclose.Turns:
+                box = list(zip(_unflat(lo, shapes), _unflat(hi, shapes), strict=True))
+                box[1:1] = [(pick, pick), (one, one)]
+                return _enclose.turn_points(slope, points, dtype, box)
+
+            # (The batch elements that solve element `j` at this level.)
+            solving = on[..., j]
+            if not solving.any():
+                continue
+            picked = [v[solving] for v in values]
+            out[..., j][solving] = _in_rows(picked, (len(picked[0]),), search)
         return out
 
     def turns(prev: Any, on: Any, *kn: Any) -> Any:

@@ -1452,13 +1452,9 @@ def turning_boxes(
         if found.turned:
             boxes.append(np.stack([low, high], axis=-1))
             continue
-        spread = high - low
-        if found.complete or not np.any(spread > 0):
+        if found.complete or not np.any(high > low):
             continue
-        size = np.maximum(np.maximum(np.abs(low), np.abs(high)), np.finfo(float).tiny)
-        half = part.shape[0] // 2
-        # (The median and the halves about it, in linear time.)
-        order = np.argpartition(part[:, int(np.argmax(spread / size))], half)
+        order, half = _halved(part)
         # Not decided for the median element alone either (the intervals of
         # `x` are what stays open, not the box): halving will not help.
         middle = part[order[half]]
@@ -1474,6 +1470,44 @@ def turning_boxes(
             continue
         queue.extend([index[order[:half]], index[order[half:]]])
     return boxes
+
+
+def _halved(part: np.ndarray) -> tuple[np.ndarray, int]:
+    """Rows of values (`(n, k)`, `n >= 2`) halved at the median of the
+    column whose values spread widest relative to their size: an order of
+    the rows whose first `half` lie at or below it, in linear time."""
+    low, high = part.min(axis=0), part.max(axis=0)
+    size = np.maximum(np.maximum(np.abs(low), np.abs(high)), np.finfo(float).tiny)
+    half = part.shape[0] // 2
+    return np.argpartition(part[:, int(np.argmax((high - low) / size))], half), half
+
+
+def turning_rows(
+    rows: np.ndarray, search: Callable[[np.ndarray, np.ndarray], Turns]
+) -> np.ndarray:
+    """Per row of operand values (`(n, k)`: a batch element's operands,
+    flattened), whether the map is proven to turn for it, where `search(lo,
+    hi)` searches for every value within the box `[lo, hi]` (`turn_points`).
+    The box of all rows first; where that is not decided, halved at the
+    median of the widest column (`_halved`) and each half searched, widest
+    first, within `_SEARCHES` searches; a row left undecided is left to the
+    samplers, as is a row with an operand that is not finite."""
+    turned = np.zeros(rows.shape[0], bool)
+    queue = collections.deque([np.flatnonzero(np.all(np.isfinite(rows), axis=1))])
+    for _ in range(_SEARCHES):
+        if not queue:
+            break
+        index = queue.popleft()
+        if not index.size:
+            continue
+        part = rows[index]
+        found = search(part.min(axis=0), part.max(axis=0))
+        if found.turned:
+            turned[index] = True
+        elif not found.complete and index.size > 1 and np.ptp(part, axis=0).any():
+            order, half = _halved(part)
+            queue.extend([index[order[:half]], index[order[half:]]])
+    return turned
 
 
 def inside(boxes: Sequence[np.ndarray], known: Sequence[Any]) -> np.ndarray:
