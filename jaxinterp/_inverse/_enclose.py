@@ -1437,23 +1437,17 @@ def turning_boxes(
     shape = np.broadcast_shapes(*(v.shape for v in values))
     rows = np.stack([np.broadcast_to(v, shape).ravel() for v in values], axis=-1)
     boxes: list[np.ndarray] = []
-    queue = collections.deque([np.flatnonzero(np.all(np.isfinite(rows), axis=1))])
-    for _ in range(_SEARCHES):
-        if not queue:
-            break
-        index = queue.popleft()
-        if not index.size:
-            continue
-        part = rows[index]
+
+    def visit(index: np.ndarray, part: np.ndarray) -> list[np.ndarray]:
         low, high = part.min(axis=0), part.max(axis=0)
         found = turn_points(
             slope, points, dtype, list(zip(low.tolist(), high.tolist(), strict=True))
         )
         if found.turned:
             boxes.append(np.stack([low, high], axis=-1))
-            continue
+            return []
         if found.complete or not np.any(high > low):
-            continue
+            return []
         order, half = _halved(part)
         # Not decided for the median element alone either (the intervals of
         # `x` are what stays open, not the box): halving will not help.
@@ -1467,9 +1461,25 @@ def turning_boxes(
         if alone.turned:
             boxes.append(np.stack([middle, middle], axis=-1))
         elif not alone.complete:
-            continue
-        queue.extend([index[order[:half]], index[order[half:]]])
+            return []
+        return [index[order[:half]], index[order[half:]]]
+
+    _halving(rows, visit)
     return boxes
+
+
+def _halving(
+    rows: np.ndarray, visit: Callable[[np.ndarray, np.ndarray], list[np.ndarray]]
+) -> None:
+    """`visit(index, rows[index])` for the finite rows, then for each set of
+    rows it hands back (halves), in order, within `_SEARCHES` visits."""
+    queue = collections.deque([np.flatnonzero(np.all(np.isfinite(rows), axis=1))])
+    for _ in range(_SEARCHES):
+        if not queue:
+            break
+        index = queue.popleft()
+        if index.size:
+            queue.extend(visit(index, rows[index]))
 
 
 def _halved(part: np.ndarray) -> tuple[np.ndarray, int]:
@@ -1493,20 +1503,17 @@ def turning_rows(
     first, within `_SEARCHES` searches; a row left undecided is left to the
     samplers, as is a row with an operand that is not finite."""
     turned = np.zeros(rows.shape[0], bool)
-    queue = collections.deque([np.flatnonzero(np.all(np.isfinite(rows), axis=1))])
-    for _ in range(_SEARCHES):
-        if not queue:
-            break
-        index = queue.popleft()
-        if not index.size:
-            continue
-        part = rows[index]
+
+    def visit(index: np.ndarray, part: np.ndarray) -> list[np.ndarray]:
         found = search(part.min(axis=0), part.max(axis=0))
         if found.turned:
             turned[index] = True
         elif not found.complete and index.size > 1 and np.ptp(part, axis=0).any():
             order, half = _halved(part)
-            queue.extend([index[order[:half]], index[order[half:]]])
+            return [index[order[:half]], index[order[half:]]]
+        return []
+
+    _halving(rows, visit)
     return turned
 
 
