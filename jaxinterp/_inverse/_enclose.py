@@ -1077,9 +1077,9 @@ def turn_points(slope: Slope, points: np.ndarray, dtype: Any, box: Box = ()) -> 
         if not a.size:
             break
         lo, hi = _unordered(a, dtype), _unordered(b, dtype)
-        got, ends = _enclosed(slope, lo, hi, box, ends=True)
+        got, at_ends = _enclosed(slope, lo, hi, box)
         # (Proven to fall or rise from one end to the other, as computed.)
-        moved.append(_ends_moved(ends, dtype))
+        moved.append(_ends_moved(at_ends, dtype))
         choosing = got.unsure & ~got.void & np.isnan(got.d_lo)
         # (Down to neighbouring floats, a choice still not decided.)
         at = (b - a < 2) & choosing
@@ -1131,13 +1131,21 @@ def turn_points(slope: Slope, points: np.ndarray, dtype: Any, box: Box = ()) -> 
 
 
 def _ends_moved(ends: tuple[Enclosed, Enclosed], dtype: Any) -> np.ndarray:
-    """Per interval, from the map enclosed at its two ends: 1 where its
-    values as computed in `dtype` (within their running error bound) are
-    proven to rise from one end to the other by more than the samplers'
-    rounding allowance (`_grid._noise`), -1 where to fall, else 0."""
-    (l_lo, r_lo), (l_hi, r_hi), (l_err, r_err) = (
-        (getattr(ends[0], f), getattr(ends[1], f)) for f in ("v_lo", "v_hi", "err")
-    )
+    """Per interval, `_moves` from the map enclosed at its low end to its
+    high end."""
+    left, right = ((e.v_lo, e.v_hi, e.err) for e in ends)
+    return _moves(left, right, dtype)
+
+
+def _moves(
+    left: tuple[np.ndarray, ...], right: tuple[np.ndarray, ...], dtype: Any
+) -> np.ndarray:
+    """From enclosures `(lo, hi, err)` of the map at two points, the left
+    one first: 1 where its values as computed in `dtype` (within `[lo - err,
+    hi + err]`) are proven to rise from one to the other by more than the
+    samplers' rounding allowance (`_grid._noise`), -1 where to fall, else
+    0 (also where either is not enclosed)."""
+    (l_lo, l_hi, l_err), (r_lo, r_hi, r_err) = left, right
     eps = float(jnp.finfo(dtype).eps)
     with np.errstate(all="ignore"):
         size = np.fmax(np.fmax(np.abs(l_lo), np.abs(l_hi)), 1.0)
@@ -1202,18 +1210,8 @@ def _jumps_back(
     def nearest(v: np.ndarray) -> np.ndarray:
         return np.take_along_axis(v, pick[..., None], axis=2)[..., 0]
 
-    (l_lo, r_lo), (l_hi, r_hi), (l_err, r_err) = nearest(lo), nearest(hi), nearest(err)
-    # The computed values lie within `[lo - err, hi + err]`.
-    eps = float(jnp.finfo(dtype).eps)
-    with np.errstate(all="ignore"):
-        size = np.maximum(np.maximum(np.abs(l_lo), np.abs(r_hi)), 1.0)
-        size = np.maximum(size, np.maximum(np.abs(l_hi), np.abs(r_lo)))
-        noise = 16 * eps * size
-        if direction > 0:
-            back = (l_lo - l_err) - (r_hi + r_err) > noise
-        else:
-            back = (r_lo - r_err) - (l_hi + l_err) > noise
-    return int(np.sum(back & use))
+    left, right = zip(nearest(lo), nearest(hi), nearest(err), strict=True)
+    return int(np.sum((_moves(left, right, dtype) == -direction) & use))
 
 
 def unmoving(slope: Slope, points: np.ndarray, dtype: Any, step: float) -> np.ndarray:
@@ -1247,7 +1245,7 @@ def unmoving(slope: Slope, points: np.ndarray, dtype: Any, step: float) -> np.nd
         least_x = np.minimum(np.abs(lo), np.abs(hi))
         small = np.where(across, 1.0, np.maximum(least_x, 1.0))
         reach = step * big * (1 + slack)
-        got = _enclosed(slope, lo - reach, hi + reach, ())
+        got, _ = _enclosed(slope, lo - reach, hi + reach, ())
         least = np.where(got.d_lo > 0, got.d_lo, np.where(got.d_hi < 0, -got.d_hi, 0.0))
         with np.errstate(invalid="ignore"):
             moves = least * (step * small * (1 - slack)) > _noise(got)
@@ -1303,14 +1301,14 @@ def _mid(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _enclosed(
-    slope: Slope, lo: np.ndarray, hi: np.ndarray, box: Box, *, ends: bool = False
-) -> Any:
+    slope: Slope, lo: np.ndarray, hi: np.ndarray, box: Box
+) -> tuple[Enclosed, tuple[Enclosed, Enclosed]]:
     """`slope.enclose(lo, hi)`, with the intervals not enclosed where the
     map is not finite at either end taken as NaN all over: past where it
     overflows float64 (so the dtype too), or outside its domain. The
     samplers take it so between two such points of theirs too. (One call
     for the intervals and their ends: each call walks the Jaxpr.) With
-    `ends`, the ends' enclosures too: `(enclosed, (at_lo, at_hi))`."""
+    the ends' enclosures: `(enclosed, (at_lo, at_hi))`."""
     n = lo.size
     got = slope.enclose(np.concatenate([lo, lo, hi]), np.concatenate([hi, lo, hi]), box)
     part = [
@@ -1326,7 +1324,7 @@ def _enclosed(
     open_ = np.isnan(whole.d_lo) & ~whole.void
     void = whole.void | (open_ & ~finite[0] & ~finite[1])
     whole = dataclasses.replace(whole, void=void)
-    return (whole, (at_lo, at_hi)) if ends else whole
+    return whole, (at_lo, at_hi)
 
 
 _ENCLOSED = ("v_lo", "v_hi", "d_lo", "d_hi", "void", "err", "unsure")

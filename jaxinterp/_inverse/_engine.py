@@ -878,9 +878,9 @@ class InverseWalker:
                 # Pieces of it solved from other results (a `pad` that crops
                 # it) and not solved for with the block (`block.parts`): a
                 # second constraint, which a `y` off the image fails.
-                for p in st.pieces.pop(v, ()):
-                    if v not in block.parts and v not in block.partial:
-                        st.agreements.append((agree_piece(p, env[v]), top_eqn))
+                pieces = st.pieces.pop(v, ())
+                if v not in block.parts and v not in block.partial:
+                    st.agreements += [(agree_piece(p, env[v]), top_eqn) for p in pieces]
                 if tainted and (chosen is None or v in chosen):
                     st.mark(v, br.REALS, origin)
         for j in block.indices:
