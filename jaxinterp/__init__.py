@@ -1,6 +1,9 @@
 """jaxinterp: write JAX function transformations as Jaxpr interpreters."""
 
-from . import _higher_order as _higher_order  # registers the built-in handlers
+from . import (
+    _higher_order as _higher_order,  # registers the built-in handlers
+    _state as _state,  # installs the pass that removes references
+)
 from ._backward import BackwardWalker as BackwardWalker
 from ._caches import clear_caches as clear_caches
 from ._deprecated import (  # deprecated since 0.2, removed in the next release

@@ -11,17 +11,39 @@ results as re-binding it. This module is all of that path: the plans
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import jax
 from jax import lax
 
 from . import _caches, _jax_compat as compat
 from ._env import last_uses
+from ._registry import is_builtin
 
-if TYPE_CHECKING:
-    from ._interpreter import Interpreter
+
+class Interpreter(Protocol):
+    """What the eager path reads of an `Interpreter` (which calls into this
+    module, so it is described here rather than imported)."""
+
+    cache_subcalls: ClassVar[bool]
+    higher_order: Any
+    _default_eqns: ClassVar[bool]
+    _eager_plans: Any
+
+    @classmethod
+    def dispatch_table(cls) -> Mapping[Any, Any]: ...
+
+    def policy(self, prim: Any) -> str: ...
+
+    def rebinds(self) -> bool: ...
+
+    def process_in_context(self, eqn: Any, invals: list[Any]) -> list[Any]: ...
+
+    def eval_closed(self, closed_jaxpr: Any, *args: Any) -> list[Any]: ...
+
+    def cached(self, key: Any, anchor: Any, build: Callable[[], Any]) -> Any: ...
+
 
 _Literal = compat.Literal
 _DropVar = compat.DropVar
@@ -381,14 +403,30 @@ def _jit_callable(
     """Eagerly, a recursive `jit` is a call of its rebuilt, compiled `jax.jit`."""
     if interp.policy(eqn.primitive) != "recursive" or not interp.cache_subcalls:
         return None
-    from ._higher_order import jit_callable  # (which imports the walker)
-
     return jit_callable(interp, compat.jit_params(eqn.params))
 
 
-def is_builtin(handler: Any) -> bool:
-    """Whether `handler` is one of jaxinterp's built-in higher-order handlers."""
-    return getattr(handler, "_jaxinterp_builtin", False)
+def jit_callable(interp: Interpreter, p: compat.JitParams) -> Callable[..., Any]:
+    """The rebuilt `jax.jit` of a `jit` equation's body, cached per interpreter
+    (the `jit` handler calls it too)."""
+
+    def build() -> Callable[..., Any]:
+        def body(*args: Any) -> tuple[Any, ...]:
+            # A tuple, so that `out_shardings` (a tuple) is a pytree prefix.
+            return tuple(interp.eval_closed(p.jaxpr, *args))
+
+        body.__name__ = body.__qualname__ = p.name
+        donate = tuple(i for i, d in enumerate(p.donated) if d)
+        return jax.jit(
+            body,
+            inline=p.inline,
+            keep_unused=p.keep_unused,
+            donate_argnums=donate,
+            **compat.jit_options(p),
+        )
+
+    key = ("jit", id(p.jaxpr), *p[1:])
+    return interp.cached(key, p.jaxpr, build)
 
 
 # --------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from jax import lax
 
 from . import _jax_compat as compat
 from ._custom_types import has_custom, is_plain
+from ._eager import jit_callable
 from ._errors import CustomValueError, MissingRuleError, eqn_context, source_line
 from ._interpreter import Interpreter, builtin_handler
 from ._trace import spec_of
@@ -121,28 +122,6 @@ def _slice_spec(x: Any) -> Any:
     return jax.tree_util.tree_map(
         lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), x
     )
-
-
-def jit_callable(interp: Interpreter, p: compat.JitParams) -> Callable[..., Any]:
-    """The rebuilt `jax.jit` of a `jit` equation's body, cached per interpreter."""
-
-    def build() -> Callable[..., Any]:
-        def body(*args: Any) -> tuple[Any, ...]:
-            # A tuple, so that `out_shardings` (a tuple) is a pytree prefix.
-            return tuple(interp.eval_closed(p.jaxpr, *args))
-
-        body.__name__ = body.__qualname__ = p.name
-        donate = tuple(i for i, d in enumerate(p.donated) if d)
-        return jax.jit(
-            body,
-            inline=p.inline,
-            keep_unused=p.keep_unused,
-            donate_argnums=donate,
-            **compat.jit_options(p),
-        )
-
-    key = ("jit", id(p.jaxpr), *p[1:])
-    return interp.cached(key, p.jaxpr, build)
 
 
 @builtin_handler(compat.jit_p)

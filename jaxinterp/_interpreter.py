@@ -20,7 +20,6 @@ from ._custom_types import PyTree, has_custom
 from ._env import Env as Env, release_plan
 from ._errors import (
     CustomValueError,
-    JaxinterpError,
     MissingRuleError,
     RuleError,
     describe_value,
@@ -244,7 +243,7 @@ class Interpreter:
                 if rule is not None:
                     table[prim] = _rule_handler(rule)
         cls._identity = cls._default_eqns and all(
-            _eager.is_builtin(h) for h in table.values()
+            _registry.is_builtin(h) for h in table.values()
         )
         cls._table, cls._table_generation = table, generation
         return table
@@ -520,12 +519,21 @@ class Interpreter:
             compat.open_jaxpr(closed_jaxpr), compat.jaxpr_consts(closed_jaxpr), *args
         )
 
+    @staticmethod
+    def _without_references(
+        jaxpr: compat.Jaxpr, consts: Sequence[Any]
+    ) -> tuple[Any, Sequence[Any]]:
+        """`jaxpr` with its mutable references held as values, for a walk on
+        custom values, which references (arrays only) cannot hold. `_state`
+        installs the pass that does it: the pass is itself an interpreter."""
+        return jaxpr, consts
+
     def run(self, staged: Staged, flat_args: Sequence[Any]) -> list[Any]:
         """Walk a `Staged` function on flat arguments; return flat outputs."""
         closed = staged.closed_jaxpr
         jaxpr, consts = compat.open_jaxpr(closed), compat.jaxpr_consts(closed)
         if has_custom(flat_args):
-            jaxpr, consts = _without_references(jaxpr, consts)
+            jaxpr, consts = self._without_references(jaxpr, consts)
         if staged.nesting <= _recursion.SHALLOW_NESTING:
             return self.eval_jaxpr(jaxpr, consts, *flat_args)
         with _recursion.recursion_limit(_recursion.DEEP_RECURSION_LIMIT):
@@ -620,19 +628,6 @@ class Interpreter:
         """Drop the cached object for `key` (one that captured a tracer of an
         enclosing trace, valid only now)."""
         self._subcalls.pop(key)
-
-
-def _without_references(jaxpr: compat.Jaxpr, consts: Sequence[Any]) -> tuple[Any, Any]:
-    """`jaxpr` with its mutable references held as values, for a walk on an
-    interpreter's own values, which references (arrays only) cannot hold:
-    under `jax_scan3` a `scan` keeps its carry in references. As it is when
-    it uses none, or when they cannot be made pure."""
-    from ._state import functionalize  # (it subclasses `Interpreter`)
-
-    try:
-        return functionalize(jaxpr, consts)
-    except JaxinterpError:
-        return jaxpr, consts
 
 
 def _check_policy(policy: str) -> None:

@@ -19,6 +19,12 @@ R = TypeVar("R", bound=Callable[..., Any])
 _generation = 0
 
 
+def is_builtin(handler: Any) -> bool:
+    """Whether `handler` is one of jaxinterp's built-in higher-order handlers
+    (`builtin_handler` marks them)."""
+    return getattr(handler, "_jaxinterp_builtin", False)
+
+
 def generation() -> int:
     """A counter that changes whenever any registry gains or loses a rule."""
     return _generation

@@ -19,7 +19,7 @@ import jax
 from jax import lax
 
 from . import _caches, _jax_compat as compat
-from ._errors import NotInvertibleError, source_line
+from ._errors import JaxinterpError, NotInvertibleError, source_line
 from ._interpreter import Interpreter
 from ._trace import spec_of
 
@@ -161,3 +161,17 @@ def functionalize(
     if not any(compat.is_tracer(c) for c in result[1]):
         _cache.put(jaxpr, result)
     return result
+
+
+def _without_references(
+    jaxpr: compat.Jaxpr, consts: Sequence[Any]
+) -> tuple[Any, Sequence[Any]]:
+    """`functionalize`, or `jaxpr` as it is when its references cannot be made
+    pure. Under `jax_scan3` a `scan` keeps its carry in references."""
+    try:
+        return functionalize(jaxpr, consts)
+    except JaxinterpError:
+        return jaxpr, consts
+
+
+Interpreter._without_references = staticmethod(_without_references)  # type: ignore[method-assign]
