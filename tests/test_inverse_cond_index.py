@@ -6,7 +6,7 @@ checked against a hand-written inverse and `-log|f'(x)|` from `jax.grad`,
 and under `jax.jit`, `jax.vmap` and `jax.grad`; a `y` with no preimage or
 several gives NaN. An index computed from a whole vector (`jnp.sum(x) >
 0`) is not elementwise: the program is then solved once per branch, and
-the candidate that takes its own branch kept (`InverseWalker._by_branch`).
+the candidate that takes its own branch kept (`_unfold._by_branch`).
 """
 
 from __future__ import annotations

@@ -300,3 +300,19 @@ def test_elements_another_step_reads_are_not_completed(other):
     x = jnp.array([0.3, -0.7, 1.1, 0.5])
     with pytest.raises(jaxinterp.NotInvertibleError, match="Blocked at `jit`, `"):
         jaxinterp.inverse(f, example_args=(x,))(f(x))
+
+
+def _factor_read_twice(z):  # the factor copied, and one of its elements read
+    lower = jnp.tril(z)
+    return jnp.copy(lower) @ jnp.copy(lower).T, lower[0, 0]
+
+
+def test_a_factor_also_read_elsewhere_must_agree_with_that_output():
+    z = jnp.array([[1.5, 0.0, 0.0], [0.4, 1.1, 0.0], [-0.3, 0.2, 0.9]])
+    y = _factor_read_twice(z)
+    inverse = jaxinterp.inverse(_factor_read_twice, example_args=(z,))
+    x = inverse(y)
+    np.testing.assert_allclose(x, z, atol=1e-5)
+    # The second output moved off the image: no `x` maps to this `y`.
+    off = inverse((y[0], y[1] + 0.5))
+    assert np.isnan(np.asarray(off)).all(), off

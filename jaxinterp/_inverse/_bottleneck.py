@@ -138,7 +138,6 @@ def _x_of(walker: Any, block: bl.Block, k: int) -> Any | None:
                 # the solver evaluates at many places, made programs that
                 # took minutes to compile.)
                 solvers=False,
-                bottlenecks=False,
             )
             if sol.pieces or sol.uncovered or sol.chose:
                 # (A chosen branch: `x(s, y)` might not be the only `x`.)
@@ -385,7 +384,7 @@ def bottleneck_step(walker: Any, st: Any) -> tuple[bl.Block, Any, Any, str] | No
     """Solve the first block of the engine state `st` through a scalar
     bottleneck: (the block, its unknown's value, its ildj, the method), or
     `None`."""
-    if not st.options.bottlenecks or compat.in_manual_body():
+    if compat.in_manual_body():
         return None
     env = st.env
     for block in sq.find_sequential(st):

@@ -5,24 +5,33 @@ produces and which read each variable, the worklist of equations to look at,
 the intervals of values that depend on a principal-branch choice (see
 `_branches.py`), values known only in pieces, and what each equation did. Its
 methods only keep these consistent; the engine decides what to solve.
+
+A method that solves a region when the engine is stuck (`_methods.py`) reads
+the state and returns a `Solved`; `SolveState.commit` is the one place that
+records it. `Solution` is what a whole run found, and `Walker` what a method
+may ask of the engine (a sub-solve, a forward step, the rules).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, Protocol
 
 import jax.numpy as jnp
+import numpy as np
 
 from .. import _jax_compat as compat
 from .._env import Env
 from . import _branches as br
 from ._implicit import explicit_broadcasts
-from ._rules import agree
+from ._rules import MaskedPiece, agree, agree_piece, assemble
 
 _Literal = compat.Literal
 _DropVar = compat.DropVar
+
+# How `explain_inverse` names an equation solved on partly known values.
+MASKED = "masked"
 
 # Equation states, as reported by `explain_inverse`.
 FORWARD = "forward"
@@ -38,14 +47,141 @@ class SolveOptions:
     nan_checks: bool = False
     want_ildj: bool = True
     solvers: bool = True
-    blocks: bool = True
     # Whether discarded elements may be completed (`_gram.fill_step`): only
     # in the outermost run, whose caller then takes the ildj in the
     # coordinates the inverse reads.
     complete: bool = False
-    # Whether a block may be solved through a scalar bottleneck
-    # (`_bottleneck.py`): not in that method's own runs of the engine.
-    bottlenecks: bool = True
+    # The methods tried, in order, when no equation can be solved alone
+    # (`_methods.METHODS`, or a part of it for a sub-solve).
+    methods: tuple[Any, ...] = ()
+
+
+@dataclasses.dataclass
+class Solution:
+    """What one run of the engine found.
+
+    Attributes:
+        invals: values of the jaxpr's invars (`None` where still unknown).
+        outvals: values of the jaxpr's outvars (`None` where unknown).
+        ildj: the summed inverse log-det-Jacobian of the backward steps.
+        status: per top-level equation, one of `forward`, `inverted`,
+            `blocking` or `unused`.
+        reasons: per blocking equation index, why it could not be inverted.
+        branches: per invar, the interval its value is known to lie in when
+            it depends on a principal-branch choice (see `_branches.py`),
+            else `None`.
+        nan_checks: with `nan_checks=True`, per backward step that may
+            return NaN, (how many elements it made NaN from NaN-free
+            results: an int32 scalar, message).
+        uncovered: (variable, boolean mask of the elements no piece
+            covers) for each value only partly recovered from pieces.
+        methods: per equation solved by a method of `_methods.py`, its
+            label (`piecewise`, `elementwise solve`, ...), or on partly
+            known values (`masked`, see `_masked.py`).
+        pieces: the values known only in parts at the end, with their
+            pieces (for an enclosing equation's partial solve).
+        chose: whether some value depends on a principal-branch choice.
+        agreed: whether every second constraint held (a boolean scalar;
+            `False` makes the solved inputs NaN, but an enclosing loop that
+            passes them on as a carry must know it: a later step could
+            solve the carry again from a copy, see `_control_flow.py`).
+        jaxpr: the Jaxpr solved, to which the equation indices above
+            refer: the one given, with implicit broadcasts made explicit
+            (`_implicit.py`).
+        unique_choices: whether every choice behind `chose` is either the
+            preimage of an elementwise block solved numerically (the only
+            one where the solver answers, see `bl.SolverOrigin`) or given
+            by an enclosing equation (`out_branches`); true when nothing
+            was chosen. A loop passes such choices on as carries (see
+            `_control_flow.py`).
+    """
+
+    invals: list[Any]
+    outvals: list[Any]
+    ildj: Any
+    status: list[str]
+    reasons: dict[int, str]
+    branches: list[br.Interval | None] = dataclasses.field(default_factory=list)
+    nan_checks: list[tuple[Any, str]] = dataclasses.field(default_factory=list)
+    uncovered: list[tuple[Any, Any]] = dataclasses.field(default_factory=list)
+    methods: dict[int, str] = dataclasses.field(default_factory=dict)
+    pieces: dict[Any, list[Any]] = dataclasses.field(default_factory=dict)
+    chose: bool = False
+    agreed: Any = True
+    jaxpr: Any = None
+    unique_choices: bool = True
+
+
+class Walker(Protocol):
+    """What a method may ask of the engine that runs it."""
+
+    rules: Any
+
+    def solve(
+        self,
+        jaxpr: compat.Jaxpr,
+        consts: Sequence[Any],
+        invals: Sequence[Any],
+        outvals: Sequence[Any],
+        *,
+        strict: bool = ...,
+        out_branches: Sequence[br.Interval | None] | None = ...,
+        nan_checks: bool = ...,
+        want_ildj: bool = ...,
+        solvers: bool = ...,
+        seeds: Sequence[tuple[Any, list[Any]]] = ...,
+        complete: bool = ...,
+        methods: Sequence[Any] | None = ...,
+    ) -> Solution:
+        """A sub-solve: another run of the engine (see `InverseWalker.solve`)."""
+        ...
+
+    def forward(self, eqn: compat.JaxprEqn, invals: list[Any]) -> list[Any]:
+        """`eqn` evaluated forwards on `invals`, in its contexts."""
+        ...
+
+
+@dataclasses.dataclass
+class Solved:
+    """What a method found for one region of a stuck run, for `commit`.
+
+    Attributes:
+        method: its label, as `explain_inverse` prints it.
+        at: the equation a failed second constraint is reported at.
+        indices: the equations it solved (each gets the label).
+        values: the values it determined, in the order learned; one already
+            known is left as it is.
+        ildj: its inverse log-det-Jacobian term (`None`: none).
+        checks: its NaN checks (see `Solution.nan_checks`).
+        agreements: second constraints it found (boolean scalar, where).
+        retired: values whose pieces it solved with: their pieces are not
+            compared again. Every other piece of a value it determines is.
+        pieces: (variable, mask, values) of elements it determined of a
+            value known in parts (the values 1-D, in row-major order).
+        chose: whether its values depend on a choice, made by `origin`.
+        chosen: with `chose`, the values that depend on it (`None`: all).
+        rounding: per value, a thunk of the rounding it took from its result
+            (see `SolveState.rounding`).
+        done: whether its equations are done (else they still run, and are
+            reported inverted: a completion's projection step).
+        completes: whether it chose discarded elements (`_gram.fill_step`).
+    """
+
+    method: str
+    at: int
+    indices: Sequence[int]
+    values: Mapping[Any, Any] = dataclasses.field(default_factory=dict)
+    ildj: Any = None
+    checks: Sequence[tuple[Any, str]] = ()
+    agreements: Sequence[tuple[Any, Any]] = ()
+    retired: Collection[Any] = ()
+    pieces: Sequence[tuple[Any, Any, Any]] = ()
+    chose: bool = False
+    origin: Any = None
+    chosen: Collection[Any] | None = None
+    rounding: Mapping[Any, Callable[[], Any]] = dataclasses.field(default_factory=dict)
+    done: bool = True
+    completes: bool = False
 
 
 class SolveState:
@@ -250,6 +386,87 @@ class SolveState:
         self.reasons.pop(i, None)
         self.release(i)
 
+    # -- recording what a method solved -----------------------------------
+
+    def commit(self, solved: Solved) -> None:
+        """Record what a method solved: its values (each piece already known
+        of one compared with it, unless the method solved with that piece),
+        the elements it determined of values known in parts, its second
+        constraints, ildj term, NaN checks and label."""
+        env, where = self.env, self.eqns[solved.at]
+        if solved.ildj is not None and self.options.want_ildj:
+            self.ildj_terms.append(solved.ildj)
+        self.checks.extend(solved.checks)
+        self.agreements.extend(solved.agreements)
+        self.rounding.update(solved.rounding)
+        for v, val in solved.values.items():
+            if v in env:
+                continue
+            env[v] = val
+            pieces = self.pieces.pop(v, ())
+            if v not in solved.retired:
+                self.agreements += [(agree_piece(p, val), where) for p in pieces]
+            if solved.chose and (solved.chosen is None or v in solved.chosen):
+                self.mark(v, br.REALS, solved.origin)
+        for v, mask, val in solved.pieces:
+            self.add_piece(v, mask, val)
+        self.completed |= solved.completes
+        for j in solved.indices:
+            self.methods[j] = solved.method
+            if solved.done:
+                self.finish(j, INVERTED)
+            else:
+                self.masked_inverted.add(j)
+        for v in solved.values:
+            self.learned(v)
+
+    def add_piece(
+        self, v: Any, mask: Any, value: Any, solved_by: int | None = None
+    ) -> None:
+        """Record that `v` equals `value` (1-D) where the static `mask`
+        holds (solved backwards by equation `solved_by`, if given); `v`
+        becomes known once its pieces cover it."""
+        have = self.pieces.setdefault(v, [])
+        have.append(MaskedPiece(0, mask, jnp.asarray(value)))
+        whole = assemble(shape_of(v), v.aval.dtype, have)
+        if whole is not None:
+            self.env[v] = whole
+            del self.pieces[v]
+        if solved_by is not None:
+            self.masked_inverted.add(solved_by)
+            self.methods[solved_by] = MASKED
+        self.learned(v)
+
+    # -- values known in parts -------------------------------------------
+
+    def is_known(self, v: Any) -> bool:
+        """Whether `v` is a literal or known in full."""
+        return type(v) is _Literal or v in self.env
+
+    def known_mask(self, v: Any) -> np.ndarray:
+        """The elements of `v` known (a static boolean array of its shape)."""
+        shape = shape_of(v)
+        if self.is_known(v):
+            return np.ones(shape, bool)
+        mask = np.zeros(shape, bool)
+        for piece in self.pieces.get(v, ()):
+            mask[piece.index()] = True
+        return mask
+
+    def partial_value(self, v: Any) -> Any:
+        """`v`'s value; for a partly known one, its pieces and zeros
+        elsewhere (constants, so nothing computed from them reaches a
+        gradient)."""
+        if type(v) is _Literal:
+            return v.val
+        if v in self.env:
+            return self.env[v]
+        dtype = v.aval.dtype
+        base = jnp.zeros(shape_of(v), dtype)
+        for piece in self.pieces.get(v, ()):
+            base = base.at[piece.index()].set(jnp.asarray(piece.value, dtype))
+        return base
+
     # -- values ---------------------------------------------------------
 
     def release(self, i: int) -> None:
@@ -330,6 +547,21 @@ class SolveState:
         return [
             v for v in variables if type(v) is not _Literal and v in taint and v in env
         ]
+
+
+def shape_of(v: Any) -> tuple[int, ...]:
+    """The static shape of variable `v`."""
+    return tuple(int(d) for d in v.aval.shape)
+
+
+def gather(value: Any, flat: np.ndarray) -> Any:
+    """The elements `flat` (row-major positions) of `value`; a scalar as is.
+    A concrete value stays concrete, so rules can check it."""
+    if np.ndim(value) == 0:
+        return value
+    if compat.is_tracer(value):
+        return jnp.ravel(value)[flat.astype(np.int32)]
+    return np.asarray(value).reshape(-1)[flat]
 
 
 def _empty(shape: Any, dtype: Any) -> Any:

@@ -12,15 +12,14 @@ per signature and removes dead code from the resulting Jaxpr.
 `InverseWalker.solve` runs these steps over a `SolveState` (`_dataflow.py`):
 seed the known values, then until nothing is queued either evaluate an
 equation forwards (`_evaluate`) or apply its inverse rule (`_invert`); when
-stuck, solve an elementwise or linear block (`_solve_block`, see `_blocks.py`;
-last, a sequential block, `_sequential.py`); finally
-check that every input was found (`_solution`). The messages of its refusals
-live in `_refusals.py`.
+stuck, try the methods of `_methods.METHODS` in order (blocks, a Gram
+product, discarded elements...), the first that solves a region recorded by
+`SolveState.commit`; finally check that every input was found (`_solution`).
+The messages of its refusals live in `_refusals.py`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -36,22 +35,13 @@ from .._errors import (
     describe_values,
     operands_detail,
     reraise,
-    source_line,
 )
 from .._registry import RuleRegistry
 from . import (
     _blocks as bl,
-    _bottleneck as bn,
     _branches as br,
-    _fractional as fr,
-    _gram as gm,
-    _intervals as iv,
-    _linear_parts as lp,
     _masked as mk,
-    _nonsquare as nsq,
-    _normalized as nz,
     _refusals as rf,
-    _sequential as sq,
     _unfold as uf,
 )
 from ._dataflow import (
@@ -59,9 +49,11 @@ from ._dataflow import (
     FORWARD as FORWARD,
     INVERTED as INVERTED,
     UNUSED as UNUSED,
+    Solution as Solution,
     SolveOptions,
     SolveState,
 )
+from ._methods import METHODS, Method
 from ._refusals import not_invertible_error as not_invertible_error
 from ._rules import (
     InverseContext,
@@ -77,77 +69,6 @@ from ._rules import (
 )
 
 _Literal = compat.Literal
-
-
-@dataclasses.dataclass
-class Solution:
-    """What one run of the engine found.
-
-    Attributes:
-        invals: values of the jaxpr's invars (`None` where still unknown).
-        outvals: values of the jaxpr's outvars (`None` where unknown).
-        ildj: the summed inverse log-det-Jacobian of the backward steps.
-        status: per top-level equation, one of `forward`, `inverted`,
-            `blocking` or `unused`.
-        reasons: per blocking equation index, why it could not be inverted.
-        branches: per invar, the interval its value is known to lie in when
-            it depends on a principal-branch choice (see `_branches.py`),
-            else `None`.
-        nan_checks: with `nan_checks=True`, per backward step that may
-            return NaN, (how many elements it made NaN from NaN-free
-            results: an int32 scalar, message).
-        uncovered: (variable, boolean mask of the elements no piece
-            covers) for each value only partly recovered from pieces.
-        methods: per equation solved as part of an elementwise block, how
-            (`piecewise` or `elementwise solve`, see `_blocks.py`), or on
-            partly known values (`masked`, see `_masked.py`).
-        pieces: the values known only in parts at the end, with their
-            pieces (for an enclosing equation's partial solve).
-        chose: whether some value depends on a principal-branch choice.
-        agreed: whether every second constraint held (a boolean scalar;
-            `False` makes the solved inputs NaN, but an enclosing loop that
-            passes them on as a carry must know it: a later step could
-            solve the carry again from a copy, see `_control_flow.py`).
-        jaxpr: the Jaxpr solved, to which the equation indices above
-            refer: the one given, with implicit broadcasts made explicit
-            (`_implicit.py`).
-        unique_choices: whether every choice behind `chose` is either the
-            preimage of an elementwise block solved numerically (the only
-            one where the solver answers, see `bl.SolverOrigin`) or given
-            by an enclosing equation (`out_branches`); true when nothing
-            was chosen. A loop passes such choices on as carries (see
-            `_control_flow.py`).
-    """
-
-    invals: list[Any]
-    outvals: list[Any]
-    ildj: Any
-    status: list[str]
-    reasons: dict[int, str]
-    branches: list[br.Interval | None] = dataclasses.field(default_factory=list)
-    nan_checks: list[tuple[Any, str]] = dataclasses.field(default_factory=list)
-    uncovered: list[tuple[Any, Any]] = dataclasses.field(default_factory=list)
-    methods: dict[int, str] = dataclasses.field(default_factory=dict)
-    pieces: dict[Any, list[Any]] = dataclasses.field(default_factory=dict)
-    chose: bool = False
-    agreed: Any = True
-    jaxpr: Any = None
-    unique_choices: bool = True
-
-
-# At most this many branches of a `cond` whose index depends on the
-# unknowns are each solved (`InverseWalker._by_branch`).
-MAX_BRANCHES = 8
-# How `explain_inverse` names that method.
-BY_BRANCH = "by branch"
-
-
-def _complete(sol: Solution, invals: Sequence[Any]) -> bool:
-    """Whether `sol` found every unknown input."""
-    return all(
-        v is not None or got is not None
-        for v, got in zip(invals, sol.invals, strict=True)
-    )
 
 
 class InverseWalker:
@@ -178,10 +99,9 @@ class InverseWalker:
         nan_checks: bool = False,
         want_ildj: bool = True,
         solvers: bool = True,
-        blocks: bool = True,
         seeds: Sequence[tuple[Any, list[Any]]] = (),
         complete: bool = False,
-        bottlenecks: bool = True,
+        methods: Sequence[Method] | None = None,
     ) -> Solution:
         """Find the unknown inputs of `jaxpr` (and any outputs not given).
 
@@ -199,8 +119,6 @@ class InverseWalker:
             want_ildj: whether the ildj is wanted (rules may skip it if not).
             solvers: whether an elementwise block with no formula may be
                 solved numerically (see `_blocks.py`).
-            blocks: whether to solve elementwise blocks at all (off for the
-                engine's own runs on one case of a piecewise block).
             seeds: (variable, pieces) of values known in parts from the
                 start (an enclosing equation's partly known operands and
                 results, see `_masked.py`).
@@ -208,67 +126,44 @@ class InverseWalker:
                 from its result when nothing determines them (`_gram.py`);
                 the ildj then needs the caller's care (the steps' ildjs may
                 count discarded elements).
-            bottlenecks: whether a block may be solved through a scalar
-                bottleneck (`_bottleneck.py`; off in that method's own runs).
+            methods: the methods tried in turn when no equation can be
+                solved alone (default: all of `_methods.METHODS`; none for
+                the engine's own runs on one case of a piecewise block).
 
         Returns:
             A `Solution`.
         """
-        options = SolveOptions(
-            nan_checks, want_ildj, solvers, blocks, complete, bottlenecks
-        )
+        if methods is None:
+            methods = METHODS
+        options = SolveOptions(nan_checks, want_ildj, solvers, complete, tuple(methods))
         st = SolveState(jaxpr, consts, invals, outvals, out_branches, options, seeds)
         while True:
             i = st.next_equation()
             if i is None and (conds := uf.blocked_index(st)):
                 # Stuck at a `cond` whose index depends on the unknowns:
                 # solved again with it unfolded into a piecewise map, else
-                # once per branch (`_by_branch`).
+                # once per branch.
                 again = functools.partial(
                     self.solve,
                     out_branches=out_branches,
                     nan_checks=nan_checks,
                     want_ildj=want_ildj,
                     solvers=solvers,
-                    blocks=blocks,
                     seeds=seeds,
                     complete=complete,
-                    bottlenecks=bottlenecks,
+                    methods=methods,
                 )
-                unknown = [v is None for v in invals]
                 # (`st.jaxpr`: the indices are its equations', implicit
                 # broadcasts written out.)
-                unfolded = uf.unfold_conds(st.jaxpr, consts, conds, unknown)
-                if unfolded is not None:
-                    sol = again(*unfolded, invals, outvals, strict=False)
-                    if _complete(sol, invals):
-                        return sol
-                    if seeds:
-                        return again(*unfolded, invals, outvals, strict=strict)
-                    enumerated = self._by_branch(
-                        st.jaxpr, consts, conds[0], invals, outvals, again
-                    )
-                    if isinstance(enumerated, Solution):
-                        return enumerated
-                    try:
-                        return again(*unfolded, invals, outvals, strict=strict)
-                    except NotInvertibleError as err:
-                        # (Why solving it by branch did not answer either.)
-                        raise NotInvertibleError(f"{err}\n{enumerated}") from None
+                sol = uf.solve_unfolded(
+                    again, st.jaxpr, consts, conds, invals, outvals, strict, seeds
+                )
+                if sol is not None:
+                    return sol
             if i is None:
-                # Stuck: a principal factor of `L @ L.T` may be taken (first:
-                # a block solve of the product, with the factor filled in by
-                # a scatter, picks no branch and gives NaN), an elementwise
-                # block of one unknown solved, else discarded elements chosen
-                # (also with nothing blocked: a `triangular_solve` solved for
-                # the triangle of its matrix it reads is done).
-                if not blocks or not (st.reasons or (complete and st.pieces)):
+                if not (st.reasons or (complete and st.pieces)):
                     break
-                if not (
-                    gm.gram_step(self, st)
-                    or self._solve_block(st)
-                    or (complete and gm.fill_step(self, st))
-                ):
+                if not self._unstick(st):
                     break
                 continue
             eqn = st.eqns[i]
@@ -278,112 +173,16 @@ class InverseWalker:
                 self._invert(st, i)
         return self._solution(st, invals, strict)
 
-    def _by_branch(
-        self,
-        jaxpr: compat.Jaxpr,
-        consts: Sequence[Any],
-        target: int,
-        invals: Sequence[Any],
-        outvals: Sequence[Any],
-        again: Any,
-    ) -> Solution | str:
-        """The unknowns, solved once per branch of the `cond` at `target`
-        (its index fixed), each candidate kept where the index it gives is
-        that branch's: `lax.cond(jnp.sum(x) > 0, f, g, x)`, whose index no
-        elementwise piecewise method reads. NaN where no branch's candidate
-        takes its own branch (`y` off the image) or several different ones
-        do (not injective). Where it cannot be solved so (a branch is
-        refused, more than `MAX_BRANCHES` branches), why, in words."""
-        eqn = jaxpr.eqns[target]
-        n = len(compat.cond_branches(eqn))
-        where = f"The `cond` at {source_line(eqn)}, solved once per branch"
-        unknown = [k for k, v in enumerate(invals) if v is None]
-        floating = all(
-            jnp.issubdtype(getattr(jaxpr.invars[k].aval, "dtype", bool), jnp.inexact)
-            for k in unknown
-        )
-        if n > MAX_BRANCHES:
-            return f"{where}, has {n} branches: at most {MAX_BRANCHES} are tried."
-        if not floating:
-            return f"{where}, has unknowns that are not floating: not tried."
-        sols = []
-        for b in range(n):
-            fixed, fixed_consts = uf.with_branch(jaxpr, consts, target, b)
-            try:
-                sol = again(fixed, fixed_consts, invals, outvals, strict=True)
-            except NotInvertibleError as err:
-                line = str(err).splitlines()[0]
-                return f"{where}: its branch {b} alone is refused ({line})"
-            if sol.pieces or sol.uncovered:
-                return f"{where}: its branch {b} leaves unknowns known in parts."
-            sols.append(sol)
-        takes = [
-            (uf.index_at(jaxpr, consts, sol.invals, target) == b)
-            & ~functools.reduce(
-                jnp.logical_or, [jnp.any(jnp.isnan(sol.invals[k])) for k in unknown]
-            )
-            for b, sol in enumerate(sols)
-        ]
-        first = jnp.argmax(jnp.stack(takes)).astype(jnp.int32)
-
-        def pick(values: Sequence[Any]) -> Any:
-            return jax.lax.select_n(first, *jnp.broadcast_arrays(*values))
-
-        invals_out = list(sols[0].invals)
-        same = jnp.any(jnp.stack(takes))
-        for k in unknown:
-            chosen = pick([sol.invals[k] for sol in sols])
-            for took, sol in zip(takes, sols, strict=True):
-                same = same & (~took | jnp.all(sol.invals[k] == chosen))
-            invals_out[k] = chosen
-        for k in unknown:
-            invals_out[k] = jnp.where(same, invals_out[k], jnp.nan)
-        ildjs = [jnp.asarray(sol.ildj) for sol in sols]
-        ildj = jnp.where(same, pick(ildjs), jnp.nan).astype(ildjs[0].dtype)
-        outs = list(sols[0].outvals)
-        for j, v in enumerate(outvals):
-            if v is None and all(sol.outvals[j] is not None for sol in sols):
-                outs[j] = pick([sol.outvals[j] for sol in sols])
-        checks = [
-            (jnp.where(first == b, count, 0), message)
-            for b, sol in enumerate(sols)
-            for count, message in sol.nan_checks
-        ]
-        # Reported on `jaxpr` itself: its other equations as the first
-        # branch's run treated them, the `cond` solved by branch.
-        shift = len(sols[0].jaxpr.eqns) - len(jaxpr.eqns)
-
-        def moved(i: int) -> int:
-            return i if i < target else i + shift
-
-        outer = [i for i in range(len(jaxpr.eqns)) if i != target]
-        status = [INVERTED] * len(jaxpr.eqns)
-        for i in outer:
-            status[i] = sols[0].status[moved(i)]
-        methods = {
-            i: sols[0].methods[moved(i)] for i in outer if moved(i) in sols[0].methods
-        }
-        methods[target] = BY_BRANCH
-        return dataclasses.replace(
-            sols[0],
-            jaxpr=jaxpr,
-            status=status,
-            methods=methods,
-            reasons={},
-            invals=invals_out,
-            outvals=outs,
-            ildj=ildj,
-            nan_checks=checks,
-            branches=[
-                functools.reduce(br.union, [sol.branches[k] for sol in sols])
-                for k in range(len(invals))
-            ],
-            # (The branch is not a choice: every one is tried, and the
-            # answer must be the only one consistent.)
-            chose=any(sol.chose for sol in sols),
-            agreed=pick([jnp.asarray(sol.agreed) for sol in sols]),
-            unique_choices=all(sol.unique_choices for sol in sols),
-        )
+    def _unstick(self, st: SolveState) -> bool:
+        """Stuck: the first method of the table that solves a region, its
+        result recorded; whether one did."""
+        for method in st.options.methods:
+            if method.applies(st):
+                found = method.step(self, st)
+                if found is not None:
+                    st.commit(found)
+                    return True
+        return False
 
     # -- forwards -------------------------------------------------------
 
@@ -405,7 +204,7 @@ class InverseWalker:
             # a second constraint, which a `y` off the image fails.
             ins = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
             ok = agree_recomputed(
-                lambda *a: self._forward(eqn, list(a)),
+                lambda *a: self.forward(eqn, list(a)),
                 ins,
                 known,
                 forward_differentiable(eqn),
@@ -416,7 +215,7 @@ class InverseWalker:
             self._recheck_results(st, eqn, ins)
         if not all(v in env for v in eqn.outvars):
             ins = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
-            outs = self._forward(eqn, ins)
+            outs = self.forward(eqn, ins)
             st.status[i] = FORWARD
             for v, val in zip(eqn.outvars, outs, strict=True):
                 if v not in env:
@@ -455,7 +254,7 @@ class InverseWalker:
             if v in st.piece_branch:
                 raise rf.branch_clash(eqn, st.chooser[v], v)
 
-    def _forward(self, eqn: compat.JaxprEqn, invals: list[Any]) -> list[Any]:
+    def forward(self, eqn: compat.JaxprEqn, invals: list[Any]) -> list[Any]:
         user_ctx, eqn_ctx = compat.eqn_contexts(eqn)
         try:
             with user_ctx, eqn_ctx:
@@ -692,7 +491,7 @@ class InverseWalker:
             ins = [
                 xk if u is v else x for u, x in zip(eqn.invars, operands, strict=True)
             ]
-            return self._forward(eqn, ins)[0]
+            return self.forward(eqn, ins)[0]
 
         return inherited_rounding(step, solved, known[0])
 
@@ -736,14 +535,14 @@ class InverseWalker:
         if any(x is None for x in ins):
             return
         ok = agree_recomputed(
-            lambda *a: self._forward(eqn, list(a)),
+            lambda *a: self.forward(eqn, list(a)),
             ins,
             known,
             forward_differentiable(eqn),
             solved=True,
         )
         st.agreements.append((ok | ~jnp.any(nan), eqn))
-        outs = self._forward(eqn, ins)
+        outs = self.forward(eqn, ins)
         for w, val in zip(eqn.outvars, outs, strict=True):
             if w in st.solved_by:
                 self._recheck_producer(st, w, val, depth + 1)
@@ -761,7 +560,7 @@ class InverseWalker:
         if any(x is None for x in ins):
             return
         ok = agree_recomputed(
-            lambda *a: self._forward(eqn, list(a)),
+            lambda *a: self.forward(eqn, list(a)),
             ins,
             list(outs),
             forward_differentiable(eqn),
@@ -777,7 +576,7 @@ class InverseWalker:
         """`eqn` recomputed from `ins`: each of its results that a rule
         solved backwards is rechecked through its producer."""
         if any(w in st.solved_by for w in eqn.outvars):
-            again = self._forward(eqn, list(ins))
+            again = self.forward(eqn, list(ins))
             for w, val in zip(eqn.outvars, again, strict=True):
                 if w in st.solved_by:
                     self._recheck_producer(st, w, val)
@@ -821,226 +620,6 @@ class InverseWalker:
                 if got is not None:
                     taint[v] = got
                 st.learned(v)
-
-    # -- elementwise blocks ----------------------------------------------
-
-    def _solve_block(self, st: SolveState) -> bool:
-        """Solve an elementwise block; whether one was found."""
-        found = self._block_step(st)
-        if found is None:
-            # A value divided by a function of itself (`_normalized.py`).
-            found = nz.normalized_step(st)
-        if found is None and st.options.solvers:
-            # Last: a triangular map of one unknown (`_sequential.py`).
-            found = sq.sequential_step(st)
-        if found is None and st.options.solvers:
-            # A map through one number computed from all of its unknown
-            # (`_bottleneck.py`).
-            found = bn.bottleneck_step(self, st)
-        if found is None:
-            return False
-        block, x_val, block_ildj, method = found
-        env = st.env
-        st.ildj_terms.append(block_ildj)
-        if st.options.nan_checks:
-            st.checks.extend(rf.block_nan_checks(block, method, env, x_val))
-        # Both methods check that `x` maps back to `y` (else NaN), so they
-        # may start from a value chosen on a branch; what they find is then a
-        # choice too, as is a numerical solve's preimage.
-        chosen_from = [v for v in (*block.ys, *block.known) if v in st.taint]
-        chosen_from += [v for v in block.parts if v in st.piece_branch]
-        chooses = method in (bl.ELEMENTWISE_SOLVE, bl.SYMMETRIC_SOLVE)
-        tainted = chooses or bool(chosen_from)
-        origin: Any = None
-        if chooses:
-            origin = bl.SolverOrigin(st.eqns[block.top], method)
-        elif chosen_from:
-            origin = st.chooser[chosen_from[0]]
-        known = [env[v] for v in block.known]
-        if block.kind == bl.ELEMENTWISE and _floating(x_val):
-            y_val = env[block.y]
-            # (Traced only if a check asks for it: `SolveState.rounding_of`.)
-            st.rounding[block.x] = lambda: inherited_rounding(
-                lambda u: block.g(u, *known), x_val, y_val
-            )
-        values = block.run(x_val, known)
-        top_eqn = st.eqns[block.top]
-        new_vars = [*block.xs, *(v for e in block.eqns for v in e.outvars)]
-        # A symmetric solve chooses only what depends on the antisymmetric part.
-        chosen = (
-            lp.chosen_values(block, known)
-            if method == bl.SYMMETRIC_SOLVE and not chosen_from
-            else None
-        )
-        for v in new_vars:
-            if v not in env:
-                env[v] = values[v]
-                # Pieces of it solved from other results (a `pad` that crops
-                # it) and not solved for with the block (`block.parts`): a
-                # second constraint, which a `y` off the image fails.
-                pieces = st.pieces.pop(v, ())
-                if v not in block.parts and v not in block.partial:
-                    st.agreements += [(agree_piece(p, env[v]), top_eqn) for p in pieces]
-                if tainted and (chosen is None or v in chosen):
-                    st.mark(v, br.REALS, origin)
-        for j in block.indices:
-            st.methods[j] = method
-            st.finish(j, INVERTED)
-        for v in new_vars:
-            st.learned(v)
-        return True
-
-    def _block_step(self, st: SolveState) -> tuple[bl.Block, Any, Any, str] | None:
-        """Solve the first elementwise block ending at a blocked equation:
-        (the block, its unknown's value, its ildj, the method), or `None`."""
-        eqns, producer, env, reasons = st.eqns, st.producer, st.env, st.reasons
-        # Also linear blocks ending at a value known only in parts (the
-        # lower triangle of a symmetrized matrix, see `_cholesky.py`).
-        tops = set(reasons) | lp.partial_tops(st)
-        for top in sorted(tops, reverse=True):
-            known_now = env.__contains__
-            partial = not all(v in env for v in eqns[top].outvars)
-            block = None if partial else bl.find_block(top, eqns, producer, known_now)
-            block = block or bl.find_block(
-                top, eqns, producer, known_now, kind=bl.LINEAR, partly=st.pieces
-            )
-            if block is None:
-                continue
-            if block.kind == bl.LINEAR:
-                if partial:
-                    block.ys = []  # its known elements are `parts`
-                if not block.from_pieces:
-                    # (A chain from pieces stands alone: joined, its
-                    # constant-rank condition would no longer hold.)
-                    block = self._join_linear(st, block)
-                for v in block.xs:
-                    if v in st.pieces:
-                        block.partial[v] = bl.partly_known(
-                            v.aval.shape, v.aval.dtype, st.pieces[v]
-                        )
-                lp.add_parts(block, st, bl.partly_known)
-            elif block.x in st.pieces:
-                continue
-            try:
-                found = self._solve_found_block(st, block)
-            except NotInvertibleError as err:
-                reasons[top] = rf.reason(err)
-                continue
-            except Exception as err:
-                reraise(
-                    self.name,
-                    eqns[top],
-                    err,
-                    doing="solving the block of equations that ends there",
-                )
-            if isinstance(found, str):
-                reasons[top] = found
-                continue
-            return found
-        return None
-
-    def _solve_found_block(
-        self, st: SolveState, block: bl.Block
-    ) -> tuple[bl.Block, Any, Any, str] | str:
-        """Solve `block`: (the block, its unknown's value, its ildj, the
-        method), or why it was not tried."""
-        env, want_ildj, solvers = st.env, st.options.want_ildj, st.options.solvers
-        y = env.get(block.y)
-        known = [env[v] for v in block.known]
-        ildj: Any = 0.0
-        if block.kind == bl.LINEAR:
-            size = bl.unknown_size(block)
-            if size > lp.result_size(block) and not lp.may_be_symmetric(block):
-                return bl.too_few(block)
-            if size > bl.MAX_LINEAR:
-                return bl.too_large(block)
-            if not solvers:
-                return bl.SOLVERS_OFF
-            if block.chain and not nsq.determined(
-                block, known, traced=not block.from_pieces
-            ):
-                # Its equations' refusals stand.
-                return st.reasons.get(
-                    block.top,
-                    "its unknown operand, known in parts, is a linear function "
-                    "of the elements left that its results do not determine",
-                )
-            ys = [env[v] for v in block.ys]
-            x, ildj, method = bl.solve_linear(block, ys, known)
-            return block, x, ildj if want_ildj else 0.0, method
-        compacts = [st.compact(v) for v in block.known]
-        # (On one value per element, flattened where that is free: XLA's
-        # CPU code for a block on `(n, 5)` is not vectorized.)
-        flat = bl.flattened(block, y, known, compacts)
-        if flat is not None:
-            y, known, compacts, shape = flat
-        if block.linear:
-            x = bl.solve_linear_elementwise(block, y, known)
-            method = bl.LINEAR_SOLVE
-        else:
-            x = fr.solve(block, y, known)
-            method = fr.LINEAR_FRACTIONAL
-        if x is None:
-            x = bl.solve_piecewise(block, y, known, self._invert_case)
-            method = bl.PIECEWISE
-        if x is None:
-            x = iv.solve(block, y, known, compacts)
-            method = iv.INTERVALS
-        if x is None:
-            if not solvers:
-                return bl.SOLVERS_OFF
-            x = bl.solve_numerically(block, y, known)
-            method = bl.ELEMENTWISE_SOLVE
-        if want_ildj:
-            ildj = bl.block_ildj(block, x, known)
-        if flat is not None:
-            x = jnp.reshape(jax.lax.optimization_barrier(x), shape)
-        return block, x, ildj, method
-
-    def _join_linear(self, st: SolveState, block: bl.Block) -> bl.Block:
-        """`block` joined with the other blocked linear blocks that share an
-        unknown with it (sums and differences of halves: each alone has too
-        few results)."""
-        eqns, producer, known = st.eqns, st.producer, st.env.__contains__
-        changed = True
-        while changed:
-            changed = False
-            for other_top in sorted(st.reasons):
-                if other_top in block.indices:
-                    continue
-                other = bl.find_block(other_top, eqns, producer, known, kind=bl.LINEAR)
-                if other is not None and not all(
-                    known(v) for v in eqns[other_top].outvars
-                ):
-                    other.ys = []  # known in parts only (see `_block_step`)
-                if other is not None and set(other.xs) & set(block.xs):
-                    joined = block.merge(other)
-                    if bl.independent(joined.xs, joined.indices, eqns, producer, known):
-                        block = joined
-                        changed = True
-        return block
-
-    def _invert_case(
-        self, closed: compat.ClosedJaxpr, invals: Sequence[Any], y: Any
-    ) -> Any | None:
-        """One case of a piecewise block, inverted by formulas alone."""
-        sol = self.solve(
-            compat.open_jaxpr(closed),
-            compat.jaxpr_consts(closed),
-            invals,
-            [y],
-            strict=False,
-            want_ildj=False,
-            blocks=False,
-        )
-        x = sol.invals[0]
-        if x is None:
-            # A case that uses its unknown twice may be linear-fractional
-            # (softsign's `x / (1 + x)` once `|x|` is a case).
-            return fr.solve_case(closed, invals[1:], y)
-        if sol.branches[0] is not None:
-            return None
-        return x
 
     # -- the result -----------------------------------------------------
 

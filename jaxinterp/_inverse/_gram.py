@@ -51,8 +51,14 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
-from . import _blocks as bl, _cholesky as chol, _masked as mk, _trisolve as ts
-from ._dataflow import INVERTED, SolveState
+from . import (
+    _blocks as bl,
+    _cholesky as chol,
+    _masked as mk,
+    _refusals as rf,
+    _trisolve as ts,
+)
+from ._dataflow import Solved, SolveState, Walker, shape_of
 from ._rules import agree_recomputed
 
 _Literal = compat.Literal
@@ -69,10 +75,10 @@ COMPLETED = mk.COMPLETED
 _SAME = frozenset({"copy", "copy_p", "transpose", "convert_element_type", "squeeze"})
 
 
-def gram_step(walker: Any, st: SolveState) -> bool:
+def gram_step(walker: Walker, st: SolveState) -> Solved | None:
     """Solve one blocked `A @ A.T` (`A` lower triangular by construction;
     with leading batch axes, `jnp.matmul` of a batch of matrices) for `A`'s
-    source; whether one was found."""
+    source, or `None`."""
     for i in sorted(st.reasons, reverse=True):
         eqn: Any = st.eqns[i]
         if eqn.primitive is not lax.dot_general_p:
@@ -139,27 +145,26 @@ def gram_step(walker: Any, st: SolveState) -> bool:
         ok = agree_recomputed(
             lambda a: [jnp.matmul(a, jnp.swapaxes(a, -1, -2))], [factor], [y]
         )
-        st.agreements.append((ok & ~jnp.any(jnp.isnan(factor)), eqn))
         # The source from `A`: undo the permutation.
         value = jnp.transpose(factor, tuple(int(k) for k in np.argsort(left)))
-        st.env[src_l] = value.astype(src_l.aval.dtype)
-        st.pieces.pop(src_l, None)
-        if st.options.want_ildj:
+        return Solved(
+            GRAM,
+            at=i,
+            indices=[i],
+            values={src_l: value.astype(src_l.aval.dtype)},
             # (The reversal permutes the coordinates of both triangles.)
-            st.ildj_terms.append(-chol.cholesky_ildj(chol_factor))
-        st.methods[i] = GRAM
-        st.finish(i, INVERTED)
-        st.learned(src_l)
-        return True
-    return False
+            ildj=-chol.cholesky_ildj(chol_factor) if st.options.want_ildj else None,
+            agreements=[(ok & ~jnp.any(jnp.isnan(factor)), eqn)],
+        )
+    return None
 
 
-def fill_step(walker: Any, st: SolveState) -> bool:
+def fill_step(walker: Walker, st: SolveState) -> Solved | None:
     """Complete one value known in parts whose unknown elements an
-    elementwise step discards, or a triangular solve does not read; whether
-    one was."""
+    elementwise step discards, or a triangular solve does not read (or
+    `None`)."""
     for v in list(st.pieces):
-        mask = mk._mask(st, v)
+        mask = st.known_mask(v)
         if mask.all() or not jnp.issubdtype(v.aval.dtype, jnp.inexact):
             continue
         for c in sorted(st.consumers.get(v, ())):
@@ -199,12 +204,17 @@ def fill_step(walker: Any, st: SolveState) -> bool:
                 # uses would have to agree with it by chance.
                 break
             lost = ~mask
-            flat = np.flatnonzero(lost)
-            mk._add_piece(st, v, lost, jnp.asarray(used.ravel()[flat]), c, True)
-            st.methods[c] = COMPLETED
-            st.completed = True
-            return True
-    return False
+            value = jnp.asarray(used.ravel()[np.flatnonzero(lost)])
+            return Solved(
+                COMPLETED,
+                at=c,
+                indices=[c],
+                checks=rf.piece_checks(st, v, value, c),
+                pieces=[(v, lost, value)],
+                done=False,
+                completes=True,
+            )
+    return None
 
 
 # Where an element of a value comes from (`_sources`): the flat index of the
@@ -261,7 +271,7 @@ def _sources(st: SolveState, v: Any) -> np.ndarray | None:
     out: dict[Any, np.ndarray | None] = {}
     start = 0
     for u in st.unknown_invars:
-        shape = mk._shape(u)
+        shape = shape_of(u)
         size = int(np.prod(shape, dtype=np.int64))
         out[u] = np.arange(start, start + size, dtype=np.int32).reshape(shape)
         start += size
@@ -348,8 +358,8 @@ def _elementwise_in(eqn: Any, v: Any) -> bool:
     """Whether `eqn` maps `v` to its one result element by element: an
     elementwise step, or a call whose every step on the way from `v` is one
     (`jnp.tril` builds its mask with `iota`, which does not read `v`)."""
-    shape = mk._shape(v)
-    if len(eqn.outvars) != 1 or mk._shape(eqn.outvars[0]) != shape:
+    shape = shape_of(v)
+    if len(eqn.outvars) != 1 or shape_of(eqn.outvars[0]) != shape:
         return False
     get_body = mk._BODIES.get(eqn.primitive)
     if get_body is None:
@@ -575,7 +585,7 @@ def _run(walker: Any, eqn: Any, ins: list[Any]) -> list[np.ndarray] | None:
     """`eqn` run on constants now, or `None` if it cannot be."""
     try:
         with jax.ensure_compile_time_eval():
-            outs = walker._forward(eqn, ins)
+            outs = walker.forward(eqn, ins)
         return [np.asarray(o) for o in outs]
     except Exception:  # (any failure means: cannot tell, so no)
         return None

@@ -33,7 +33,7 @@ refuses, naming it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -49,22 +49,16 @@ from . import (
     _refusals as rf,
     _scattered,
 )
-from ._dataflow import FORWARD, SolveState
+from ._dataflow import FORWARD, MASKED, SolveState, Walker, gather, shape_of
 from ._rules import (
     InverseContext,
     MaskedPiece,
-    assemble,
     describe_elements,
     elementwise_ildj,
 )
 
-if TYPE_CHECKING:
-    from ._engine import InverseWalker
-
 _Literal = compat.Literal
 
-# How `explain_inverse` names an equation solved on partly known values.
-MASKED = "masked"
 
 _BODIES: dict[Any, Callable[[Any], Any]] = {
     p: get
@@ -121,8 +115,8 @@ def zero_product(st: SolveState, eqn: Any) -> bool:
     if not eqn.outvars[0].aval.shape:
         return False
     for v in eqn.invars:
-        if _known(st, v):
-            val = _value(st, v)
+        if st.is_known(v):
+            val = st.partial_value(v)
             # A mask (an array), not a scalar `0.0 * x`.
             if (
                 np.ndim(val)
@@ -136,85 +130,29 @@ def zero_product(st: SolveState, eqn: Any) -> bool:
 # -- views of partly known values -------------------------------------------
 
 
-def _shape(v: Any) -> tuple[int, ...]:
-    return tuple(int(d) for d in v.aval.shape)
-
-
-def _known(st: SolveState, v: Any) -> bool:
-    return type(v) is _Literal or v in st.env
-
-
-def _mask(st: SolveState, v: Any) -> np.ndarray:
-    """The elements of `v` known (a static boolean array of its shape)."""
-    shape = _shape(v)
-    if _known(st, v):
-        return np.ones(shape, bool)
-    mask = np.zeros(shape, bool)
-    for piece in st.pieces.get(v, ()):
-        mask[piece.index()] = True
-    return mask
-
-
-def _value(st: SolveState, v: Any) -> Any:
-    """`v`'s value; for a partly known one, its pieces and zeros elsewhere
-    (constants, so nothing computed from them reaches a gradient)."""
-    if type(v) is _Literal:
-        return v.val
-    if v in st.env:
-        return st.env[v]
-    dtype = v.aval.dtype
-    base = jnp.zeros(_shape(v), dtype)
-    for piece in st.pieces.get(v, ()):
-        base = base.at[piece.index()].set(jnp.asarray(piece.value, dtype))
-    return base
-
-
-def _gather(value: Any, flat: np.ndarray) -> Any:
-    """The elements `flat` (row-major positions) of `value`; a scalar as is.
-    A concrete value stays concrete, so rules can check it."""
-    if np.ndim(value) == 0:
-        return value
-    if compat.is_tracer(value):
-        return jnp.ravel(value)[flat.astype(np.int32)]
-    return np.asarray(value).reshape(-1)[flat]
-
-
 def _add_piece(
     st: SolveState, v: Any, mask: np.ndarray, value: Any, i: int, backward: bool
 ) -> None:
-    """Record that `v` equals `value` (1-D) where `mask` holds."""
-    if backward and st.completed and st.options.nan_checks:
-        # As `InverseWalker._learn_solved`: after a completion, a NaN solved
-        # here may come from the value chosen for discarded elements.
-        eqn: Any = st.eqns[i]
-        k = next((j for j, u in enumerate(eqn.invars) if u is v), None)
-        if k is not None and jnp.issubdtype(v.aval.dtype, jnp.inexact):
-            st.checks.extend(rf.nan_checks(eqn, [], [(k, jnp.asarray(value))]))
-    have = st.pieces.setdefault(v, [])
-    have.append(MaskedPiece(0, mask, jnp.asarray(value)))
-    whole = assemble(_shape(v), v.aval.dtype, have)
-    if whole is not None:
-        st.env[v] = whole
-        del st.pieces[v]
+    """Record that `v` equals `value` (1-D) where `mask` holds, as equation
+    `i` found it (`backward`: solving for it)."""
     if backward:
-        st.masked_inverted.add(i)
-        st.methods[i] = MASKED
-    elif i not in st.masked_inverted:
+        st.checks.extend(rf.piece_checks(st, v, value, i))
+    st.add_piece(v, mask, value, solved_by=i if backward else None)
+    if not backward and i not in st.masked_inverted:
         st.status[i] = FORWARD
-    st.learned(v)
 
 
 # -- one step ------------------------------------------------------------------
 
 
-def step(walker: InverseWalker, st: SolveState, i: int) -> bool:
+def step(walker: Walker, st: SolveState, i: int) -> bool:
     """Solve what equation `i` determines of its partly known values (see
     the module docstring); whether it learned anything."""
     eqn: Any = st.eqns[i]
     variables = [v for v in (*eqn.invars, *eqn.outvars) if type(v) is not _Literal]
     if any(v in st.taint or v in st.piece_branch for v in variables):
         return False
-    seen = tuple(int(_mask(st, v).sum()) for v in variables)
+    seen = tuple(int(st.known_mask(v).sum()) for v in variables)
     if st.masked_seen.get(i) == seen:
         return False  # nothing new since the last try
     st.masked_seen[i] = seen
@@ -235,11 +173,13 @@ def step(walker: InverseWalker, st: SolveState, i: int) -> bool:
                 return _call(walker, st, i)
             if eqn.primitive.name in chol.READS_LOWER:
                 return _lower_known(walker, st, i)
+            if eqn.primitive is compat.cond_p:
+                return _platform_branch(walker, st, i)
             copied = _scattered.step(walker, st, i)
             if copied is not None:
                 return copied
             if len(eqn.outvars) != 1 or not bl.is_elementwise(
-                eqn, _shape(eqn.outvars[0])
+                eqn, shape_of(eqn.outvars[0])
             ):
                 return False
             backward = _backward(walker, st, i)
@@ -249,15 +189,15 @@ def step(walker: InverseWalker, st: SolveState, i: int) -> bool:
         return False
 
 
-def _lower_known(walker: InverseWalker, st: SolveState, i: int) -> bool:
+def _lower_known(walker: Walker, st: SolveState, i: int) -> bool:
     """A `cholesky` whose result is known on its lower triangle (JAX masks
     the rest with `tril`): its rule, which reads only that triangle, gives
     the lower triangle of its operand."""
     eqn: Any = st.eqns[i]
     (out,), (x,) = eqn.outvars, eqn.invars
-    if _known(st, x) or x in st.pieces:
+    if st.is_known(x) or x in st.pieces:
         return False
-    if (chol.lower_mask(_shape(out)) & ~_mask(st, out)).any():
+    if (chol.lower_mask(shape_of(out)) & ~st.known_mask(out)).any():
         return False
     rule = walker.rules.get(eqn.primitive)
     if rule is None:
@@ -265,7 +205,7 @@ def _lower_known(walker: InverseWalker, st: SolveState, i: int) -> bool:
     ctx = InverseContext.of(
         eqn, want_ildj=st.options.want_ildj, solvers=st.options.solvers
     )
-    res = rule(ctx, [_value(st, out)], None, **eqn.params)
+    res = rule(ctx, [st.partial_value(out)], None, **eqn.params)
     if res is None or not hasattr(res, "pieces"):
         return False
     if st.options.want_ildj and res.ildj is not None:
@@ -275,41 +215,57 @@ def _lower_known(walker: InverseWalker, st: SolveState, i: int) -> bool:
     return True
 
 
+def _platform_branch(walker: Walker, st: SolveState, i: int) -> bool:
+    """A `cond` on the platform: its branch for this platform, solved in
+    place."""
+    eqn: Any = st.eqns[i]
+    k = compat.cond_platform_branch(eqn)
+    if k is None:
+        return False
+    progress = _call(walker, st, i, compat.cond_branches(eqn)[k], skip=1)
+    if progress and i in st.reasons:
+        st.reasons[i] = (
+            "its branch for this platform determines only some elements of "
+            "its operands (see below)"
+        )
+    return progress
+
+
 def _select_n(st: SolveState, i: int) -> bool:
     """`select_n` with a concrete predicate: each case is the result where
     selected, and the result is each selected case where that is known."""
     eqn: Any = st.eqns[i]
     pred_var, cases = eqn.invars[0], eqn.invars[1:]
     (out,) = eqn.outvars
-    if not _known(st, pred_var):
+    if not st.is_known(pred_var):
         return False
-    pred = _value(st, pred_var)
+    pred = st.partial_value(pred_var)
     if compat.is_tracer(pred):
         return False
-    shape = _shape(out)
+    shape = shape_of(out)
     which = np.broadcast_to(np.asarray(pred).astype(np.int32), shape)
-    out_mask = _mask(st, out)
-    case_masks = [_mask(st, c) for c in cases]
+    out_mask = st.known_mask(out)
+    case_masks = [st.known_mask(c) for c in cases]
     progress = False
     if out_mask.any():
         out_value = None
         for k, c in enumerate(cases):
-            if _known(st, c):
+            if st.is_known(c):
                 continue
             new = (which == k) & out_mask & ~case_masks[k]
             if new.any():
                 if out_value is None:
-                    out_value = _value(st, out)
+                    out_value = st.partial_value(out)
                 flat = np.flatnonzero(new)
-                _add_piece(st, c, new, _gather(out_value, flat), i, True)
+                _add_piece(st, c, new, gather(out_value, flat), i, True)
                 progress = True
     if out not in st.env:
         for k, c in enumerate(cases):
             new = (which == k) & case_masks[k] & ~out_mask
             if new.any():
                 flat = np.flatnonzero(new)
-                value = jnp.broadcast_to(_value(st, c), shape)
-                _add_piece(st, out, new, _gather(value, flat), i, False)
+                value = jnp.broadcast_to(st.partial_value(c), shape)
+                _add_piece(st, out, new, gather(value, flat), i, False)
                 progress = True
     return progress
 
@@ -323,10 +279,10 @@ def _refresh_reason(st: SolveState, i: int) -> None:
     pred = st.read(eqn.invars[:1])[0]
     if pred is None or compat.is_tracer(pred):
         return
-    which = np.broadcast_to(np.asarray(pred).astype(np.int32), _shape(out))
+    which = np.broadcast_to(np.asarray(pred).astype(np.int32), shape_of(out))
     dropped = []
     for k, c in enumerate(eqn.invars[1:]):
-        lost = (which != k) & ~_mask(st, c)
+        lost = (which != k) & ~st.known_mask(c)
         if lost.any():
             dropped.append(
                 f"case {k} where the predicate selects another case (elements "
@@ -342,11 +298,11 @@ def _refresh_reason(st: SolveState, i: int) -> None:
 def _the_unknown(st: SolveState, eqn: compat.JaxprEqn) -> int | None:
     """The index of `eqn`'s one operand not fully known (of the result's
     shape), or `None`."""
-    unknown = [k for k, v in enumerate(eqn.invars) if not _known(st, v)]
+    unknown = [k for k, v in enumerate(eqn.invars) if not st.is_known(v)]
     if len(unknown) != 1:
         return None
     (k,) = unknown
-    if _shape(eqn.invars[k]) != _shape(eqn.outvars[0]):
+    if shape_of(eqn.invars[k]) != shape_of(eqn.outvars[0]):
         return None
     return k
 
@@ -356,7 +312,7 @@ def _no_branch(res: Any) -> bool:
     return len(res) <= 2 or res[2] is None or all(b is None for b in res[2])
 
 
-def _backward(walker: InverseWalker, st: SolveState, i: int) -> bool:
+def _backward(walker: Walker, st: SolveState, i: int) -> bool:
     """An elementwise primitive: solve the unknown operand's elements where
     the result is known, with the rule run on those elements alone."""
     eqn: Any = st.eqns[i]
@@ -365,7 +321,7 @@ def _backward(walker: InverseWalker, st: SolveState, i: int) -> bool:
     if k is None:
         return False
     x = eqn.invars[k]
-    new = _mask(st, out) & ~_mask(st, x)
+    new = st.known_mask(out) & ~st.known_mask(x)
     if not new.any():
         return False
     ins = st.read(eqn.invars)
@@ -376,8 +332,8 @@ def _backward(walker: InverseWalker, st: SolveState, i: int) -> bool:
     if rule is None:
         return False
     flat = np.flatnonzero(new)
-    y = _gather(_value(st, out), flat)
-    ins_c = [None if j == k else _gather(val, flat) for j, val in enumerate(ins)]
+    y = gather(st.partial_value(out), flat)
+    ins_c = [None if j == k else gather(val, flat) for j, val in enumerate(ins)]
     n = flat.size
     in_avals = [
         compat.ShapedArray((n,), v.aval.dtype) if v.aval.shape else v.aval
@@ -408,7 +364,7 @@ def _backward(walker: InverseWalker, st: SolveState, i: int) -> bool:
     return True
 
 
-def _forward(walker: InverseWalker, st: SolveState, i: int) -> bool:
+def _forward(walker: Walker, st: SolveState, i: int) -> bool:
     """An elementwise primitive: its result where every operand is known
     (run on those elements alone), and `0` where a `mul` has a concrete zero
     factor."""
@@ -416,24 +372,24 @@ def _forward(walker: InverseWalker, st: SolveState, i: int) -> bool:
     (out,) = eqn.outvars
     if out in st.env:
         return False
-    shape = _shape(out)
-    masks = [np.broadcast_to(_mask(st, v), shape) for v in eqn.invars]
+    shape = shape_of(out)
+    masks = [np.broadcast_to(st.known_mask(v), shape) for v in eqn.invars]
     everywhere = np.all(np.stack(masks), axis=0) if masks else np.ones(shape, bool)
-    out_mask = _mask(st, out)
+    out_mask = st.known_mask(out)
     progress = False
     new = everywhere & ~out_mask
     if new.any():
         flat = np.flatnonzero(new)
-        ins = [_gather(_value(st, v), flat) for v in eqn.invars]
-        (value,) = walker._forward(eqn, ins)
+        ins = [gather(st.partial_value(v), flat) for v in eqn.invars]
+        (value,) = walker.forward(eqn, ins)
         _add_piece(st, out, new, value, i, False)
         out_mask = out_mask | new
         progress = True
     if eqn.primitive is lax.mul_p and out not in st.env:
         zero = np.zeros(shape, bool)
         for v in eqn.invars:
-            if _known(st, v):
-                val = _value(st, v)
+            if st.is_known(v):
+                val = st.partial_value(v)
                 if np.ndim(val) and not compat.is_tracer(val):
                     zero |= np.broadcast_to(np.asarray(val) == 0, shape)
         new = zero & ~out_mask
@@ -444,7 +400,7 @@ def _forward(walker: InverseWalker, st: SolveState, i: int) -> bool:
     return progress
 
 
-def _whole_call(walker: InverseWalker, st: SolveState, i: int) -> bool:
+def _whole_call(walker: Walker, st: SolveState, i: int) -> bool:
     """An elementwise call whose result is known wherever its one unknown
     operand is not: its own rule on the whole value (the operand's known
     elements mapped forwards to fill the result), the new elements kept."""
@@ -452,7 +408,7 @@ def _whole_call(walker: InverseWalker, st: SolveState, i: int) -> bool:
     if len(eqn.outvars) != 1:
         return False
     (out,) = eqn.outvars
-    shape = _shape(out)
+    shape = shape_of(out)
     if not bl.is_elementwise(eqn, shape):
         return False
     if not jnp.issubdtype(out.aval.dtype, jnp.inexact):
@@ -461,7 +417,7 @@ def _whole_call(walker: InverseWalker, st: SolveState, i: int) -> bool:
     if k is None:
         return False
     x = eqn.invars[k]
-    x_mask, out_mask = _mask(st, x), _mask(st, out)
+    x_mask, out_mask = st.known_mask(x), st.known_mask(out)
     new = out_mask & ~x_mask
     if not new.any() or (~out_mask & ~x_mask).any():
         return False
@@ -474,9 +430,9 @@ def _whole_call(walker: InverseWalker, st: SolveState, i: int) -> bool:
         return False
 
     def run(t: Any) -> Any:
-        return walker._forward(eqn, [t if j == k else v for j, v in enumerate(ins)])[0]
+        return walker.forward(eqn, [t if j == k else v for j, v in enumerate(ins)])[0]
 
-    y = jnp.where(out_mask, _value(st, out), run(_value(st, x)))
+    y = jnp.where(out_mask, st.partial_value(out), run(st.partial_value(x)))
     ctx = InverseContext.of(
         eqn, want_ildj=st.options.want_ildj, solvers=st.options.solvers
     )
@@ -490,12 +446,12 @@ def _whole_call(walker: InverseWalker, st: SolveState, i: int) -> bool:
         _, slope = jax.jvp(run, (solved,), (jnp.ones_like(solved),))
         log_slope = jnp.log(jnp.abs(slope))
         st.ildj_terms.append(-jnp.sum(jnp.where(new, log_slope, 0)))
-    _add_piece(st, x, new, _gather(solved, np.flatnonzero(new)), i, True)
+    _add_piece(st, x, new, gather(solved, np.flatnonzero(new)), i, True)
     return True
 
 
 def _call(
-    walker: InverseWalker, st: SolveState, i: int, body: Any = None, skip: int = 0
+    walker: Walker, st: SolveState, i: int, body: Any = None, skip: int = 0
 ) -> bool:
     """A call solved in place, its partly known operands and results as
     seeds: forwards (a result partly known) its results only; backwards
@@ -509,7 +465,7 @@ def _call(
     eqn_invars = list(eqn.invars[skip:])
     if len(jaxpr.invars) != len(eqn_invars) or len(jaxpr.outvars) != len(eqn.outvars):
         return False
-    backward = all(_known(st, v) or st.dropped(v) for v in eqn.outvars)
+    backward = all(st.is_known(v) or st.dropped(v) for v in eqn.outvars)
     if backward and i in st.masked_inverted:
         return False  # solved backwards once already
     seeds: list[tuple[Any, list[Any]]] = []
@@ -517,7 +473,11 @@ def _call(
         *zip(eqn_invars, jaxpr.invars, strict=True),
         *zip(eqn.outvars, jaxpr.outvars, strict=True),
     ):
-        if type(inner) is not _Literal and not _known(st, outer) and outer in st.pieces:
+        if (
+            type(inner) is not _Literal
+            and not st.is_known(outer)
+            and outer in st.pieces
+        ):
             seeds.append((inner, st.pieces[outer]))
     invals = st.read(eqn_invars)
     outvals = [st.env.get(v) for v in eqn.outvars]
@@ -541,7 +501,7 @@ def _call(
     if backward:
         pairs = list(zip(eqn_invars, jaxpr.invars, sol.invals, strict=True))
     for outer, inner, value in pairs:
-        if _known(st, outer) or st.dropped(outer):
+        if st.is_known(outer) or st.dropped(outer):
             continue
         if value is not None:
             st.env[outer] = value
@@ -550,7 +510,7 @@ def _call(
             progress = True
         elif type(inner) is not _Literal and inner in sol.pieces:
             have = sol.pieces[inner]
-            before = _mask(st, outer)
+            before = st.known_mask(outer)
             after = np.zeros_like(before)
             for piece in have:
                 after[piece.index()] = True
@@ -567,8 +527,3 @@ def _call(
         # coordinates, see `_gram.py`.)
         st.methods[i] = COMPLETED
     return progress
-
-
-# Used by `_scattered.py`.
-known, shape_of, mask, value = _known, _shape, _mask, _value
-gather, add_piece, call = _gather, _add_piece, _call

@@ -20,7 +20,7 @@ from . import _blocks as bl, _branches as br
 from ._rules import describe_elements
 
 if TYPE_CHECKING:
-    from ._engine import Solution
+    from ._dataflow import Solution
 
 # Built-in rules that return NaN for elements the outputs leave undetermined
 # at run time (see `_rules.undetermined`), and the constructs that may hold
@@ -271,3 +271,16 @@ def not_invertible_error(
     # For an enclosing equation's message: what blocked, without the advice.
     err.detail = f"{names} cannot be recovered. {detail}"  # type: ignore[attr-defined]
     return err
+
+
+def piece_checks(st: Any, v: Any, value: Any, i: int) -> list[tuple[Any, str]]:
+    """The NaN checks of elements of `v` solved by equation `i` of the engine
+    state `st`: after a completion, as for a whole value, a NaN solved there
+    may come from the value chosen for discarded elements."""
+    if not (st.completed and st.options.nan_checks):
+        return []
+    eqn: Any = st.eqns[i]
+    k = next((j for j, u in enumerate(eqn.invars) if u is v), None)
+    if k is None or not jnp.issubdtype(v.aval.dtype, jnp.inexact):
+        return []
+    return nan_checks(eqn, [], [(k, jnp.asarray(value))])

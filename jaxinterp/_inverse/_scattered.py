@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -32,11 +32,9 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
+from . import _refusals as rf
+from ._dataflow import SolveState, Walker, gather, shape_of
 from ._rules import MaskedPiece, agree_within_rounding
-
-if TYPE_CHECKING:
-    from ._dataflow import SolveState
-    from ._engine import InverseWalker
 
 
 def point_positions(
@@ -120,7 +118,7 @@ def point_piece(y: Any, flat: np.ndarray, shape: Sequence[int]) -> MaskedPiece:
 # -- hooks of `_masked.step` -------------------------------------------------
 
 
-def step(walker: InverseWalker, st: SolveState, i: int) -> bool | None:
+def step(walker: Walker, st: SolveState, i: int) -> bool | None:
     """A step on partly known values for the equations above, or `None`
     when `eqn` is none of them."""
     eqn: Any = st.eqns[i]
@@ -130,19 +128,6 @@ def step(walker: InverseWalker, st: SolveState, i: int) -> bool | None:
         return _broadcast(st, i, **eqn.params)
     if relayout(eqn):
         return _relaid(st, i)
-    if eqn.primitive is compat.cond_p:
-        k = compat.cond_platform_branch(eqn)
-        if k is None:
-            return None
-        from . import _masked as mk
-
-        progress = mk.call(walker, st, i, compat.cond_branches(eqn)[k], skip=1)
-        if progress and i in st.reasons:
-            st.reasons[i] = (
-                "its branch for this platform determines only some elements of "
-                "its operands (see below)"
-            )
-        return progress
     return None
 
 
@@ -165,17 +150,15 @@ def relayout(eqn: Any) -> bool:
 def _relaid(st: SolveState, i: int) -> bool:
     """A reshape (or squeeze) whose result is partly known: its operand
     there."""
-    from . import _masked as mk
-
     eqn: Any = st.eqns[i]
     (x,), (out,) = eqn.invars, eqn.outvars
-    if type(x) is compat.Literal or mk.known(st, x):
+    if type(x) is compat.Literal or st.is_known(x):
         return False
-    new = mk.mask(st, out).reshape(-1) & ~mk.mask(st, x).reshape(-1)
+    new = st.known_mask(out).reshape(-1) & ~st.known_mask(x).reshape(-1)
     if not new.any():
         return False
-    value = mk.gather(mk.value(st, out), np.flatnonzero(new))
-    mk.add_piece(st, x, new.reshape(mk.shape_of(x)), value, i, True)
+    value = gather(st.partial_value(out), np.flatnonzero(new))
+    _solved_part(st, x, new.reshape(shape_of(x)), value, i)
     return True
 
 
@@ -183,25 +166,25 @@ def _gather(
     st: SolveState, i: int, *, dimension_numbers: Any, slice_sizes: Any, **_: Any
 ) -> bool:
     """A point gather whose result is known: its operand where it reads."""
-    from . import _masked as mk
-
     eqn: Any = st.eqns[i]
     (out,) = eqn.outvars
     x, idx_var = eqn.invars
-    if not mk.known(st, out) or mk.known(st, x) or not mk.known(st, idx_var):
+    if not st.is_known(out) or st.is_known(x) or not st.is_known(idx_var):
         return False
-    shape = mk.shape_of(x)
-    flat = point_positions(mk.value(st, idx_var), dimension_numbers, slice_sizes, shape)
+    shape = shape_of(x)
+    flat = point_positions(
+        st.partial_value(idx_var), dimension_numbers, slice_sizes, shape
+    )
     if flat is None:
         return False
-    have = mk.mask(st, x).reshape(-1)
+    have = st.known_mask(x).reshape(-1)
     new_at = ~have[flat]
     if not new_at.any():
         return False
     piece = point_piece(
-        mk.gather(mk.value(st, out), np.flatnonzero(new_at)), flat[new_at], shape
+        gather(st.partial_value(out), np.flatnonzero(new_at)), flat[new_at], shape
     )
-    mk.add_piece(st, x, piece.mask, piece.value, i, True)
+    _solved_part(st, x, piece.mask, piece.value, i)
     return True
 
 
@@ -210,14 +193,12 @@ def _broadcast(
 ) -> bool:
     """A broadcast whose result is partly known: each operand element from
     its first known copy."""
-    from . import _masked as mk
-
     eqn: Any = st.eqns[i]
     x = eqn.invars[0]
     (out,) = eqn.outvars
-    if type(x) is compat.Literal or mk.known(st, x) or len(eqn.invars) != 1:
+    if type(x) is compat.Literal or st.is_known(x) or len(eqn.invars) != 1:
         return False
-    in_shape = mk.shape_of(x)
+    in_shape = shape_of(x)
     out_shape = tuple(int(d) for d in shape)
     dims = [int(d) for d in broadcast_dimensions]
     expanded = [1] * len(out_shape)
@@ -226,28 +207,33 @@ def _broadcast(
     source = np.broadcast_to(
         np.arange(int(np.prod(in_shape)), dtype=np.int64).reshape(expanded), out_shape
     ).reshape(-1)
-    known_at = np.flatnonzero(mk.mask(st, out))
+    known_at = np.flatnonzero(st.known_mask(out))
     if not known_at.size:
         return False
     sources = source[known_at]
     found, first, which = np.unique(sources, return_index=True, return_inverse=True)
-    have = mk.mask(st, x).reshape(-1)
+    have = st.known_mask(x).reshape(-1)
     fresh = ~have[found]
     if not fresh.any():
         return False
     new = np.zeros(int(np.prod(in_shape)), bool)
     new[found[fresh]] = True
-    out_value = mk.value(st, out)
-    value = mk.gather(out_value, known_at[first[fresh]])
+    out_value = st.partial_value(out)
+    value = gather(out_value, known_at[first[fresh]])
     if len(found) < len(sources) and jnp.issubdtype(value.dtype, jnp.inexact):
         # Further known copies must agree with the first: else the result
         # is off the image, and the new elements are NaN.
-        copies = mk.gather(out_value, known_at)
-        firsts = mk.gather(out_value, known_at[first])
+        copies = gather(out_value, known_at)
+        firsts = gather(out_value, known_at[first])
         scale = jnp.max(jnp.abs(jnp.where(jnp.isfinite(copies), copies, 0)), initial=0)
         agree = jnp.all(
             agree_within_rounding(copies, jnp.asarray(firsts)[np.ravel(which)], scale)
         )
         value = jnp.where(agree, value, jnp.nan)
-    mk.add_piece(st, x, new.reshape(in_shape), value, i, True)
+    _solved_part(st, x, new.reshape(in_shape), value, i)
     return True
+
+
+def _solved_part(st: SolveState, v: Any, mask: Any, value: Any, i: int) -> None:
+    st.checks.extend(rf.piece_checks(st, v, value, i))
+    st.add_piece(v, mask, value, solved_by=i)

@@ -9,22 +9,30 @@ inverts case by case (`_branches.py`, `_intervals.py`), recomputing the
 index on each candidate.
 
 The engine unfolds only when it is stuck at such a `cond`, and solves the
-unfolded Jaxpr from the start: a `cond` whose index the outputs determine
-first (`(x, lax.cond(x > 0, ...))`) keeps its own rule. A `cond` with effects
-is not unfolded (every branch would run), unless they are debug prints and
-callbacks (`jax.debug.print`): those are left out of the unfolded branches,
-as the inverse of a program leaves out the prints it does not need.
+unfolded Jaxpr from the start (`solve_unfolded`; when that leaves unknowns,
+the program is solved once per branch instead, `_by_branch`): a `cond` whose
+index the outputs determine first (`(x, lax.cond(x > 0, ...))`) keeps its
+own rule. A `cond` with effects is not unfolded (every branch would run),
+unless they are debug prints and callbacks (`jax.debug.print`): those are
+left out of the unfolded branches, as the inverse of a program leaves out the
+prints it does not need.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 
 from .. import _jax_compat as compat
+from .._errors import NotInvertibleError, source_line
+from . import _branches as br
+from ._dataflow import INVERTED, Solution
 
 _Literal = compat.Literal
 
@@ -224,3 +232,180 @@ def index_at(
     prefix = jaxpr.replace(eqns=kept[::-1], outvars=[index])
     (value,) = _run(prefix, consts, args, [False] * len(args))
     return lax.clamp(0, value, len(compat.cond_branches(eqn)) - 1)
+
+
+# -- solving a program stuck at such a `cond` -----------------------------------
+
+# At most this many branches of a `cond` whose index depends on the
+# unknowns are each solved (`_by_branch`).
+MAX_BRANCHES = 8
+# How `explain_inverse` names that method.
+BY_BRANCH = "by branch"
+
+
+def solve_unfolded(
+    again: Callable[..., Solution],
+    jaxpr: compat.Jaxpr,
+    consts: Sequence[Any],
+    conds: list[int],
+    invals: Sequence[Any],
+    outvals: Sequence[Any],
+    strict: bool,
+    seeds: Sequence[Any],
+) -> Solution | None:
+    """The program stuck at the `cond`s `conds` (whose indices depend on the
+    unknowns) solved again by `again` (`InverseWalker.solve` with the run's
+    options): unfolded, else once per branch of the first; `None` when they
+    cannot be unfolded."""
+    unknown = [v is None for v in invals]
+    unfolded = unfold_conds(jaxpr, consts, conds, unknown)
+    if unfolded is None:
+        return None
+    sol = again(*unfolded, invals, outvals, strict=False)
+    if _complete(sol, invals):
+        return sol
+    if seeds:
+        return again(*unfolded, invals, outvals, strict=strict)
+    enumerated = _by_branch(jaxpr, consts, conds[0], invals, outvals, again)
+    if isinstance(enumerated, Solution):
+        return enumerated
+    try:
+        return again(*unfolded, invals, outvals, strict=strict)
+    except NotInvertibleError as err:
+        # (Why solving it by branch did not answer either.)
+        raise NotInvertibleError(f"{err}\n{enumerated}") from None
+
+
+def _complete(sol: Solution, invals: Sequence[Any]) -> bool:
+    """Whether `sol` found every unknown input."""
+    return all(
+        v is not None or got is not None
+        for v, got in zip(invals, sol.invals, strict=True)
+    )
+
+
+def _by_branch(
+    jaxpr: compat.Jaxpr,
+    consts: Sequence[Any],
+    target: int,
+    invals: Sequence[Any],
+    outvals: Sequence[Any],
+    again: Callable[..., Solution],
+) -> Solution | str:
+    """The unknowns, solved once per branch of the `cond` at `target`
+    (its index fixed), each candidate kept where the index it gives is
+    that branch's: `lax.cond(jnp.sum(x) > 0, f, g, x)`, whose index no
+    elementwise piecewise method reads. NaN where no branch's candidate
+    takes its own branch (`y` off the image) or several different ones
+    do (not injective). Where it cannot be solved so (a branch is
+    refused, more than `MAX_BRANCHES` branches), why, in words."""
+    eqn = jaxpr.eqns[target]
+    n = len(compat.cond_branches(eqn))
+    where = f"The `cond` at {source_line(eqn)}, solved once per branch"
+    unknown = [k for k, v in enumerate(invals) if v is None]
+    floating = all(
+        jnp.issubdtype(getattr(jaxpr.invars[k].aval, "dtype", bool), jnp.inexact)
+        for k in unknown
+    )
+    if n > MAX_BRANCHES:
+        return f"{where}, has {n} branches: at most {MAX_BRANCHES} are tried."
+    if not floating:
+        return f"{where}, has unknowns that are not floating: not tried."
+    sols = []
+    for b in range(n):
+        fixed, fixed_consts = with_branch(jaxpr, consts, target, b)
+        try:
+            sol = again(fixed, fixed_consts, invals, outvals, strict=True)
+        except NotInvertibleError as err:
+            line = str(err).splitlines()[0]
+            return f"{where}: its branch {b} alone is refused ({line})"
+        if sol.pieces or sol.uncovered:
+            return f"{where}: its branch {b} leaves unknowns known in parts."
+        sols.append(sol)
+    return _the_consistent_branch(jaxpr, consts, target, invals, outvals, sols)
+
+
+def _the_consistent_branch(
+    jaxpr: compat.Jaxpr,
+    consts: Sequence[Any],
+    target: int,
+    invals: Sequence[Any],
+    outvals: Sequence[Any],
+    sols: list[Solution],
+) -> Solution:
+    """The solutions of each branch joined: the one whose candidate takes its
+    own branch, NaN unless exactly one answer does."""
+    unknown = [k for k, v in enumerate(invals) if v is None]
+    takes = [
+        (index_at(jaxpr, consts, sol.invals, target) == b)
+        & ~functools.reduce(
+            jnp.logical_or, [jnp.any(jnp.isnan(sol.invals[k])) for k in unknown]
+        )
+        for b, sol in enumerate(sols)
+    ]
+    first = jnp.argmax(jnp.stack(takes)).astype(jnp.int32)
+
+    def pick(values: Sequence[Any]) -> Any:
+        return lax.select_n(first, *jnp.broadcast_arrays(*values))
+
+    invals_out = list(sols[0].invals)
+    same = jnp.any(jnp.stack(takes))
+    for k in unknown:
+        chosen = pick([sol.invals[k] for sol in sols])
+        for took, sol in zip(takes, sols, strict=True):
+            same = same & (~took | jnp.all(sol.invals[k] == chosen))
+        invals_out[k] = chosen
+    for k in unknown:
+        invals_out[k] = jnp.where(same, invals_out[k], jnp.nan)
+    ildjs = [jnp.asarray(sol.ildj) for sol in sols]
+    ildj = jnp.where(same, pick(ildjs), jnp.nan).astype(ildjs[0].dtype)
+    outs = list(sols[0].outvals)
+    for j, v in enumerate(outvals):
+        if v is None and all(sol.outvals[j] is not None for sol in sols):
+            outs[j] = pick([sol.outvals[j] for sol in sols])
+    checks = [
+        (jnp.where(first == b, count, 0), message)
+        for b, sol in enumerate(sols)
+        for count, message in sol.nan_checks
+    ]
+    status, methods = _reported_on(jaxpr, target, sols[0])
+    return dataclasses.replace(
+        sols[0],
+        jaxpr=jaxpr,
+        status=status,
+        methods=methods,
+        reasons={},
+        invals=invals_out,
+        outvals=outs,
+        ildj=ildj,
+        nan_checks=checks,
+        branches=[
+            functools.reduce(br.union, [sol.branches[k] for sol in sols])
+            for k in range(len(invals))
+        ],
+        # (The branch is not a choice: every one is tried, and the
+        # answer must be the only one consistent.)
+        chose=any(sol.chose for sol in sols),
+        agreed=pick([jnp.asarray(sol.agreed) for sol in sols]),
+        unique_choices=all(sol.unique_choices for sol in sols),
+    )
+
+
+def _reported_on(
+    jaxpr: compat.Jaxpr, target: int, first: Solution
+) -> tuple[list[str], dict[int, str]]:
+    """Each equation's status and method on `jaxpr` itself: its other
+    equations as the first branch's run treated them, the `cond` solved by
+    branch."""
+    shift = len(first.jaxpr.eqns) - len(jaxpr.eqns)
+
+    def moved(i: int) -> int:
+        return i if i < target else i + shift
+
+    outer = [i for i in range(len(jaxpr.eqns)) if i != target]
+    status = [INVERTED] * len(jaxpr.eqns)
+    for i in outer:
+        status[i] = first.status[moved(i)]
+    methods = {i: first.methods[moved(i)] for i in outer if moved(i) in first.methods}
+    methods[target] = BY_BRANCH
+    return status, methods
