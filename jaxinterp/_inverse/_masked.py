@@ -49,7 +49,15 @@ from . import (
     _refusals as rf,
     _scattered,
 )
-from ._dataflow import FORWARD, MASKED, SolveState, Walker, gather, shape_of
+from ._dataflow import (
+    FORWARD,
+    MASKED,
+    Solved,
+    SolveState,
+    Walker,
+    gather,
+    shape_of,
+)
 from ._rules import (
     InverseContext,
     MaskedPiece,
@@ -500,13 +508,12 @@ def _call(
     )
     if backward:
         pairs = list(zip(eqn_invars, jaxpr.invars, sol.invals, strict=True))
+    found: dict[Any, Any] = {}
     for outer, inner, value in pairs:
         if st.is_known(outer) or st.dropped(outer):
             continue
         if value is not None:
-            st.env[outer] = value
-            st.pieces.pop(outer, None)
-            st.learned(outer)
+            found[outer] = value
             progress = True
         elif type(inner) is not _Literal and inner in sol.pieces:
             have = sol.pieces[inner]
@@ -518,6 +525,14 @@ def _call(
                 st.pieces[outer] = list(have)
                 st.learned(outer)
                 progress = True
+    if found:
+        # (The body's second constraints, its seeds among them, hold for
+        # the values it gave, or `y` is off the image.)
+        st.commit(
+            Solved(
+                MASKED, at=i, indices=(), values=found, agreements=[(sol.agreed, eqn)]
+            )
+        )
     if progress and backward:
         st.ildj_terms.append(sol.ildj)
         st.masked_inverted.add(i)
