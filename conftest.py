@@ -67,8 +67,8 @@ _FIXED = {
     "print_blob": True,
     "suppress_health_check": _QUIET,
 }
-# `ci`: the suite's default. 15 examples (25 until session 26, when CI's
-# time ran out); tests that need more say so. `quick`: CI's second runs (the
+# `ci`: the suite's default. 15 examples (few, to keep CI within its time);
+# tests that need more say so. `quick`: CI's second runs (the
 # future flags, the oldest JAX); the newest JAX and the README's command
 # draw the `ci` profile's.
 settings.register_profile("ci", max_examples=15, **_FIXED)

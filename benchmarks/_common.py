@@ -124,7 +124,8 @@ def compare_steady(
     and costs a small kernel (one pass over an array) as much as the pass
     itself; back to back, its buffers and the arrays it reads stay in the
     caches, as in a loop that calls it. The two can differ several-fold
-    for a kernel of a millisecond (docs/benchmarks.md, session 14)."""
+    for a kernel of a millisecond (docs/benchmarks.md, "How timings are
+    taken")."""
     names = list(contenders)
     for name in names:
         jax.block_until_ready(contenders[name]())

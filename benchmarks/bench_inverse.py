@@ -225,7 +225,7 @@ def bench_blocks(quick: bool) -> None:
     def leaky(x):
         return jnp.where(x >= 0, x, 0.1 * x)
 
-    def softplus_inverse(x):  # linear-fractional in e^-x (session 20)
+    def softplus_inverse(x):  # linear-fractional in e^-x
         return x + jnp.log(-jnp.expm1(-x))
 
     def softplus_stable(x):  # one site: max(x, 0) and |x| split at 0
@@ -252,8 +252,8 @@ def bench_blocks(quick: bool) -> None:
     xh = jnp.linspace(-1.0, 1.0, 256)
     cases = {
         # (forward, closed form, y, target ratio)
-        # Since session 19 `|x|` is a case split and each case of softsign
-        # is linear-fractional: an exact formula.
+        # `|x|` is a case split and each case of softsign is
+        # linear-fractional: an exact formula.
         "piecewise, linear-fractional cases (softsign)": (
             softsign,
             lambda y: y / (1 - jnp.abs(y)),
@@ -266,8 +266,8 @@ def bench_blocks(quick: bool) -> None:
             softsign(x),
             3.0,
         ),
-        # Since session 19 logit, `log(x / (1 - x))` written with `log1p`, is
-        # the logarithm of a linear-fractional map: a formula.
+        # Logit, `log(x / (1 - x))` written with `log1p`, is the logarithm
+        # of a linear-fractional map: a formula.
         "linear-fractional formula (logit)": (
             logit,
             jax.nn.sigmoid,
@@ -283,16 +283,16 @@ def bench_blocks(quick: bool) -> None:
             None,
         ),
         # 2% of the `y` off the image: more than one gather of 64, so the
-        # later tiers run 1/64 of the elements at a time (`_solve._chunks`;
-        # before session 17, on all of them: about 7 s).
+        # later tiers run 1/64 of the elements at a time (`_solve._chunks`),
+        # not on all of them (which would take seconds).
         "elementwise solve (softsign), 2% of y off the image": (
             softsign_solved,
             lambda y: y / (1 - jnp.abs(y)),
             softsign(x).at[:: n // (n // 50)].set(2.0),
             None,
         ),
-        # Since session 20: a formula in s = e^-x, and piecewise maps whose
-        # cases are formulas (were numerical solves).
+        # A formula in s = e^-x, and piecewise maps whose cases are
+        # formulas.
         "linear-fractional formula in e^-x (softplus inverse)": (
             softplus_inverse,
             jax.nn.softplus,
@@ -317,8 +317,8 @@ def bench_blocks(quick: bool) -> None:
             leaky(x),
             1.5,
         ),
-        # Since session 21: more cases than the piecewise method enumerates,
-        # and a quadratic in each bin (was a numerical solve).
+        # More cases than the piecewise method enumerates, and a quadratic
+        # in each bin: inverted interval by interval.
         "piecewise by intervals (the gallery's spline, 4 bins)": (
             spline,
             spline_inverse,
@@ -353,10 +353,10 @@ def bench_blocks(quick: bool) -> None:
 
 def _ratios(ours, theirs, args, quick: bool) -> tuple[float, float]:
     """Our time over the reference's, of single calls after a collection
-    (`compare`: the figure of sessions 6 to 13) and of calls back to back
-    (`compare_steady`), which the targets judge: for a kernel of a
-    millisecond the first leaves the caches cold and can flatter a slower
-    kernel several-fold (docs/benchmarks.md, session 14)."""
+    (`compare`) and of calls back to back (`compare_steady`), which the
+    targets judge: for a kernel of a millisecond the first leaves the caches
+    cold and can flatter a slower kernel several-fold (docs/benchmarks.md,
+    "How timings are taken")."""
     contenders = {
         "ours": lambda: ours(*args),
         "hand": lambda: theirs(*args),
@@ -373,7 +373,7 @@ def _ratios(ours, theirs, args, quick: bool) -> tuple[float, float]:
 
 def bench_runtime_folds(quick: bool) -> None:
     """The search for folds between grid points when the known operands are
-    traced (session 32): a host callback per call. `jit(inverse(f,
+    traced: a host callback per call. `jit(inverse(f,
     argnums=0))(y, a)` with a new `a` each call (the search runs) and with
     the same `a` (the search's cache answers), over the same inverse with
     `a` a constant (searched while tracing: nothing per call)."""

@@ -18,14 +18,14 @@ Two measures, each as a multiple of the array's size:
   whatever else the process allocates, and with `--quick` the allocator
   recycles the 10 MB arrays within its heap, so the RSS hardly moves.
 
-Figures (targets from the performance issue, then issue 10):
+Figures and their targets:
 
 * `walker peak live arrays, 50-step chain`: <= 3.
 * `inverse by intervals, every interval tried`: XLA's temporary buffers
   of the compiled inverse of a piecewise-linear zigzag (32 breakpoints, not
   monotone, so every interval is tried per element), as a multiple of `y`'s
-  size: <= 16. Stacking every interval's candidates held `(3K + 2)` arrays
-  (255 here) until session 22.
+  size: <= 16. (Stacking every interval's candidates would hold `(3K + 2)`
+  arrays, 255 here: the intervals are tried one at a time.)
 
 Run with `python benchmarks/bench_memory.py` (`--quick` for 10 MB arrays).
 """

@@ -1,12 +1,14 @@
 """jaxinterp: write JAX function transformations as Jaxpr interpreters."""
 
+import importlib.metadata as _metadata
+
 from . import (
     _higher_order as _higher_order,  # registers the built-in handlers
     _state as _state,  # installs the pass that removes references
 )
 from ._backward import BackwardWalker as BackwardWalker
 from ._caches import clear_caches as clear_caches
-from ._deprecated import (  # deprecated since 0.2, removed in the next release
+from ._deprecated import (  # deprecated in 0.2.0, removed in 0.3.0
     eval_jaxpr as eval_jaxpr,
     register_binary as register_binary,
     register_elementwise as register_elementwise,
@@ -62,4 +64,9 @@ from ._jax_compat import (
 from ._registry import RuleRegistry as RuleRegistry
 from ._trace import Staged as Staged, stage as stage
 
-__version__ = "0.1.0"
+# The version is pyproject.toml's, read from the installed package's metadata;
+# a source tree that was never installed has none.
+try:
+    __version__ = _metadata.version("jaxinterp")
+except _metadata.PackageNotFoundError:
+    __version__ = "0+unknown"

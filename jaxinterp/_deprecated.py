@@ -1,7 +1,7 @@
-"""Public names renamed in 0.2: each warns, then calls its new name.
+"""Public names renamed in 0.2.0: each warns, then calls its new name.
 
-They go in the next release; deleting this module (and its imports in
-`__init__.py` and docs/api.md) removes them.
+Deprecated in 0.2.0, removed in 0.3.0: deleting this module (and its imports
+in `__init__.py` and docs/api.md) removes them.
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ def _renamed(new: Callable[..., Any], old: str, why: str) -> Callable[..., Any]:
     @functools.wraps(new)
     def alias(*args: Any, **kwargs: Any) -> Any:
         warnings.warn(
-            f"`jaxinterp.{old}` is deprecated since 0.2, removed in the next "
-            f"release: use `jaxinterp.{new.__name__}`, which takes the same "
-            "arguments.",
+            f"`jaxinterp.{old}` is deprecated in 0.2.0, removed in 0.3.0: "
+            f"use `jaxinterp.{new.__name__}`, which takes the same arguments.",
             DeprecationWarning,
             stacklevel=2,
         )
@@ -32,7 +31,7 @@ def _renamed(new: Callable[..., Any], old: str, why: str) -> Callable[..., Any]:
     alias.__name__ = alias.__qualname__ = old
     alias.__doc__ = (
         f"Deprecated alias of `{new.__name__}`.\n\n"
-        f"Deprecated since 0.2, removed in the next release: {why} Warns with "
+        f"Deprecated in 0.2.0, removed in 0.3.0: {why} Warns with "
         "`DeprecationWarning`."
     )
     return alias

@@ -600,8 +600,8 @@ FIRST_ORDER_WITH_JAXPRS: frozenset[str] = frozenset(
 )
 
 # Higher-order primitives walkers re-bind as they are under every policy, with
-# the reason (none today: `xla_pmap`, what `jax.pmap` stages before JAX 0.10,
-# is walked and rebuilt since session 10).
+# the reason (none: `xla_pmap`, what `jax.pmap` stages before JAX 0.10, is
+# walked and rebuilt like the other constructs).
 REBOUND_HIGHER_ORDER: dict[str, str] = {}
 
 

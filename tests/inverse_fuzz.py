@@ -1834,8 +1834,8 @@ _FRACTIONAL: list[_BlockRow] = [
         lambda a, c: _amin(a - 4) > 0.3,
         (0.5, 2),
     ),
-    # The logarithm of such a map (session 19), and maps linear-fractional
-    # in `e^x` or `e^-x` (session 20: softplus's inverse, a sigmoid).
+    # The logarithm of such a map, and maps linear-fractional in `e^x` or
+    # `e^-x` (softplus's inverse, a sigmoid).
     (
         "jnp.log({0} + C) - jnp.log1p(-{0})",
         lambda a, c: _amin(a + c) > 0.05 and _hi(a) < 0.95,
@@ -1856,8 +1856,8 @@ _MONOTONE: list[_BlockRow] = [
     ("{0} + C * jnp.tanh(2.0 * {0})", lambda a, c: True, (0.1, 1)),
     ("jnp.sinh({0}) + C * {0}", lambda a, c: _amax(a) < 6, (0.2, 2)),
     ("{0} ** 3 + C * {0}", lambda a, c: _amax(a) < 10, (0.2, 2)),
-    # Falls to 0 where `x**2` overflows (session 35: split there, not a
-    # turn); `y = 0` has a second preimage past it, so samples stay off 0.
+    # Falls to 0 where `x**2` overflows (split there, not a turn); `y = 0`
+    # has a second preimage past it, so samples stay off 0.
     (
         "{0} / jnp.sqrt(C + {0} * {0})",
         lambda a, c: _amax(a) < 50 and _amin(np.abs(a)) > 1e-3,
@@ -1942,7 +1942,7 @@ _JUMPS: list[_BlockRow] = [
         (0.1, 0.5),
     ),
     # Drops by 0.05 inside a window `|x - C| < 0.0416` of a smoothly turning
-    # comparison, which can lie between two grid points (session 35): the
+    # comparison, which can lie between two grid points: the
     # values within 0.056 either way of its left edge are taken twice.
     (
         "jnp.where(jnp.exp(-400.0 * ({0} - C) ** 2) > 0.5, {0} - 0.05, {0})"
@@ -1951,7 +1951,7 @@ _JUMPS: list[_BlockRow] = [
         (-1, 1),
     ),
     # A `cond` and a `switch` on each element (`lax.map`: a `scan` whose
-    # body chooses by the unknown), unfolded into piecewise maps (session 25).
+    # body chooses by the unknown), unfolded into piecewise maps.
     (
         "lax.map(lambda u: lax.cond(u > C, lambda v: v * 2.0 + 0.5, lambda v: v,"
         " u), jnp.ravel({0})).reshape(jnp.shape({0}))",
@@ -1965,8 +1965,8 @@ _JUMPS: list[_BlockRow] = [
         lambda a, c: True,
         (0.1, 1),
     ),
-    # Piecewise quadratics through clips (session 21: inverted interval by
-    # interval), and a spline-like chain of `where`s over four bins.
+    # Piecewise quadratics through clips (inverted interval by interval),
+    # and a spline-like chain of `where`s over four bins.
     ("{0} + C * jnp.clip({0}, 0.0, 1.0) ** 2", lambda a, c: True, (0.1, 2)),
     ("{0} - C * jnp.clip({0}, -1.0, 1.0) ** 2", lambda a, c: True, (0.1, 0.45)),
     (
@@ -1975,7 +1975,7 @@ _JUMPS: list[_BlockRow] = [
         lambda a, c: True,
         (0.1, 0.45),
     ),
-    # Per-element (session 22): clips along an extra axis of knots, summed;
+    # Per-element: clips along an extra axis of knots, summed;
     # a bin picked by one-hot masks, and the position in it clipped.
     (
         "{0} + C * jnp.sum(jnp.clip({0}[..., None] - jnp.array([-1.0, 0.0, 1.5]),"
@@ -2017,7 +2017,7 @@ def _block_op(
     _op(name, prims, weight)(draw)
 
 
-# Poles and holes on the solver's grid (session 30). `x - C / x` takes
+# Poles and holes on the solver's grid. `x - C / x` takes
 # every value on each side of 0, and so does `x - C * 1e-30 / x`, which
 # equals `x` at every grid point and reaches +-1e8 next to 0: both are NaN
 # wherever they are accepted. `expm1(C x) / x` is not finite at 0 only
@@ -2033,7 +2033,7 @@ _POLES: list[_BlockRow] = [
 ]
 
 
-# Folds between the solver's grid points (session 31): `x - 0.02 C tanh(100
+# Folds between the solver's grid points: `x - 0.02 C tanh(100
 # (x - 0.3))` turns twice within 0.02 of 0.3 when `C > 0.5`, unseen by the
 # grid's values; `x**3 - 0.01 C x` turns at `+-sqrt(C / 300)`. Each `y` in a
 # fold has three preimages: NaN (or refused); outside it, solved. The
@@ -2047,7 +2047,7 @@ _FOLDS: list[_BlockRow] = [
 
 @_op("block_folds_known", ["tanh", "sub"], 1)
 def _block_folds_known(g: _Gen) -> Stmt | None:
-    """The tanh fold of `_FOLDS` centred on a known value (session 32): the
+    """The tanh fold of `_FOLDS` centred on a known value: the
     programs pass their known values as arguments, so the fold is found when
     the program runs (`jit` and the `vmap` variants included)."""
     v = g.operand()
@@ -2071,7 +2071,7 @@ _block_op("block_jumps", _JUMPS, ["select_n", "gt", "floor", "sign"], 1)
 
 
 # A `cond` / `switch` whose index is computed from the whole unknown (its
-# sum): solved once per branch (session 28). Each branch's image is apart
+# sum): solved once per branch. Each branch's image is apart
 # from the others' (sums below, between and above), and the sample's sum
 # is kept off the switching values.
 _WHOLE_INDEX: list[_BlockRow] = [
@@ -2093,8 +2093,8 @@ _WHOLE_INDEX: list[_BlockRow] = [
 # (Not elementwise: the index reads the whole operand.)
 _block_op("cond_of_a_sum", _WHOLE_INDEX, ["cond", "reduce_sum"], 1, elementwise=False)
 
-# Through one number computed from the whole unknown (session 30: a planar
-# map, a map onto a ball), solved by one scalar equation whose `G` must be
+# Through one number computed from the whole unknown (a planar map, a map
+# onto a ball), solved by one scalar equation whose `G` must be
 # continuous; the pole `x - C * 1e-30 / sum(x)` takes every value twice.
 _BOTTLENECK: list[_BlockRow] = [
     ("{0} + C * jnp.tanh(jnp.sum({0}))", lambda a, c: True, (0.1, 0.9)),

@@ -553,7 +553,7 @@ def test_blocks_inside_jit_scan_and_cond():
 
 def test_a_numerical_solve_may_determine_a_loop_carry():
     # The solver answers only where the map is monotone, so its preimage is
-    # the only one: the step before takes it as given (session 16). (Softsign
+    # the only one: the step before takes it as given. (Softsign
     # through `abs_no_formula(c)`: with `|c|` it has an exact method.)
     def f(x):
         step = lambda c, _: (c / (1 + abs_no_formula(c)) + 0.5, None)  # noqa: E731

@@ -147,10 +147,10 @@ def test_radial_flow_is_refused_its_scalar_equation_has_a_moving_pole():
     ids=["pole", "jump", "floor", "cond-in-jit"],
 )
 def test_a_scalar_equation_with_a_pole_or_a_jump_is_not_solved(f):
-    """Session 29's version of this method answered one of two preimages
-    where `G` jumps or has a pole between the solver's grid points (their
-    places move with `y`). Such a `G` is not solved now (`_continuous`):
-    refused, or NaN by another method, never an answer."""
+    """Where `G` may jump or have a pole between the solver's grid points
+    (their places move with `y`), solving it could answer one of two
+    preimages. Such a `G` is not solved (`_continuous`): refused, or NaN by
+    another method, never an answer."""
     x = jnp.asarray([0.5, 0.25], jnp.float32)
     try:
         got = jaxinterp.inverse(f)(f(x))

@@ -52,7 +52,7 @@ FRACTIONAL = {
         lambda y: (1 - 4 * y) / (y - jnp.array([1.0, 2.0, 3.0])),
         (-2.0, 3.0),
     ),
-    # Logarithms of linear-fractional maps (session 19).
+    # Logarithms of linear-fractional maps.
     "logit": (
         lambda x: jnp.log(x) - jnp.log1p(-x),
         jax.nn.sigmoid,
@@ -78,7 +78,7 @@ FRACTIONAL = {
         lambda y: y / (1 - y),
         (0.125, 4.0),
     ),
-    # Linear-fractional in `s = e^x` or `e^-x`, `x = +-log s` (session 20).
+    # Linear-fractional in `s = e^x` or `e^-x`, `x = +-log s`.
     "softplus's inverse, x + log(-expm1(-x))": (
         lambda x: x + jnp.log(-jnp.expm1(-x)),
         jax.nn.softplus,

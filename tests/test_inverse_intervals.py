@@ -153,8 +153,9 @@ def test_y_near_a_knot_has_its_preimage(raw, ulps):
     # At an interior knot the two bins' formulas meet to within rounding of
     # `BOUND` (not of the knot's height, which may be near 0), and a sliver
     # of constant value lies between them: `y` within a few ulps of the
-    # knot's height has one preimage within rounding (session 26's flow
-    # trained to NaN on a data point 2 ulps below a knot's height).
+    # knot's height has one preimage within rounding (a NaN there would
+    # make a flow's log-likelihood NaN for a data point 2 ulps below a
+    # knot's height).
     widths, heights, slopes = spline_params(raw)
     params = [jnp.asarray(v, jnp.float32) for v in (widths, heights, slopes)]
     kx = -BOUND + jnp.cumsum(params[0])[:-1]

@@ -1067,8 +1067,8 @@ def test_built_in_rules_take_the_context_and_never_read_the_legacy_context_vars(
 
 
 def test_an_output_emptied_by_negative_padding_is_refused_not_crashed():
-    # (Found by the fuzzer, session 21: the recomputation check took `max`
-    # of an empty operand and raised numpy's "zero-size array" error.)
+    # The recomputation check must not take `max` of an empty operand
+    # (numpy's "zero-size array" error): the empty output is a refusal.
     def f(x):
         return jnp.tanh(lax.pad(x, jnp.float32(0.5), [(-1, -1, 0), (0, 1, 0)]))
 

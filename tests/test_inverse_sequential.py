@@ -383,7 +383,7 @@ def test_a_value_solved_from_a_where_is_not_counted_twice_in_the_ildj():
         got, ildj = jaxinterp.inverse_and_ildj(f)(f(x))
     except jaxinterp.NotInvertibleError:
         # JAX 0.7 stages the loop's dropped carry so that no sequential block
-        # is found: refused there (as before the fix), never answered wrongly.
+        # is found: refused there, never answered wrongly.
         assert tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 8)
         return
     np.testing.assert_allclose(got, x, atol=1e-6)

@@ -446,10 +446,9 @@ def test_the_solvers_quotient_is_div_with_the_same_derivatives(a, b, da, db):
 )
 def test_a_root_at_the_edge_of_a_constant_stretch_is_nan(s, c, xs):
     # `relu(u) + relu(u)**3 + c` is `c` for every `u <= 0`: a root found at
-    # the corner (slope 1 on its right) is one of a stretch of preimages.
-    # (Session 19; before, the solver answered the corner. With `u * u` the
-    # map is piecewise quadratic, inverted interval by interval since
-    # session 21: `test_inverse_intervals.py`.)
+    # the corner (slope 1 on its right) is one of a stretch of preimages, so
+    # NaN, not the corner. (With `u * u` the map is piecewise quadratic,
+    # inverted interval by interval: `test_inverse_intervals.py`.)
     # (The corner and the constant are known arguments: compiled once.)
     x = s + jnp.asarray(xs, jnp.float32)
     y = jnp.concatenate([_relu_cubic(x, s, c), jnp.array([c, c - 1.0], jnp.float32)])
@@ -486,8 +485,8 @@ def test_a_map_that_rounds_to_steps_is_not_a_plateau():
     # one per 6.9e-4 of `x`: between one and four of the corner test's steps
     # (sqrt(eps) = 3.5e-4). A root may repeat `g(x)` one step away on one
     # side and not the other, which is rounding, not a stretch of preimages
-    # (session 20; TFP's `Softfloor(0.05)` at y = -2e-5 was NaN so). The
-    # corner at -10, into the constant stretch `x <= -10`, still is NaN.
+    # (TFP's `Softfloor(0.05)` at y = -2e-5 is such a root). The corner at
+    # -10, into the constant stretch `x <= -10`, is NaN.
     def f(x):  # (`x` read twice, so a block: its `sin` term rounds away)
         return (32.0 + 0.0055 * jnp.maximum(x, -10.0)) - 32.0 + 1e-12 * jnp.sin(x)
 

@@ -391,7 +391,7 @@ def _stairs_inverse(y):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
 def test_cells_where_the_inverse_curves_are_cut_so_the_start_is_close(dtype):
     # Uncut, a cell about an integer holds a cube-root-shaped stretch of the
-    # inverse, and its chord is off by up to 4e-2 (session 34's table).
+    # inverse, and its chord is off by up to 4e-2.
     with _x64():
         table = _table.build(stairs, (N,), dtype)
         assert table is not None and table.levels > 0
@@ -406,8 +406,9 @@ def test_cells_where_the_inverse_curves_are_cut_so_the_start_is_close(dtype):
 
 
 def test_with_cut_cells_one_newton_step_decides_most_roots_of_a_staircase():
-    # Session 34's table decided 70% of these (TFP's `Softfloor(0.05)`: 28%
-    # of its benchmark's roots) and left the rest to the later tiers.
+    # Without cut cells a table decides about 70% of these (TFP's
+    # `Softfloor(0.05)`: 28% of its benchmark's roots), leaving the rest to
+    # the later tiers.
     x = jnp.asarray(np.random.default_rng(1).uniform(-3, 3, N), jnp.float32)
     y = stairs(x)
     table = _table_for(stairs)

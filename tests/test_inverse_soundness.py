@@ -1,10 +1,10 @@
-"""`inverse` refuses, or returns a documented NaN, where it used to answer wrongly.
+"""`inverse` refuses, or returns a documented NaN, rather than a wrong `x`.
 
-Each test carries the minimal program of one wrong-answer class reported in
-issue 11. The root cause of the first two: a `jit` body (`jnp.take`,
-`jnp.where` are jitted functions) received the program's constants as traced
-arguments, so the `gather` and `select_n` rules could not check them and
-assumed the best. Constants now reach the rules as concrete values.
+Each test carries the minimal program of one class of maps where a `y` off
+the image, or with several preimages, could otherwise pass for one with a
+single preimage. The first two rely on a `jit` body (`jnp.take`, `jnp.where`
+are jitted functions) receiving the program's constants as concrete values,
+so that the `gather` and `select_n` rules can check them.
 """
 
 from __future__ import annotations
@@ -362,12 +362,12 @@ def test_real_to_complex_conversion_checks_the_imaginary_part():
     ids=["where", "comparison", "floor"],
 )
 def test_a_small_jump_of_a_solved_map_is_no_root(f, gap, on_image, x_on_image):
-    """The numerical solve accepted a bracket a few ulps wide around a jump
-    smaller than `sqrt(eps) * (1 + |y|)` (its allowance for maps that round
-    intermediates larger than `y`): a `y` inside the jump, which no `x`
-    gives, came back as the jump's position. A root is now accepted that
-    way only where no discrete choice of the map (a comparison, a bin, a
-    `floor`) changes across the bracket."""
+    """The numerical solve accepts a bracket a few ulps wide whose residual
+    is below `sqrt(eps) * (1 + |y|)` (its allowance for maps that round
+    intermediates larger than `y`) only where no discrete choice of the map
+    (a comparison, a bin, a `floor`) changes across the bracket: a `y`
+    inside a jump smaller than that allowance, which no `x` gives, is NaN,
+    not the jump's position."""
     x = jaxinterp.inverse(f)(jnp.array([gap, on_image]))
     assert np.isnan(np.asarray(x[0])), x
     np.testing.assert_allclose(x[1], x_on_image, rtol=1e-6)
@@ -390,12 +390,11 @@ def test_a_float_valued_step_between_grid_points_is_seen(
 ):
     """`floor`, `ceil`, `round` and `sign` are discrete choices with a float
     result: a map built from them may drop between two grid points, where
-    the monotonicity check does not see it. Only boolean and integer values
-    were bisected for such switches, so `y` with two preimages came back as
-    one of them. Now their switches are located as a comparison's are.
+    the grid's monotonicity check does not see it. Their switches are
+    located as a comparison's are, so a `y` with two preimages is NaN.
     (`floor(x / 3)` switches more often between two grid points than they
     are located, from about `2**6` on, where the map drops every 3 too: it
-    is refused there, since session 15; `sign` switches once.)"""
+    is refused there; `sign` switches once.)"""
     if crowded:
         with pytest.raises(NotInvertibleError, match="not monotone"):
             jaxinterp.inverse(f)(jnp.array([twice, once]))
@@ -416,11 +415,11 @@ def _drops_at_zero(s):
 
 
 def test_a_piecewise_affine_row_of_a_sequential_block_is_not_taken_as_affine():
-    """A sequential block solved each level by one exact Newton step where
-    the row's second derivative was 0 at both probe points; a row only
-    piecewise affine (a `floor` inside) passed that test, and the step gave
-    one of two preimages, which maps back to `y`. Such rows are now solved
-    by the elementwise solver, which sees the map turn (NaN)."""
+    """A sequential block solves a level by one exact Newton step only where
+    its row is affine. A row only piecewise affine (a `floor` inside) has a
+    second derivative of 0 at both probe points, and one step would give one
+    of its two preimages, which maps back to `y`: such a row goes to the
+    elementwise solver, which sees the map turn (NaN)."""
 
     def f(x):
         rest, s = jax.checkpoint(
@@ -439,15 +438,14 @@ def test_a_piecewise_affine_row_of_a_sequential_block_is_not_taken_as_affine():
 
 
 def test_a_nan_solved_off_the_image_is_rechecked_through_released_steps(monkeypatch):
-    """`where(mask, x, 0)` discards `x[1]` and `x[3]`, which the engine
-    completed with 0; the product `x[1] * x[3]` was then solved backwards
-    for `x[1]` (`-0.35 / 0`: NaN, no preimage) and its slice rechecked
-    forwards. The NaN was excused as an element left undetermined (`0 / 0`)
-    and the recheck of the step that gave it stopped at the squeeze between
-    them, whose record had been released: `[0.3, 0, 1.1, 0]` came back, and
-    `f` of it is not `y`. The records now outlive their values. (Elements
-    another step reads are no longer completed at all; the recheck is
-    tested with that check off.)"""
+    """`where(mask, x, 0)` discards `x[1]` and `x[3]`; completed with 0, the
+    product `x[1] * x[3]` solved backwards for `x[1]` gives `-0.35 / 0`:
+    NaN, no preimage. A NaN is excused as an element left undetermined
+    (`0 / 0`) only once the step that gave it is recomputed, through any
+    step in between whose value has been released (the squeeze here: its
+    record outlives the value), so the answer is NaN, not `[0.3, 0, 1.1,
+    0]`, which `f` does not map to `y`. (Elements another step reads are
+    not completed at all; the recheck is tested with that check off.)"""
     mask = jnp.array([True, False, True, False])
 
     def f(x):
@@ -493,8 +491,8 @@ def test_a_constant_inside_a_jit_body_makes_the_map_per_element():
 
 
 def test_a_monotone_map_with_a_constant_inside_a_jit_body_is_inverted():
-    # (Refused before: the mixed grid saw the elements' maps as one that
-    # turns.)
+    # (Each element's map rises: the grid is not laid over the elements as
+    # if they were one map, which would turn.)
     c = np.linspace(0.5, 2.0, 7).astype(np.float32)
     f = lambda x: x**3 + jax.jit(lambda z: z * c)(x)  # noqa: E731
     x = jnp.linspace(-2.0, 2.0, 7)
@@ -506,14 +504,14 @@ def test_a_monotone_map_with_a_constant_inside_a_jit_body_is_inverted():
 # A piecewise map whose cases overlap, with its switch a known operand
 # passed at run time (or a constant that differs between elements):
 # `where(x > a, x * x, 2 * x)` takes the values in `(1, 2]` twice for
-# `a = 1`. The grid check sampled it at grid points only (the switch points
-# in between are located only for a constant map), saw it rise, and the
-# solver gave `1.5 -> 0.75` (`sqrt(1.5)` is a preimage too).
+# `a = 1`. At the grid points alone it rises; the run-time check also
+# samples either side of where the choices change between grid points, so
+# `1.5`, whose preimages are `0.75` and `sqrt(1.5)`, is NaN.
 @pytest.mark.parametrize(
     ("f", "refused"),
     [
-        # (Piecewise quadratic: inverted interval by interval since session
-        # 21, NaN where `y` has two preimages, not refused.)
+        # (Piecewise quadratic: inverted interval by interval, NaN where `y`
+        # has two preimages, not refused.)
         (lambda x, a: jnp.where(x > a, x * x, 2 * x), False),
         # A small jump back.
         (lambda x, a: jnp.where(x > a, x - 1e-3, x) + x**3, True),
@@ -582,9 +580,9 @@ def test_overlapping_cases_are_not_solved_inside_a_shard_map_body():
 
 def test_a_jump_back_among_more_switches_than_are_located_is_seen():
     """Between the grid points 0.5 and 0.75 the `floor` switches about 250
-    times; only the first 16 were located and sampled, and the jump back at
-    0.6 went unseen: `y = 0.595` came back as `0.5944`, though `0.6044`
-    gives it too. Such an interval is now also sampled densely."""
+    times, more than the 16 located and sampled; such an interval is also
+    sampled densely, so the jump back at 0.6 is seen: `y = 0.595`, which
+    both `0.5944` and `0.6044` give, is refused or NaN."""
 
     def jump_back(x):
         return jnp.where(x > 0.6, x - 0.01, x) + 1e-6 * jnp.floor(1000 * x)
@@ -616,12 +614,11 @@ def test_a_jump_back_among_more_switches_than_are_located_is_seen():
 )
 def test_a_window_that_jumps_back_among_a_staircase_is_seen(start, width, operand):
     """A `floor` changes about 250 times between the grid points 0.5 and
-    0.75, so only its first 16 switches were located there; the switches of
-    the window `start < x < start + width`, where the map drops by 0.01,
-    were located with them (all choices at once) and went unseen: a `y`
+    0.75, more often than its switches are located. Each choice's switches
+    are located on their own, so the window `start < x < start + width`,
+    where the map drops by 0.01, is not hidden among the staircase's: a `y`
     from inside the window, which the map also takes about 0.009 below it,
-    came back as that other preimage, with constant, traced and per-element
-    operands. Each choice's switches are now located on their own."""
+    is refused or NaN, with constant, traced and per-element operands."""
     start, width = np.float32(start), np.float32(width)
 
     def f(x, c):
@@ -654,11 +651,10 @@ def test_a_window_that_jumps_back_among_a_staircase_is_seen(start, width, operan
 )
 def test_a_window_written_as_one_comparison_is_seen(centre, width, traced, stairs):
     """`abs(x - c) < w` is the same (false) at both grid points 0.5 and
-    0.75 around the window, so its switches were not looked for at all,
-    and a `y` from inside the window, where the map drops back by 0.05,
-    came back as one of its two preimages (with a `floor` staircase too).
-    The comparison is now compared again at the kink of `abs` (at `c`),
-    where it differs: both edges are located."""
+    0.75 around the window; the comparison is compared again at the kink of
+    `abs` (at `c`), where it differs, so both edges of the window are
+    located and a `y` from inside it, where the map drops back by 0.05, is
+    refused or NaN (with a `floor` staircase too)."""
     centre, width = np.float32(centre), np.float32(width)
 
     def f(x, c):
@@ -681,9 +677,9 @@ def test_a_window_written_as_one_comparison_is_seen(centre, width, traced, stair
 @pytest.mark.parametrize("low", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
 def test_a_rounded_copy_off_the_image_is_nan(low):
     """A value held twice, once rounded to a dtype of few mantissa bits: the
-    check allowed 64 of that dtype's epsilons (half the magnitude for
-    bfloat16), so a `y` off the image by 10% came back as the other path's
-    `x` (found by the fuzzer's moved `y`, session 25)."""
+    agreement check allows a few of that dtype's epsilons
+    (`_rules.LOW_PRECISION_ROUNDING`), not so many that a `y` off the image
+    by 10% passes as the other path's `x`."""
 
     def f(x):
         return x**3, x.astype(low).astype(jnp.float32)
@@ -716,11 +712,10 @@ def test_a_rounded_copy_off_the_image_is_nan(low):
 @pytest.mark.parametrize("traced", [False, True], ids=["constant", "traced"])
 def test_a_map_monotone_on_each_side_of_a_pole_is_not_taken_as_injective(traced):
     """`x - a / x` rises on each side of 0 and takes every value on each:
-    `x` and `-a / x` give the same `y`. The grid check saw each stretch
-    monotone and the solver answered one of the two (session 29: `[0.3,
-    0.5, 2]` came back as `[-3.33, 0.5, -0.5]`); a second stretch of finite
-    values now fails it, so both preimages give NaN, with the operand a
-    constant or passed at run time."""
+    `x` and `-a / x` give the same `y`, though each stretch is monotone. A
+    second stretch of finite values fails the grid check, so both preimages
+    give NaN (not `[-3.33, 0.5, -0.5]` for `[0.3, 0.5, 2]`), with the
+    operand a constant or passed at run time."""
     x = jnp.asarray([0.3, 0.5, 2.0, -0.7], jnp.float32)
     if traced:
         f = lambda v, a: v - a / v  # noqa: E731
@@ -806,9 +801,8 @@ def test_the_grid_check_never_accepts_a_map_that_turns_near_a_pole(
     `c` is so small that no float comes close enough to `p` for it to
     matter. Whatever the check answers, it is never "monotone" for a map
     whose values at the floats around `p` (every float within 2**10 of it,
-    and points approaching it geometrically) are not monotone. Session
-    30: the grid saw `x - 1e-30 / x` as `x`, and the solver answered one of
-    its two preimages."""
+    and points approaching it geometrically) are not monotone: at the grid
+    alone, `x - 1e-30 / x` looks like `x`."""
     from helpers import x64
 
     dtype = np.float64 if wide else np.float32
@@ -835,10 +829,10 @@ def test_the_grid_check_never_accepts_a_map_that_turns_near_a_pole(
 def test_a_pole_between_the_grid_and_the_floats_next_to_it_is_seen(traced):
     """`x - 1e-30 / x` (float32): at the grid's points it is `x` to the
     last bit, but next to 0 it reaches +-8.5e7, so every `y` has a second
-    preimage near 0 (`y = 0.3` at `x = -3.3e-30`). The solver answered `x`
-    (session 30); the grid check now locates where the map stops being
-    finite by bisection and samples it on the way, so every element is
-    NaN, with the coefficient a constant or passed at run time."""
+    preimage near 0 (`y = 0.3` at `x = -3.3e-30`). The grid check locates
+    where the map stops being finite by bisection and samples it on the
+    way, so every element is NaN (not `x`), with the coefficient a constant
+    or passed at run time."""
     x = jnp.asarray([0.3, 0.5, 2.0, -0.7], jnp.float32)
     second = -1e-30 / x  # the other preimage
     f = lambda v, a: v - a * 1e-30 / v  # noqa: E731
@@ -880,8 +874,9 @@ def test_a_map_that_turns_just_before_it_stops_is_not_taken_as_monotone():
 def test_a_removable_singularity_on_the_grid_is_bridged():
     """`expm1(a x) / x` is not finite at 0 only: the floats next to 0 give
     about `a`, and the map rises through it, so it is solved with `a`
-    passed at run time (NaN at 0 since session 29's stricter check), and
-    its ildj matches `jax.jacfwd`."""
+    passed at run time: one hole the map continues across the same way
+    does not fail the grid check (the map itself is NaN at 0), and its ildj
+    matches `jax.jacfwd`."""
     f = lambda v, a: jnp.expm1(a * v) / v  # noqa: E731
     x = jnp.asarray([-0.7, -0.01, 0.02, 0.5, 2.0], jnp.float32)
     a = jnp.float32(1.5)
@@ -979,11 +974,10 @@ def _algebraic_sigmoid(x):
 def test_a_map_that_jumps_where_it_overflows_is_split_there_not_refused(dtype):
     # `x / sqrt(1 + x**2)` as computed is 1 up to where `x**2` overflows
     # (1.8e19 in float32), and 0 past it: the samples show a turn, and the
-    # stretch after it was taken to fall through every value from 1 to 0,
-    # so every `y` seemed to have two preimages and the map was refused.
-    # The map takes no value between the neighbouring floats where it
-    # jumps; the stretches part there, and only `y = 0` (taken at 0 and past
-    # the overflow) has two.
+    # stretch after it, taken to fall through every value from 1 to 0,
+    # would give every `y` two preimages. The map takes no value between
+    # the neighbouring floats where it jumps; the stretches part there, and
+    # only `y = 0` (taken at 0 and past the overflow) has two.
     from helpers import x64
 
     with x64():

@@ -96,12 +96,12 @@ def test_public_name_is_in_the_api_reference(module, name):
 
 
 # ---------------------------------------------------------------------------
-# Names renamed in 0.2: the old ones warn, then do what the new ones do.
+# Names renamed in 0.2.0: the old ones warn, then do what the new ones do.
 
 
 def _renamed_message(old: str, new: str) -> str:
     return re.escape(
-        f"`jaxinterp.{old}` is deprecated since 0.2, removed in the next release: "
+        f"`jaxinterp.{old}` is deprecated in 0.2.0, removed in 0.3.0: "
         f"use `jaxinterp.{new}`, which takes the same arguments."
     )
 

@@ -14,7 +14,7 @@ known operands' values as coefficients; a step that would raise a degree
 above one, or that is not arithmetic (`exp` of `x`, `abs`, a comparison),
 means the block is not linear-fractional and the other methods are tried.
 
-A value may also be the logarithm of such a fraction (session 19): `log`
+A value may also be the logarithm of such a fraction: `log`
 and `log1p` of a fraction, sums and differences of logarithms (a product or
 quotient of fractions, if its degrees stay at most one), a known value added
 (`log(R) + k = log(R e^k)`), `neg`, and `exp` back to a fraction. Logit,

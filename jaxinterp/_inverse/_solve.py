@@ -45,7 +45,7 @@ of at most one step, so that they cost nothing otherwise (also under
 to 64 at once (`_compacted`), else 1/64 of the elements at a time in a loop
 (`_chunks`), so the program holds at most two copies of the later tiers. One
 `y` off the image in 10^6 costs about 3x the first tier, not a search of
-every element (6.9 s for softsign before session 15). For
+every element (seconds for softsign). For
 softsign on 10^6 elements the first tier is about 9x the closed form,
 against about 175x for the full search on every element.
 
@@ -57,7 +57,7 @@ four passes (start, step, test, NaN test). Where the solver differentiates
 a block, its `div` is `quotient`, whose derivative takes one division
 fewer. For softsign on 10^6 float32 elements that is about 10x the closed
 form timed back to back, 3.7-4.3x timed one call at a time after a collection
-(`benchmarks/bench_inverse.py`, docs/benchmarks.md, session 14).
+(`benchmarks/bench_inverse.py`; docs/benchmarks.md says how each is timed).
 
 All elements are solved at once (the loops run until every element is done),
 so the solver composes with `jax.jit` and `jax.vmap`. Derivatives come from the

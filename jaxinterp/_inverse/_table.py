@@ -23,7 +23,7 @@ the samples are refined there too (`_curved`). `lookup` then walks down the
 levels, a gather of the cell's `meta` each (where its sub-cells start), the
 same levels for every element (a map with no cut cell has none). For TFP's
 `Softfloor(0.05)` this took the roots one Newton step decides from 28% to
-79% (docs/benchmarks.md, session 35).
+79% (`benchmarks/peers_solver.py`).
 
 The table is only a start: every result is accepted by the solver's own tests
 (`_solve._accept`), and an element whose start is poor (a cell at the edge of
@@ -54,7 +54,7 @@ _SAMPLE_RANGE = 40
 # Below this many elements a call of the solver is cheap without a table
 # (and sampling would take many calls of the map). At 10^4 elements the
 # table made TFP's `Invert(Sigmoid())` 21x faster (1.82 to 0.085 ms) for
-# 0.3 to 0.9 s more of the first call (docs/benchmarks.md, session 18).
+# 0.3 to 0.9 s more of the first call (`benchmarks/peers_solver.py`).
 MIN_SIZE = 1 << 12
 # Gaps between samples more than a cell apart in `y` are split (`_refinements`):
 # each into at most `_SPLITS` parts, at most `_MAX_EXTRA` new points a round.
