@@ -46,7 +46,21 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
-from . import _enclose, _linear_parts as lp, _nonsquare, _solve, _table, _turning
+from . import (
+    _enclose,
+    _linear_parts as lp,
+    _nonsquare,
+    _perelement as pe,
+    _solve,
+    _table,
+    _turning,
+)
+from ._elementwise_steps import (
+    _ELEMENTWISE,
+    _body_jaxprs,
+    _scalar_broadcast,
+    is_elementwise,
+)
 
 _Literal = compat.Literal
 
@@ -64,88 +78,12 @@ LINEAR = "linear"
 # this many squared entries).
 MAX_LINEAR = 2048
 
-# First-order primitives that act element by element on operands of one shape.
-_ELEMENTWISE = frozenset(
-    """
-    neg sign floor ceil round is_finite exp exp2 log log1p expm1 tanh logistic
-    sin cos tan asin acos atan sinh cosh asinh acosh atanh sqrt rsqrt cbrt
-    square integer_pow erf erfc erf_inv lgamma digamma abs
-    add sub mul div pow max min atan2 rem nextafter add_any
-    eq ne lt le gt ge and or not xor select_n clamp
-    convert_element_type reduce_precision copy copy_p stop_gradient
-    polynomial optimization_barrier bitcast_convert_type
-    """.split()
-)
-
-# Call-like primitives that count as elementwise when everything they run is.
-# (Not `custom_vjp_call`: a block's derivative is taken in forward mode, which
-# a `custom_vjp` function refuses.)
-_CALLS = frozenset(
-    p.name
-    for p in (
-        compat.jit_p,
-        compat.closed_call_p,
-        compat.core_call_p,
-        compat.custom_jvp_call_p,
-        compat.remat_p,
-        compat.call_hi_primitive_p,
-    )
-    if p is not None
-)
-_NO_FORWARD_MODE = frozenset({"custom_vjp_call", "custom_vjp_call_jaxpr"})
-
 # At most this many case combinations are tried by the piecewise method.
 MAX_CASES = 16
 
 # At most this many values are tried as the one unknown of an elementwise
 # block whose region reaches several.
 _MAX_CUTS = 64
-
-
-def _scalar_broadcast(eqn: Any) -> bool:
-    """A `broadcast_in_dim` of a scalar: elementwise inside a called body."""
-    return eqn.primitive.name == "broadcast_in_dim" and all(
-        type(v) is _Literal or not v.aval.shape for v in eqn.invars
-    )
-
-
-def _elementwise_call(eqn: Any) -> bool:
-    if compat.construct_name(eqn) in _NO_FORWARD_MODE:
-        return False
-    for inner in compat.iter_eqns(_body_jaxprs(eqn)):
-        if compat.construct_name(inner) in _NO_FORWARD_MODE:
-            return False
-        name = inner.primitive.name
-        if name not in _ELEMENTWISE and name not in _CALLS:
-            if not _scalar_broadcast(inner):
-                return False
-    return True
-
-
-def _body_jaxprs(eqn: Any) -> Any:
-    """A Jaxpr holding `eqn`'s bodies as equations' bodies, for `iter_eqns`."""
-    return _Bodies(compat.sub_jaxprs(eqn))
-
-
-class _Bodies:
-    """Quacks like a Jaxpr whose `eqns` are the equations of several bodies."""
-
-    def __init__(self, bodies: Sequence[Any]) -> None:
-        self.eqns = [e for body in bodies for e in body.eqns]
-
-
-def is_elementwise(eqn: Any, shape: tuple[int, ...]) -> bool:
-    """Whether `eqn` maps operands of `shape` (or scalars) to results of
-    `shape` element by element."""
-    name = eqn.primitive.name
-    if name in _CALLS:
-        if not _elementwise_call(eqn):
-            return False
-    elif name not in _ELEMENTWISE:
-        return False
-    if any(v.aval.shape != shape for v in eqn.outvars):
-        return False
-    return all(type(v) is _Literal or v.aval.shape in (shape, ()) for v in eqn.invars)
 
 
 # Steps linear in their unknown operands whichever they are, and the
@@ -456,9 +394,7 @@ def find_block(
     them is a block: its single-equation rules cannot use the pieces)."""
     block = _find_block(top, eqns, producer, known, kind, partly)
     if block is None and kind == ELEMENTWISE:
-        from . import _perelement  # (which imports this module)
-
-        block = _perelement.find_block(top, eqns, producer, known)
+        block = _find_per_element_block(top, eqns, producer, known)
     return block
 
 
@@ -500,9 +436,7 @@ def _find_block(
 
     region, leaves = grow()
     if kind == LINEAR and len(leaves) > 1:
-        region, leaves = _nonsquare.cut_shared(
-            region, leaves, grow, eqns, producer, known
-        )
+        region, leaves = cut_shared(region, leaves, grow, eqns, producer, known)
     if kind == ELEMENTWISE and len(leaves) > 1:
         region, leaves = cut_to_one_leaf(top, region, leaves, eqns, grow)
     if not leaves or (kind == ELEMENTWISE and len(leaves) != 1):
@@ -549,6 +483,67 @@ def _find_block(
     block.chain = chain
     block.from_pieces = from_pieces
     return block
+
+
+def _find_per_element_block(
+    top: int,
+    eqns: Sequence[Any],
+    producer: dict[Any, int],
+    known: Callable[[Any], bool],
+) -> Block | None:
+    """The per-element block ending at equation `top` (whose one result is
+    known and floating), or `None` if it is not one: its unknown ancestors
+    through `pe.allowed` steps are one floating value `x` of the result's
+    shape, and `pe.Analysis` proves each result element a function of `x`'s
+    element at the same position alone."""
+    eqn = eqns[top]
+    if len(eqn.outvars) != 1 or not pe.allowed(eqn):
+        return None
+    y = eqn.outvars[0]
+    shape = y.aval.shape
+    if not jnp.issubdtype(y.aval.dtype, jnp.floating):
+        return None
+
+    def grow(stop: Any = None) -> tuple[set[int], set[Any]]:
+        grown = grow_region([top], eqns, producer, known, pe.allowed, stop)
+        assert grown is not None  # (no limit asked)
+        return grown
+
+    region, leaves = grow()
+    if len(leaves) > 1:
+        region, leaves = cut_to_one_leaf(top, region, leaves, eqns, grow)
+    if len(leaves) != 1:
+        return None
+    (x,) = leaves
+    if x.aval.shape != shape or not jnp.issubdtype(x.aval.dtype, jnp.floating):
+        return None
+    indices = sorted(region)
+    block_eqns = [eqns[i] for i in indices]
+    if is_chain(block_eqns, known):
+        return None  # the single-equation rules' (see `_find_block`)
+    analysis = pe.Analysis(shape)
+    env: dict[Any, pe.Alignment] = {x: analysis.identity}
+    if not analysis.run(block_eqns, env, ()) or env.get(y) != analysis.identity:
+        return None
+    known_vars: list[Any] = []
+    for inner in block_eqns:
+        for v in inner.invars:
+            if type(v) is not _Literal and known(v) and v not in known_vars:
+                known_vars.append(v)
+    if analysis.inner_varying and all(not v.aval.shape for v in known_vars):
+        # The solver would take the block for one map shared by every
+        # element (its known operands are scalars) and check it once.
+        return None
+    sites: dict[Path, Site] = {}
+    _sites(block_eqns, {x}, (), sites, {})
+    # Cases picked along a free axis differ within one result element: the
+    # piecewise method's combinations would not cover them.
+    sites = {path: site for path, site in sites.items() if path in analysis.full}
+    linear = all(
+        is_linear(e, [type(v) is not _Literal and not known(v) for v in e.invars])
+        for e in block_eqns
+    )
+    return Block(top, indices, block_eqns, x, y, known_vars, sites, linear, ELEMENTWISE)
 
 
 def grow_region(
@@ -618,6 +613,44 @@ def cut_to_one_leaf(
         if leaves == {cut}:
             break
     return region, leaves
+
+
+def cut_shared(
+    region: set[int],
+    leaves: set[Any],
+    grow: Callable[..., tuple[set[int], set[Any]]],
+    eqns: Sequence[Any],
+    producer: dict[Any, int],
+    known: Callable[[Any], bool],
+) -> tuple[set[int], set[Any]]:
+    """A linear region whose leaves depend on one another (fill-triangular of
+    `x[:-n]` plus a diagonal `exp(x[-n:])`: the block grows up to `x`, which
+    `exp`'s operand also reads) regrown to stop below the shared ancestors:
+    its leaves are then `x[:-n]` and `exp(...)`, solved as free values and
+    the rest left to the engine. The region as is when that does not help."""
+    shared: set[Any] = set()
+    for leaf in leaves:
+        todo = [leaf]
+        while todo:
+            p = producer.get(todo.pop())
+            if p is None:
+                continue
+            for u in eqns[p].invars:
+                if type(u) is not _Literal and not known(u) and u not in shared:
+                    shared.add(u)
+                    todo.append(u)
+    if not shared & leaves:
+        return region, leaves
+    cut_region, cut_leaves = grow(shared=frozenset(shared))
+    if len(cut_leaves) > 1 and not independent(
+        sorted(cut_leaves, key=lambda v: producer.get(v, -1)),
+        cut_region,
+        eqns,
+        producer,
+        known,
+    ):
+        return region, leaves
+    return cut_region, cut_leaves
 
 
 def is_chain(block_eqns: Sequence[Any], known: Callable[[Any], bool]) -> bool:
@@ -944,55 +977,6 @@ def solve_linear_elementwise(block: Block, y: Any, known: Sequence[Any]) -> Any:
     return jnp.where(slope == 0, nan, (y - offset) / jnp.where(slope == 0, 1, slope))
 
 
-def _unknown_indices(block: Block, v: Any) -> np.ndarray | None:
-    """The flat indices of `v` a linear block solves for (`None`: all)."""
-    got = block.partial.get(v)
-    return None if got is None else got[1]
-
-
-def linear_matrix(block: Block, known: Sequence[Any]) -> tuple[Any, Any]:
-    """The block as `ys = J u + c` on flattened values, where `u` holds the
-    unknown elements of the block's unknowns: `(J, c)`."""
-    avals = [v.aval for v in block.xs]
-    sizes = [_size(block, v) for v in block.xs]
-    dtype = jnp.result_type(*(a.dtype for a in avals))
-
-    def flat(u: Any) -> Any:
-        parts = _place(block, u)
-        env = block.run(parts if len(parts) > 1 else parts[0], known)
-        return lp.flatten_results(block, env)
-
-    if not any(compat.is_tracer(k) for k in known) and not compat.in_manual_body():
-        # Constants only: `J` is concrete, and its rank is checked now.
-        with jax.ensure_compile_time_eval():
-            zero = jnp.zeros((sum(sizes),), dtype)
-            return jax.jacfwd(flat)(zero), flat(zero)
-    zero = jnp.zeros((sum(sizes),), dtype)
-    return jax.jacfwd(flat)(zero), flat(zero)
-
-
-def _size(block: Block, v: Any) -> int:
-    indices = _unknown_indices(block, v)
-    return math.prod(v.aval.shape) if indices is None else int(indices.size)
-
-
-def _place(block: Block, u: Any) -> list[Any]:
-    """The block's unknowns from the vector `u` of their unknown elements."""
-    parts, start = [], 0
-    for v in block.xs:
-        size = _size(block, v)
-        piece = u[start : start + size].astype(v.aval.dtype)
-        start += size
-        got = block.partial.get(v)
-        if got is None:
-            parts.append(jnp.reshape(piece, v.aval.shape))
-        else:
-            base, indices = got
-            flat = jnp.ravel(base).at[indices].set(piece)
-            parts.append(jnp.reshape(flat, v.aval.shape))
-    return parts
-
-
 def solve_linear(
     block: Block, ys: Sequence[Any], known: Sequence[Any]
 ) -> tuple[Any, Any, str]:
@@ -1007,7 +991,7 @@ def solve_linear(
     Complex results count as their real and imaginary parts. A block that
     reads only the symmetric part of its one unknown matrix is solved on
     symmetric matrices (`lp.symmetric_basis`; method `SYMMETRIC_SOLVE`)."""
-    jac, offset = linear_matrix(block, known)
+    jac, offset = lp.linear_matrix(block, known)
     rhs = lp.flatten_values(block, ys) - offset
     slack = lp.value_scales(block, ys)
     basis = lp.symmetric_basis(block, jac)
@@ -1016,11 +1000,11 @@ def solve_linear(
         lp.check_rank(block, reduced)
         v, ildj, ok = _least_squares(reduced, rhs, slack)
         u = basis @ v
-        parts = _place(block, jnp.where(ok, u, jnp.nan))
+        parts = lp.place(block, jnp.where(ok, u, jnp.nan))
         return (parts if len(parts) > 1 else parts[0]), ildj, SYMMETRIC_SOLVE
     lp.check_rank(block, jac)
     u, ildj, ok = _least_squares(jac, rhs, slack)
-    parts = _place(block, jnp.where(ok, u, jnp.nan))
+    parts = lp.place(block, jnp.where(ok, u, jnp.nan))
     return (parts if len(parts) > 1 else parts[0]), ildj, LINEAR_SOLVE
 
 
@@ -1687,7 +1671,7 @@ def block_ildj(block: Block, x: Any, known: Sequence[Any]) -> Any:
 
 
 def unknown_size(block: Block) -> int:
-    return sum(_size(block, v) for v in block.xs)
+    return sum(lp.unknown_count(block, v) for v in block.xs)
 
 
 def partly_known(shape: Sequence[int], dtype: Any, pieces: Sequence[Any]) -> Any:

@@ -80,7 +80,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax_compat as compat
-from . import _blocks as bl, _solve
+from . import _blocks as bl, _elementwise_steps as ew, _solve
 
 _Literal = compat.Literal
 
@@ -197,7 +197,7 @@ def _plan(closed: Any) -> _Plan | None:
         flags = [moving(v) for v in eqn.invars]
         if not any(flags):
             # Only piecewise-constant unknowns: piecewise constant.
-            if name not in bl._ELEMENTWISE and name not in _SHAPE | _REDUCE:
+            if name not in ew._ELEMENTWISE and name not in _SHAPE | _REDUCE:
                 return None
             steady.update((v, level_of(eqn.invars)) for v in outs)
         elif name in _COMPARE:
@@ -462,11 +462,11 @@ def _bind(eqn: Any, ins: Sequence[Any], batched: Sequence[bool] = ()) -> list[An
     one value for all of them, and the results keep it so (a spline's knots
     broadcast over a million elements stay one row). With `batched`, the
     flagged operands have a leading axis of representatives, mapped over."""
-    if any(batched) and eqn.primitive.name not in bl._ELEMENTWISE:
+    if any(batched) and eqn.primitive.name not in ew._ELEMENTWISE:
         axes = [0 if b else None for b in batched]
         return list(jax.vmap(lambda *a: _bind(eqn, a), in_axes=axes)(*ins))
     name = eqn.primitive.name
-    if name in bl._ELEMENTWISE:
+    if name in ew._ELEMENTWISE:
         # (Operands broadcast among themselves, representatives' axis first.)
         ins = jnp.broadcast_arrays(*ins) if len(ins) > 1 else list(ins)
         params = compat.params_of(eqn)

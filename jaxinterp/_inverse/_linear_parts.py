@@ -1,7 +1,8 @@
 """What a linear block solves from: its known results, as real numbers.
 
-A linear block (`_blocks.py`) is `ys = J u + c` on flat real vectors. Its
-results are
+A linear block (`_blocks.py`) is `ys = J u + c` on flat real vectors
+(`linear_matrix`; `u` holds the elements of its unknowns not known already,
+`Block.partial`). Its results are
 
 - the known values the block ends at (`Block.ys`), complex ones counted as
   their real and imaginary parts (a block may run through `fft` and
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -31,8 +32,19 @@ from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
 from ._rules import _largest
 
-if TYPE_CHECKING:
-    from ._blocks import Block
+
+class LinearBlock(Protocol):
+    """What this module reads of a linear block (a `_blocks.Block`)."""
+
+    x: Any
+    xs: list[Any]
+    ys: list[Any]
+    indices: list[int]
+    eqns: list[Any]
+    partial: dict[Any, tuple[Any, np.ndarray]]
+    parts: dict[Any, tuple[Any, np.ndarray]]
+
+    def run(self, x: Any, known: Sequence[Any]) -> dict[Any, Any]: ...
 
 
 def _real_parts(value: Any) -> list[Any]:
@@ -42,7 +54,7 @@ def _real_parts(value: Any) -> list[Any]:
     return [flat]
 
 
-def flatten_results(block: Block, env: dict[Any, Any]) -> Any:
+def flatten_results(block: LinearBlock, env: dict[Any, Any]) -> Any:
     """The block's results, from the values of a run of it, as one real
     vector (the rows of `J`)."""
     pieces = [p for v in block.ys for p in _real_parts(env[v])]
@@ -51,7 +63,7 @@ def flatten_results(block: Block, env: dict[Any, Any]) -> Any:
     return jnp.concatenate(pieces)
 
 
-def flatten_values(block: Block, ys: Sequence[Any]) -> Any:
+def flatten_values(block: LinearBlock, ys: Sequence[Any]) -> Any:
     """The known values of the block's results, in `flatten_results` order."""
     pieces = [p for y in ys for p in _real_parts(y)]
     for base, indices in block.parts.values():
@@ -59,7 +71,7 @@ def flatten_values(block: Block, ys: Sequence[Any]) -> Any:
     return jnp.concatenate(pieces)
 
 
-def value_scales(block: Block, ys: Sequence[Any]) -> Any:
+def value_scales(block: LinearBlock, ys: Sequence[Any]) -> Any:
     """For each element of `flatten_values`, the largest magnitude in the
     value it comes from. A result solved by steps after the block carries
     their rounding, which is relative to the value's largest element, not to
@@ -81,20 +93,70 @@ def _real_size(v: Any, count: int) -> int:
     return count * (2 if complex_ else 1)
 
 
-def parts_size(block: Block) -> int:
+def parts_size(block: LinearBlock) -> int:
     """How many real results the known parts of values inside add."""
     return sum(
         _real_size(v, int(indices.size)) for v, (_, indices) in block.parts.items()
     )
 
 
-def result_size(block: Block) -> int:
+def result_size(block: LinearBlock) -> int:
     """How many real results the block solves from."""
     ends = sum(_real_size(v, math.prod(v.aval.shape)) for v in block.ys)
     return ends + parts_size(block)
 
 
-def add_parts(block: Block, st: Any, partly_known: Any) -> None:
+def _unknown_indices(block: LinearBlock, v: Any) -> np.ndarray | None:
+    """The flat indices of `v` a linear block solves for (`None`: all)."""
+    got = block.partial.get(v)
+    return None if got is None else got[1]
+
+
+def linear_matrix(block: LinearBlock, known: Sequence[Any]) -> tuple[Any, Any]:
+    """The block as `ys = J u + c` on flattened values, where `u` holds the
+    unknown elements of the block's unknowns: `(J, c)`."""
+    avals = [v.aval for v in block.xs]
+    sizes = [unknown_count(block, v) for v in block.xs]
+    dtype = jnp.result_type(*(a.dtype for a in avals))
+
+    def flat(u: Any) -> Any:
+        parts = place(block, u)
+        env = block.run(parts if len(parts) > 1 else parts[0], known)
+        return flatten_results(block, env)
+
+    if not any(compat.is_tracer(k) for k in known) and not compat.in_manual_body():
+        # Constants only: `J` is concrete, and its rank is checked now.
+        with jax.ensure_compile_time_eval():
+            zero = jnp.zeros((sum(sizes),), dtype)
+            return jax.jacfwd(flat)(zero), flat(zero)
+    zero = jnp.zeros((sum(sizes),), dtype)
+    return jax.jacfwd(flat)(zero), flat(zero)
+
+
+def unknown_count(block: LinearBlock, v: Any) -> int:
+    """How many elements of `v` the block solves for."""
+    indices = _unknown_indices(block, v)
+    return math.prod(v.aval.shape) if indices is None else int(indices.size)
+
+
+def place(block: LinearBlock, u: Any) -> list[Any]:
+    """The block's unknowns from the vector `u` of their unknown elements."""
+    parts, start = [], 0
+    for v in block.xs:
+        size = unknown_count(block, v)
+        piece = u[start : start + size].astype(v.aval.dtype)
+        start += size
+        got = block.partial.get(v)
+        if got is None:
+            parts.append(jnp.reshape(piece, v.aval.shape))
+        else:
+            base, indices = got
+            flat = jnp.ravel(base).at[indices].set(piece)
+            parts.append(jnp.reshape(flat, v.aval.shape))
+    return parts
+
+
+def add_parts(block: LinearBlock, st: Any, partly_known: Any) -> None:
     """Record in `block.parts` the values inside it known in parts (`st`:
     the engine's `SolveState`; `partly_known(shape, dtype, pieces)` gives
     their known value and the flat indices not covered).
@@ -128,7 +190,7 @@ def through_complex(eqns: Sequence[Any]) -> bool:
     )
 
 
-def check_rank(block: Block, jac: Any) -> None:
+def check_rank(block: LinearBlock, jac: Any) -> None:
     """Refuse a block whose concrete matrix `J` has rank below its number of
     unknowns (they are not determined); a traced `J` is checked when solved
     (NaN)."""
@@ -160,7 +222,7 @@ def partial_tops(st: Any) -> set[int]:
     return tops
 
 
-def symmetric_basis(block: Block, jac: Any) -> Any | None:
+def symmetric_basis(block: LinearBlock, jac: Any) -> Any | None:
     """For a block whose one unknown is a (batch of) square matrices of
     which a concrete `J` reads only the symmetric part (`J` is unchanged by
     transposing the unknown), and which its results do not determine
@@ -200,7 +262,7 @@ def symmetric_basis(block: Block, jac: Any) -> Any | None:
     return jnp.asarray(basis)
 
 
-def chosen_values(block: Block, known: Sequence[Any]) -> set[Any]:
+def chosen_values(block: LinearBlock, known: Sequence[Any]) -> set[Any]:
     """The values of a block solved on symmetric matrices that depend on
     the choice (change with an antisymmetric part added to the unknown): the
     unknown itself, and values that do not read only its symmetric part.
@@ -227,7 +289,7 @@ def chosen_values(block: Block, known: Sequence[Any]) -> set[Any]:
     return chosen
 
 
-def may_be_symmetric(block: Block) -> bool:
+def may_be_symmetric(block: LinearBlock) -> bool:
     """Whether the block's one unknown is a (batch of) square matrices with
     at least as many results as symmetric ones have free coordinates (it may
     then be solved on symmetric matrices, see `symmetric_basis`)."""

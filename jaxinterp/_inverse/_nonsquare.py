@@ -6,9 +6,12 @@ is a linear map onto a subspace: the results hold the unknowns redundantly.
 a map onto its image, `-0.5 log det(J^T J)` (the area formula: 0 for a map
 that copies each unknown to some results); the caller checks the residual,
 so a result off the image (a non-zero above the diagonal) gives NaN.
-`cut_shared` lets a linear block stop below values that its unknowns share,
-so that `fill(x[:-n]) + diag(exp(x[-n:]))` is a block in `x[:-n]` and
-`exp(x[-n:])`.
+`flat_maps_back` makes that check for a flat map solved otherwise
+(normalized and projective blocks), with its ildj (the area formula where
+it has more results than unknowns).
+`_blocks.cut_shared` lets a linear block stop below values that its
+unknowns share, so that `fill(x[:-n]) + diag(exp(x[-n:]))` is a block in
+`x[:-n]` and `exp(x[-n:])`.
 """
 
 from __future__ import annotations
@@ -23,8 +26,7 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
-
-_Literal = compat.Literal
+from . import _linear_parts as lp
 
 
 def least_squares(jac: Any, rhs: Any) -> tuple[Any, Any, Any]:
@@ -48,44 +50,24 @@ def least_squares(jac: Any, rhs: Any) -> tuple[Any, Any, Any]:
     return u, -jnp.sum(jnp.log(diag)), full_rank
 
 
-def cut_shared(
-    region: set[int],
-    leaves: set[Any],
-    grow: Callable[..., tuple[set[int], set[Any]]],
-    eqns: Sequence[Any],
-    producer: dict[Any, int],
-    known: Callable[[Any], bool],
-) -> tuple[set[int], set[Any]]:
-    """A linear region whose leaves depend on one another (fill-triangular of
-    `x[:-n]` plus a diagonal `exp(x[-n:])`: the block grows up to `x`, which
-    `exp`'s operand also reads) regrown to stop below the shared ancestors:
-    its leaves are then `x[:-n]` and `exp(...)`, solved as free values and
-    the rest left to the engine. The region as is when that does not help."""
-    from ._blocks import independent  # (`_blocks` imports this module)
-
-    shared: set[Any] = set()
-    for leaf in leaves:
-        todo = [leaf]
-        while todo:
-            p = producer.get(todo.pop())
-            if p is None:
-                continue
-            for u in eqns[p].invars:
-                if type(u) is not _Literal and not known(u) and u not in shared:
-                    shared.add(u)
-                    todo.append(u)
-    if not shared & leaves:
-        return region, leaves
-    cut_region, cut_leaves = grow(shared=frozenset(shared))
-    if len(cut_leaves) > 1 and not independent(
-        sorted(cut_leaves, key=lambda v: producer.get(v, -1)),
-        cut_region,
-        eqns,
-        producer,
-        known,
-    ):
-        return region, leaves
-    return cut_region, cut_leaves
+def flat_maps_back(g: Any, u: Any, y_flat: Any, want_ildj: bool) -> tuple[Any, Any]:
+    """Whether the flat map `g` takes `u` back to `y_flat` within rounding
+    (of `y` and of `u` through `g`'s Jacobian), and, if wanted, the ildj:
+    `-log|det J|`, or the area formula for more results than unknowns
+    (whose Jacobian must then have full column rank)."""
+    dtype = jnp.result_type(u)
+    eps, tiny = jnp.finfo(dtype).eps, jnp.finfo(dtype).tiny
+    jac = jax.jacfwd(g)(u)
+    scale = jnp.abs(y_flat) + jnp.abs(jac) @ jnp.abs(u)
+    ok = jnp.all(jnp.abs(g(u) - y_flat) <= 32 * eps * scale + 16 * tiny)
+    ildj: Any = 0.0
+    if want_ildj:
+        if jac.shape[0] == jac.shape[1]:
+            ildj = -jnp.linalg.slogdet(jac)[1]
+        else:
+            _, ildj, full_rank = least_squares(jac, y_flat)
+            ok = ok & full_rank
+    return ok, ildj
 
 
 def determined(block: Any, known: Sequence[Any], traced: bool = True) -> bool:
@@ -93,8 +75,6 @@ def determined(block: Any, known: Sequence[Any], traced: bool = True) -> bool:
     has full column rank. Checked now when the matrix is a constant; a traced
     one is checked by the solve (NaN), or counts as not determined if not
     `traced`."""
-    from ._blocks import linear_matrix
-
     if any(compat.is_tracer(k) for k in known) or compat.in_manual_body():
         return traced
     # The matrix does not depend on the values known in parts: zeros
@@ -104,7 +84,7 @@ def determined(block: Any, known: Sequence[Any], traced: bool = True) -> bool:
         for v, (base, idx) in block.partial.items()
     }
     with jax.ensure_compile_time_eval():
-        jac, _ = linear_matrix(dataclasses.replace(block, partial=zeros), known)
+        jac, _ = lp.linear_matrix(dataclasses.replace(block, partial=zeros), known)
     if compat.is_tracer(jac):
         return traced
     jac = np.asarray(jac)

@@ -38,7 +38,7 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
-from . import _blocks as bl, _nonsquare
+from . import _blocks as bl, _elementwise_steps as ew, _nonsquare, _projective
 
 _Literal = compat.Literal
 
@@ -51,7 +51,7 @@ _MAX_STEPS = 16
 
 # Elementwise primitives whose results depend on an element of the unknowns
 # only where their operands do.
-_ELEMENTWISE = bl._ELEMENTWISE - {"select_n"}
+_ELEMENTWISE = ew._ELEMENTWISE - {"select_n"}
 
 
 def normalized_step(st: Any) -> tuple[bl.Block, Any, Any, str] | None:
@@ -64,9 +64,7 @@ def normalized_step(st: Any) -> tuple[bl.Block, Any, Any, str] | None:
             continue
         found = _solve(st, top)
         if found is None or isinstance(found, str):
-            from ._projective import solve_projective  # (imports this module)
-
-            projective = solve_projective(st, top)
+            projective = _projective.solve_projective(st, top)
             if projective is not None:
                 return projective
         if isinstance(found, str):
@@ -526,25 +524,5 @@ def _checked(
     def g_free(u: Any) -> Any:
         return jnp.ravel(block.g(jnp.reshape(flat.at[idx].set(u), value.shape), *known))
 
-    ok, ildj = _maps_back(g_free, flat[idx], jnp.ravel(y), want_ildj)
+    ok, ildj = _nonsquare.flat_maps_back(g_free, flat[idx], jnp.ravel(y), want_ildj)
     return block, jnp.where(ok, value, jnp.nan), ildj, NORMALIZATION
-
-
-def _maps_back(g: Any, u: Any, y_flat: Any, want_ildj: bool) -> tuple[Any, Any]:
-    """Whether the flat map `g` takes `u` back to `y_flat` within rounding
-    (of `y` and of `u` through `g`'s Jacobian), and, if wanted, the ildj:
-    `-log|det J|`, or the area formula for more results than unknowns
-    (whose Jacobian must then have full column rank)."""
-    dtype = jnp.result_type(u)
-    eps, tiny = jnp.finfo(dtype).eps, jnp.finfo(dtype).tiny
-    jac = jax.jacfwd(g)(u)
-    scale = jnp.abs(y_flat) + jnp.abs(jac) @ jnp.abs(u)
-    ok = jnp.all(jnp.abs(g(u) - y_flat) <= 32 * eps * scale + 16 * tiny)
-    ildj: Any = 0.0
-    if want_ildj:
-        if jac.shape[0] == jac.shape[1]:
-            ildj = -jnp.linalg.slogdet(jac)[1]
-        else:
-            _, ildj, full_rank = _nonsquare.least_squares(jac, y_flat)
-            ok = ok & full_rank
-    return ok, ildj

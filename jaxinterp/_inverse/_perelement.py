@@ -7,14 +7,14 @@ rational-quadratic spline picks each element's bin with a one-hot mask
 (`x[:, None]` compared with knots of shape `[n, K]`), multiplies the mask
 with known parameters `[n, K, 3]` and sums over the bin axis.
 
-This module finds such a block and proves it *per-element*: it tracks, for
-each value in the block, which of its axes are **aligned** with the result's
-axes (they index the unknown's element) and which are **free** (added by
-`broadcast_in_dim`, combined with known operands, then reduced away, sliced
-or squeezed). A value is per-element when each of its elements depends only
-on the unknown's element at the aligned position. The invariant, for a
-value `v` with alignment `a` (one entry per axis of `v`: a result axis or
-`None`):
+`_blocks.find_block` finds such a block, and this module proves it
+*per-element*: it tracks, for each value in the block, which of its axes
+are **aligned** with the result's axes (they index the unknown's element)
+and which are **free** (added by `broadcast_in_dim`, combined with known
+operands, then reduced away, sliced or squeezed). A value is per-element
+when each of its elements depends only on the unknown's element at the
+aligned position. The invariant, for a value `v` with alignment `a` (one
+entry per axis of `v`: a result axis or `None`):
 
 - each result axis appears at most once in `a`, along an axis of the
   result's size; a result axis missing from `a` has size 1;
@@ -38,10 +38,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax.numpy as jnp
-
 from .. import _jax_compat as compat
-from . import _blocks as bl
+from . import _elementwise_steps as ew
 
 _Literal = compat.Literal
 
@@ -49,8 +47,8 @@ _Literal = compat.Literal
 Alignment = tuple[int | None, ...]
 
 # Elementwise primitives (operands of the result's rank, size-1 axes
-# broadcast, or scalars), besides `_blocks`'s.
-_ELEMENTWISE = bl._ELEMENTWISE | frozenset(
+# broadcast, or scalars), besides `_elementwise_steps`'s.
+_ELEMENTWISE = ew._ELEMENTWISE | frozenset(
     "lt_to le_to gt_to ge_to eq_to ne_to".split()
 )
 _REDUCE = frozenset(
@@ -67,10 +65,10 @@ _LOOKUPS = frozenset({"gather", "SearchSorted"})
 _ALLOWED = _ELEMENTWISE | _REDUCE | _SHAPE | _LOOKUPS
 
 
-def _allowed(eqn: Any) -> bool:
+def allowed(eqn: Any) -> bool:
     """Whether `eqn` may join a per-element block (checked further by
-    `_align`): a listed primitive, a `jit` of such, or a call that is
-    elementwise in `_blocks`'s sense."""
+    `Analysis`): a listed primitive, a `jit` of such, or a call that is
+    elementwise (`_elementwise_steps.is_elementwise`)."""
     if len(eqn.outvars) != 1:
         return False
     name = eqn.primitive.name
@@ -79,15 +77,15 @@ def _allowed(eqn: Any) -> bool:
         reach = set(body.invars)  # what may read the unknown
         for e in body.eqns:
             if any(type(v) is not _Literal and v in reach for v in e.invars):
-                if not _allowed(e):
+                if not allowed(e):
                     return False
                 reach.update(e.outvars)
         return True
     if compat.construct_name(eqn) in _LOOKUPS:
         return True
-    if name in bl._CALLS:
+    if name in ew._CALLS:
         shape = eqn.outvars[0].aval.shape
-        return bl.is_elementwise(eqn, shape)
+        return ew.is_elementwise(eqn, shape)
     return name in _ALLOWED
 
 
@@ -235,7 +233,7 @@ def _concatenate(eqn: Any, ins: Sequence[Alignment | None]) -> Alignment | None:
     return a if a[dim] is None else None
 
 
-class _Analysis:
+class Analysis:
     """The alignments of a block's values, and the paths (as `Block.run`
     numbers equations) of equations whose result has the result's shape and
     alignment."""
@@ -243,7 +241,7 @@ class _Analysis:
     def __init__(self, shape: tuple[int, ...]) -> None:
         self.shape = shape
         self.identity: Alignment = tuple(range(len(shape)))
-        self.full: set[bl.Path] = set()
+        self.full: set[tuple[int, ...]] = set()
         self.inner_varying = False
 
     def valid(self, v: Any, a: Alignment) -> bool:
@@ -257,7 +255,7 @@ class _Analysis:
         return all(n == 1 for j, n in enumerate(self.shape) if j not in seen)
 
     def run(
-        self, eqns: Sequence[Any], env: dict[Any, Alignment], path: bl.Path
+        self, eqns: Sequence[Any], env: dict[Any, Alignment], path: tuple[int, ...]
     ) -> bool:
         """Align `eqns` in order (`env`: the unknown values' alignments, the
         rest known); whether every step is per-element."""
@@ -281,7 +279,7 @@ class _Analysis:
         return True
 
     def step(
-        self, eqn: Any, ins: Sequence[Alignment | None], here: bl.Path
+        self, eqn: Any, ins: Sequence[Alignment | None], here: tuple[int, ...]
     ) -> list[Alignment] | None:
         name = eqn.primitive.name
         if eqn.primitive is compat.jit_p:
@@ -301,8 +299,8 @@ class _Analysis:
             got = _gather(eqn, ins)
         elif compat.construct_name(eqn) == "SearchSorted":
             got = _searchsorted(eqn, ins)
-        elif name in bl._CALLS or name in _ELEMENTWISE:
-            if name in bl._CALLS and not bl.is_elementwise(
+        elif name in ew._CALLS or name in _ELEMENTWISE:
+            if name in ew._CALLS and not ew.is_elementwise(
                 eqn, eqn.outvars[0].aval.shape
             ):
                 return None
@@ -336,66 +334,3 @@ class _Analysis:
                 n > 1 and got[k] is not None for k, n in enumerate(shape)
             ):
                 self.inner_varying = True
-
-
-def find_block(
-    top: int,
-    eqns: Sequence[Any],
-    producer: dict[Any, int],
-    known: Callable[[Any], bool],
-) -> bl.Block | None:
-    """The per-element block ending at equation `top` (whose one result is
-    known and floating), or `None` if it is not one: its unknown ancestors
-    through `_allowed` steps are one floating value `x` of the result's
-    shape, and `_Analysis` proves each result element a function of `x`'s
-    element at the same position alone."""
-    eqn = eqns[top]
-    if len(eqn.outvars) != 1 or not _allowed(eqn):
-        return None
-    y = eqn.outvars[0]
-    shape = y.aval.shape
-    if not jnp.issubdtype(y.aval.dtype, jnp.floating):
-        return None
-
-    def grow(stop: Any = None) -> tuple[set[int], set[Any]]:
-        grown = bl.grow_region([top], eqns, producer, known, _allowed, stop)
-        assert grown is not None  # (no limit asked)
-        return grown
-
-    region, leaves = grow()
-    if len(leaves) > 1:
-        region, leaves = bl.cut_to_one_leaf(top, region, leaves, eqns, grow)
-    if len(leaves) != 1:
-        return None
-    (x,) = leaves
-    if x.aval.shape != shape or not jnp.issubdtype(x.aval.dtype, jnp.floating):
-        return None
-    indices = sorted(region)
-    block_eqns = [eqns[i] for i in indices]
-    if bl.is_chain(block_eqns, known):
-        return None  # the single-equation rules' (see `_blocks`)
-    analysis = _Analysis(shape)
-    env: dict[Any, Alignment] = {x: analysis.identity}
-    if not analysis.run(block_eqns, env, ()) or env.get(y) != analysis.identity:
-        return None
-    known_vars: list[Any] = []
-    for inner in block_eqns:
-        for v in inner.invars:
-            if type(v) is not _Literal and known(v) and v not in known_vars:
-                known_vars.append(v)
-    if analysis.inner_varying and all(not v.aval.shape for v in known_vars):
-        # The solver would take the block for one map shared by every
-        # element (its known operands are scalars) and check it once.
-        return None
-    sites: dict[bl.Path, bl.Site] = {}
-    bl._sites(block_eqns, {x}, (), sites, {})
-    # Cases picked along a free axis differ within one result element: the
-    # piecewise method's combinations would not cover them.
-    sites = {path: site for path, site in sites.items() if path in analysis.full}
-    linear = all(
-        bl.is_linear(e, [type(v) is not _Literal and not known(v) for v in e.invars])
-        for e in block_eqns
-    )
-    return bl.Block(
-        top, indices, block_eqns, x, y, known_vars, sites, linear, bl.ELEMENTWISE
-    )

@@ -20,8 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax_compat as compat
-from . import _blocks as bl, _value_numbers as vn
-from ._normalized import _known, _maps_back
+from . import _blocks as bl, _nonsquare, _value_numbers as vn
 
 _Literal = compat.Literal
 
@@ -33,6 +32,10 @@ _CUTS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod"})
 
 # At most this many equations in a projective block.
 _MAX_PROJECTIVE = 256
+
+
+def _known(st: Any, v: Any) -> bool:
+    return type(v) is _Literal or v in st.env
 
 
 def _ratio(st: Any, top: int) -> bool:
@@ -271,7 +274,7 @@ def _solve_ratios(
     # map to: both hold when `y` comes back within rounding.
     w = jnp.where(ok, u[:n_free], jnp.nan).astype(dtype)
     y_flat = jnp.concatenate([jnp.ravel(y) for y in y_vals])
-    good, ildj = _maps_back(g_flat, w, y_flat, True)
+    good, ildj = _nonsquare.flat_maps_back(g_flat, w, y_flat, True)
     x_parts = [jnp.where(good, a, jnp.nan) for a in _place(w, free_groups)]
     return full, _one_or_all(x_parts), ildj if st.options.want_ildj else 0.0, PROJECTIVE
 

@@ -63,7 +63,7 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
-from . import _blocks as bl, _linear_parts as lp, _solve
+from . import _blocks as bl, _elementwise_steps as ew, _linear_parts as lp, _solve
 
 _Literal = compat.Literal
 
@@ -197,7 +197,7 @@ def _block(x: Any, tops: list[int], st: Any) -> bl.Block | None:
     if m > _MAX_RESULTS or m < math.prod(x.aval.shape):
         return None  # too large, or too few results to determine `x`
     shape = x.aval.shape
-    if all(bl.is_elementwise(e, shape) for e in block_eqns):
+    if all(ew.is_elementwise(e, shape) for e in block_eqns):
         return None  # one level: the elementwise blocks' to solve or refuse
     known_vars: list[Any] = []
     for e in block_eqns:
