@@ -36,6 +36,8 @@ class MixedPrecision(jaxinterp.Interpreter):
     """Computes in `low` precision except for the primitives named in `keep`."""
 
     name = "mixed_precision"
+    # Its results are of the computing dtype, not the equation's.
+    changes_dtypes = True
 
     def __init__(self, low=jnp.bfloat16, keep=KEEP):
         # Walk custom-derivative bodies in place, so JAX differentiates what runs.

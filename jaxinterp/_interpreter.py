@@ -15,6 +15,9 @@ import functools
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, ClassVar, Literal as TypingLiteral, Protocol
 
+import jax
+import numpy as np
+
 from . import _caches, _eager, _jax_compat as compat, _recursion, _registry
 from ._custom_types import PyTree, has_custom
 from ._env import Env as Env, release_plan
@@ -23,6 +26,7 @@ from ._errors import (
     MissingRuleError,
     RuleError,
     describe_value,
+    describe_values,
     eqn_context,
     operands_detail,
     reraise,
@@ -35,6 +39,8 @@ Policy = TypingLiteral["opaque", "recursive", "inline"]
 _POLICIES = ("opaque", "recursive", "inline")
 
 _Literal = compat.Literal
+# The values `_check_results` checks: arrays, tracers among them.
+_ARRAYS = (jax.Array, np.ndarray, np.generic)
 _DropVar = compat.DropVar
 _call_hi_primitive_p = compat.call_hi_primitive_p
 
@@ -125,6 +131,10 @@ class Interpreter:
     #: Cache rebuilt `jit`s (and traced bodies) per sub-Jaxpr. Turn it off when
     #: `process_eqn` has side effects that must run on every call.
     cache_subcalls: ClassVar[bool] = True
+    #: Whether rules and handlers may return results of another dtype than
+    #: their equation's (a mixed-precision rewrite). Off, such a result is a
+    #: `RuleError` where it is returned; shapes are checked either way.
+    changes_dtypes: ClassVar[bool] = False
 
     # Whether the class keeps the default `process_eqn` and `default_rule`
     # (set per subclass): only then may eager walks skip `process_eqn`.
@@ -401,9 +411,10 @@ class Interpreter:
         handler = table.get(eqn.primitive)
         if handler is not None:
             outvals = handler(self, eqn, invals)
-            if type(outvals) is list:
-                return outvals
-            return self._as_outvals(eqn, outvals)
+            if type(outvals) is not list:
+                outvals = self._as_outvals(eqn, outvals)
+            _check_results(self, eqn, outvals, handler)
+            return outvals
         if compat.is_unhandled_higher_order(eqn):
             self._check_unhandled(eqn)
         return self.default_rule(eqn, invals)
@@ -628,6 +639,48 @@ class Interpreter:
         """Drop the cached object for `key` (one that captured a tracer of an
         enclosing trace, valid only now)."""
         self._subcalls.pop(key)
+
+
+def _check_results(
+    interp: Interpreter, eqn: compat.JaxprEqn, outvals: list[Any], handler: Any
+) -> None:
+    """Refuse a rule's or handler's array result whose shape or dtype (unless
+    the interpreter `changes_dtypes`) is not its equation's: downstream it
+    would be a silent wrong answer (a result broadcast, or a later equation
+    blamed). Values of an interpreter's own type are its own to check."""
+    for k, (v, val) in enumerate(zip(eqn.outvars, outvals, strict=False)):
+        if not isinstance(val, _ARRAYS):
+            continue
+        aval = v.aval
+        want, dtype = getattr(aval, "shape", None), getattr(aval, "dtype", None)
+        if want is None or dtype is None:
+            continue
+        if tuple(val.shape) == tuple(want) and (
+            interp.changes_dtypes or _same_dtype(val.dtype, dtype)
+        ):
+            continue
+        fn = getattr(handler, "__wrapped__", handler)
+        who = getattr(fn, "__qualname__", None) or repr(fn)
+        got = describe_values([val])
+        raise RuleError(
+            f"{eqn_context(interp.name, eqn)}: its rule `{who}` returned {got} for "
+            f"result {k}, where the equation's result is {aval.str_short()}.\n"
+            "A rule or handler must return one value per result, of the "
+            "result's shape and dtype (or a value of the interpreter's own "
+            "type); an interpreter that changes dtypes on purpose sets "
+            "`changes_dtypes = True`."
+        )
+
+
+def _same_dtype(got: Any, want: Any) -> bool:
+    """Whether a result of dtype `got` is one of dtype `want` once JAX takes
+    it (a NumPy float64 is a float32 without x64)."""
+    if got == want:
+        return True
+    try:
+        return jax.dtypes.canonicalize_dtype(got) == want
+    except TypeError:  # (an extended dtype, such as a PRNG key's)
+        return False
 
 
 def _check_policy(policy: str) -> None:

@@ -8,6 +8,7 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
+from hypothesis import given, settings, strategies as st
 from jax import lax
 
 import jaxinterp
@@ -330,3 +331,70 @@ def test_rule_may_return_a_tuple():
     Tupled.rules.register(lax.sin_p, lambda x, **params: (jnp.cos(x),))
     x = jnp.ones(3)
     assert jnp.array_equal(Tupled().transform(_user_top)(x), jnp.cos(x * 2.0) + 1.0)
+
+
+# -- a rule's results checked where it returns them ----------------------------
+
+
+def _interpreter_with_tanh_rule(rule, *, changes_dtypes=False):
+    rules = RuleRegistry("checked")
+    rules.register(lax.tanh_p, rule)
+
+    class Checked(Interpreter):
+        name = "checked"
+
+    Checked.rules = rules
+    Checked.changes_dtypes = changes_dtypes
+    return Checked()
+
+
+def _returns_seven(x, **params):
+    return [jnp.zeros(7, x.dtype)]
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_a_rule_result_of_the_wrong_shape_is_refused_where_it_is_returned(jit):
+    interp = _interpreter_with_tanh_rule(_returns_seven)
+    fn = interp.transform(lambda v: jnp.sum(jnp.tanh(v)))
+    fn = jax.jit(fn) if jit else fn
+    with pytest.raises(RuleError) as info:
+        fn(jnp.ones(3))
+    message = str(info.value)
+    assert "`checked` at primitive `tanh`" in message
+    assert "test_errors.py" in message  # the user's line
+    assert f"its rule `_returns_seven` returned {F}[7] for result 0" in message
+    assert "the equation's result is float" in message and "[3]" in message
+
+
+def test_a_rule_result_of_another_dtype_is_refused_unless_the_interpreter_says_so():
+    def half(x, **params):
+        return [jnp.tanh(x).astype(jnp.float16)]
+
+    def fn(v):
+        return jnp.tanh(v) * 2.0
+
+    with pytest.raises(RuleError, match=r"returned f16\[3\] for result 0"):
+        _interpreter_with_tanh_rule(half).transform(fn)(jnp.ones(3))
+    # Said on purpose: the result is the rule's, in its dtype.
+    mixed = _interpreter_with_tanh_rule(half, changes_dtypes=True)
+    got = mixed.transform(jnp.tanh)(jnp.ones(3))
+    want = jnp.tanh(jnp.ones(3)).astype(jnp.float16)
+    assert got.dtype == jnp.float16 and jnp.array_equal(got, want)
+
+
+@given(
+    st.lists(st.integers(1, 4), min_size=0, max_size=3),
+    st.lists(st.integers(1, 4), min_size=0, max_size=3),
+)
+@settings(max_examples=min(20, settings.default.max_examples), deadline=None)
+def test_only_a_result_of_the_equations_shape_is_accepted(shape, returned):
+    def rule(x, **params):
+        return [jnp.broadcast_to(jnp.cos(jnp.ravel(x)[:1]).reshape(()), returned)]
+
+    x = jnp.full(shape, 0.5)
+    fn = _interpreter_with_tanh_rule(rule).transform(jnp.tanh)
+    if tuple(shape) == tuple(returned):
+        assert jnp.array_equal(fn(x), jnp.full(shape, jnp.cos(0.5)))
+    else:
+        with pytest.raises(RuleError, match="for result 0, where the equation"):
+            fn(x)
