@@ -540,7 +540,19 @@ class Interpreter:
         return jaxpr, consts
 
     def run(self, staged: Staged, flat_args: Sequence[Any]) -> list[Any]:
-        """Walk a `Staged` function on flat arguments; return flat outputs."""
+        """Walk a `Staged` function on flat arguments; return flat outputs.
+
+        Raises:
+            TypeError: if `flat_args` has not one value per flat input.
+        """
+        if len(flat_args) != len(staged.in_avals):
+            wanted = ", ".join(a.str_short() for a in staged.in_avals)
+            raise TypeError(
+                f"`{self.name}`: `run` of `{staged.fn_name}` takes "
+                f"{len(staged.in_avals)} flat arguments ({wanted}), got "
+                f"{len(flat_args)}. Flatten the arguments as staged "
+                "(`jax.tree_util.tree_leaves((args, kwargs))`)."
+            )
         closed = staged.closed_jaxpr
         jaxpr, consts = compat.open_jaxpr(closed), compat.jaxpr_consts(closed)
         if has_custom(flat_args):

@@ -398,3 +398,14 @@ def test_only_a_result_of_the_equations_shape_is_accepted(shape, returned):
     else:
         with pytest.raises(RuleError, match="for result 0, where the equation"):
             fn(x)
+
+
+@pytest.mark.parametrize("n", [0, 1, 3])
+def test_run_with_the_wrong_number_of_flat_arguments_names_the_inputs(n):
+    staged = stage(lambda a, b: a + b, 1.0, 2.0)
+    with pytest.raises(TypeError) as info:
+        Interpreter().run(staged, [1.0] * n)
+    assert f"takes 2 flat arguments ({F}[], {F}[]), got {n}" in str(info.value).replace(
+        "float32", "f32"
+    ).replace("float64", "f64")
+    assert Interpreter().run(staged, [1.0, 2.0])[0] == 3.0

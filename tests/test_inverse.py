@@ -133,6 +133,21 @@ def test_structure_mismatch_suggests_example_args():
         inverse(f)(jnp.ones((2, 3)))
 
 
+def test_a_function_that_fails_on_values_shaped_like_y_suggests_example_args():
+    def f(v):
+        return v, jnp.exp(v)
+
+    y = f(jnp.array([0.5, -1.0]))
+    with pytest.raises(TypeError) as info:
+        inverse(f)(y)
+    message = str(info.value)
+    assert "assumed the unknown arguments of `f` mirror `y`" in message
+    assert "Pass `example_args=`" in message
+    # With them, it inverts.
+    x = inverse(f, example_args=(jnp.zeros(2),))(y)
+    assert jnp.allclose(x, jnp.array([0.5, -1.0]))
+
+
 def test_wrong_y_with_example_args_names_shapes():
     inv = inverse(jnp.exp, example_args=(jnp.ones(3),))
     with pytest.raises(TypeError, match=re.escape("float32[3]")) as info:

@@ -232,7 +232,21 @@ class _InverseFunction:
         full = [
             next(spec_it) if i in unknown else next(known_it) for i in range(n_total)
         ]
-        staged, _ = stage_flat(self.fn, full, {}, ())
+        try:
+            staged, _ = stage_flat(self.fn, full, {}, ())
+        except Exception as err:
+            if self.example_args is not None:
+                raise
+            # (Traced on values shaped like `y`: say so, the likely cause.)
+            name = getattr(self.fn, "__name__", "the function")
+            first = str(err).splitlines()[0] if str(err) else ""
+            raise TypeError(
+                f"`{self.transform}` assumed the unknown arguments of `{name}` "
+                f"mirror `y` ({_describe(y_tree, y_leaves)}), and `{name}` "
+                f"fails on them ({type(err).__name__}: {first}). Pass "
+                "`example_args=` with the unknown arguments (arrays or "
+                "`jax.ShapeDtypeStruct`s) when they differ from `y`."
+            ) from err
         self._check_output(staged, y_tree, y_leaves)
         mask: list[bool] = []
         for i, arg in enumerate(full):
