@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +12,13 @@ import pytest
 from helpers import iter_eqns
 from jax import lax
 
-from jaxinterp import NotInvertibleError, ildj, inverse, inverse_and_ildj
+from jaxinterp import (
+    NotInvertibleError,
+    explain_inverse,
+    ildj,
+    inverse,
+    inverse_and_ildj,
+)
 from jaxinterp.testing import compare_with_reference, tree_allclose
 
 
@@ -439,3 +446,18 @@ def test_reshape_keeps_the_ildj_accumulated_before_it():
     _, got = inverse_and_ildj(f, example_args=(x,))(y)
     np.testing.assert_allclose(got, slogdet_ildj(inv, y), rtol=1e-5)
     np.testing.assert_allclose(got, -jnp.sum(x) - 6 * np.log(3.0), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "f",
+    [lambda v: jnp.sinh(v) + v, lambda v: jnp.exp(v) - jnp.exp(-2.0 * v) + 3.0 * v],
+    ids=["sinh_plus_x", "exp_difference"],
+)
+def test_no_numpy_warning_escapes_inverse(f):
+    x = jnp.array([0.3, -1.2, 2.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = inverse(f)(f(x))
+        text = explain_inverse(f, x)
+    assert jnp.allclose(got, x, atol=1e-4)
+    assert "Invertible" in text or "inverted" in text

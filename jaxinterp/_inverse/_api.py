@@ -12,6 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
 from jax.extend import core as jex_core
 
 from .. import _caches, _jax_compat as compat, _recursion
@@ -196,7 +197,11 @@ class _InverseFunction:
         key = (y_tree, known_tree, *(compat.aval_of(a) for a in args))
         compiled = self._signatures.get(key)
         if compiled is None:
-            compiled = self._prepare(y, y_leaves, y_tree, known_args)
+            # The engine's analyses compute on NumPy values where they can
+            # (enclosures, grids): overflow and NaN there are expected, and
+            # answered, not the caller's to be warned of.
+            with np.errstate(all="ignore"):
+                compiled = self._prepare(y, y_leaves, y_tree, known_args)
             if not any(
                 compat.is_tracer(c) for c in compat.jaxpr_consts(compiled.closed)
             ):

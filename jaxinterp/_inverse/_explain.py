@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 import jax.tree_util as jtu
+import numpy as np
 
 from .. import _jax_compat as compat
 from .._errors import JaxinterpError, source_line
@@ -117,7 +118,8 @@ def explain_inverse(
         return []
 
     try:
-        with compat.classic_scan():
+        # (NumPy's warnings of the analyses, as in `inverse`.)
+        with compat.classic_scan(), np.errstate(all="ignore"):
             jax.make_jaxpr(run)(out_specs, in_specs)
     except JaxinterpError as err:
         return f"explain_inverse: the analysis itself failed: {err}"
