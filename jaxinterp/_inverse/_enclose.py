@@ -33,7 +33,7 @@ switch, a pole, the end of a domain, `floor`) is cut down to neighbouring
 floats; one whose enclosures do not narrow within `_FAMILY` intervals per
 grid interval (`x / (1 + |x|)` beyond 1e16) is left undecided. A map with
 turns and an undecided interval is refused (more turns may hide there);
-without turns it is left to the samplers, as before, and so is a map with
+without turns it is left to the samplers, and so is a map with
 a primitive that has no rule here.
 """
 

@@ -140,7 +140,7 @@ class InverseRuleRegistry(RuleRegistry[InverseRule]):
     A rule whose first parameter is not named `ctx` has the signature of
     jaxinterp 0.1, `rule(outvals, *invals, **params)`, reading
     `operand_aval(k)` and `ildj_wanted()`: it is adapted, with a
-    `DeprecationWarning` (that form goes in the next release).
+    `DeprecationWarning` (that form is deprecated in 0.2.0, removed in 0.3.0).
     """
 
     def _adapt(self, fn: Any) -> Any:
@@ -151,8 +151,8 @@ class InverseRuleRegistry(RuleRegistry[InverseRule]):
             "signature `rule(outvals, *invals, **params)`; inverse rules now take "
             "an `InverseContext` first, `rule(ctx, outvals, *invals, **params)`, "
             "and read `ctx.operand_aval(k)` and `ctx.want_ildj` instead of "
-            "`operand_aval(k)` and `ildj_wanted()`. The old form is adapted for "
-            "this release only.",
+            "`operand_aval(k)` and `ildj_wanted()`. The old form is deprecated in "
+            "0.2.0, removed in 0.3.0.",
             DeprecationWarning,
             stacklevel=4,
         )

@@ -17,7 +17,7 @@ between its ends; a stretch that reaches the end of the grid and still
 moves there is taken to go on to infinity. An element whose `y` is in the
 range of no stretch, or of two, is NaN, and so is one whose root the solver
 found outside the stretch that holds `y`. A map with no value taken once on
-the grid is refused, as before.
+the grid is refused.
 
 Turns between two grid points that the values at the grid do not show (a
 fold) are found by enclosing the map's slope (`_enclose.py`), and their
