@@ -450,8 +450,13 @@ def inverse(
         example_args: the unknown arguments as arrays or
             `jax.ShapeDtypeStruct`s (a tuple), needed when they do not mirror
             `y`'s structure, shapes and dtypes.
-        strict: raise instead of returning NaN where the outputs do not
-            determine an input element (see below).
+        strict: raise `NotInvertibleError`, instead of returning NaN,
+            where the outputs leave an input element undetermined (see
+            "Undetermined elements" below) and where two outputs that
+            constrain one value disagree (`y` off the image of
+            `lambda x: (x, jnp.exp(x))`). A result outside an inverse
+            formula's domain still gives NaN (`inverse(jnp.exp,
+            strict=True)(-1.0)`).
         solvers: allow the numerical solver for elementwise blocks that no
             formula inverts (see below); `False` keeps to exact formulas and
             raises `NotInvertibleError` where none exists.
@@ -464,6 +469,7 @@ def inverse(
             (raised when the inverse is first called for a signature); with
             `strict=True`, also when a call's values leave elements
             undetermined.
+        TypeError: if `y` does not match what `fn` returns.
 
     Undetermined elements:
         Whether the outputs determine every input element can depend on
@@ -485,7 +491,6 @@ def inverse(
         determines its operand. Exact solutions are always preferred; a
         chosen branch that another output also constrains, or that an earlier
         map may not produce, is refused rather than answered.
-        TypeError: if `y` does not match what `fn` returns.
 
     Clamps:
         `jnp.clip`, `jnp.maximum(x, c)`, `jnp.minimum(x, c)` and `lax.clamp`
