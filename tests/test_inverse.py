@@ -386,6 +386,45 @@ def test_missing_rule_names_primitive_and_line():
     assert "`sort` is not invertible" in str(info.value)
 
 
+def _tried(message: str) -> list[str]:
+    """The methods a refusal says it tried, in the order it lists them."""
+    return re.findall(r"tried as ([^:]+):", message)
+
+
+@pytest.mark.parametrize("solvers", [True, False])
+def test_a_refusal_says_what_each_method_tried(solvers):
+    """A unit vector of unconstrained values: the normalized-block method and
+    (with numerical solvers on) the triangular-map method each say why they
+    did not solve it, under the `div`'s own reason; `explain_inverse`
+    (numerical solvers on) lists the same."""
+
+    def f(x):
+        return x / jnp.sum(x)
+
+    x = jnp.array([0.3, 1.0, 0.5])
+    with pytest.raises(NotInvertibleError) as info:
+        inverse(f, solvers=solvers)(f(x))
+    message = str(info.value)
+    assert re.search(r"`div` at .*test_inverse.py:[\d:]+ \(.*f\): its unknown", message)
+    expected = ["a normalized block"] + (["a triangular map"] if solvers else [])
+    assert _tried(message) == expected
+    assert "one unknown factor per row" in message
+    if solvers:
+        assert _tried(explain_inverse(f, x)) == expected
+
+
+def test_a_method_that_solves_leaves_no_refusal_behind():
+    """`x + cumsum(x)` is triangular: solved, and what the normalized and
+    block methods made of it is not reported anywhere."""
+
+    def f(x):
+        return jnp.sin(x) + jnp.cumsum(x)
+
+    x = jnp.array([0.3, -0.2, 0.5])
+    np.testing.assert_allclose(inverse(f)(f(x)), x, rtol=1e-5, atol=1e-6)
+    assert _tried(explain_inverse(f, x)) == []
+
+
 # ---------------------------------------------------------------------------
 # Dataflow: no dead code, one path per input, ildj kept through reshapes.
 

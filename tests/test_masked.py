@@ -231,6 +231,27 @@ def test_where_with_a_constant_mask_and_a_constant_completes_what_it_discards():
     assert np.all(np.isnan(inverse(f)(f(x).at[1].set(1.0))))
 
 
+def test_with_strict_discarded_elements_are_refused_not_completed():
+    # The completion is a chosen preimage: under `strict=True` the elements
+    # the `where` discards are undetermined, and the refusal names them.
+    mask = jnp.array([True, False, False])
+    c = jnp.array([5.0, 6.0, 7.0])
+
+    def f(x0, x1):
+        return jnp.where(mask, x0, c), jnp.sin(x1)
+
+    x0, x1 = jnp.array([1.0, 2.0, 3.0]), jnp.array([0.5])
+    y = f(x0, x1)
+    got0, got1 = inverse(f, example_args=(x0, x1))(y)
+    np.testing.assert_allclose(got0, jnp.array([1.0, 6.0, 7.0]))
+    np.testing.assert_allclose(got1, x1, rtol=1e-6)
+    with pytest.raises(NotInvertibleError) as err:
+        inverse(f, example_args=(x0, x1), strict=True)(y)
+    message = str(err.value)
+    assert "but not (1,), (2,) of (3,)" in message
+    assert "with `strict=True` the elements it discards are not completed" in message
+
+
 # A lower-triangular matrix: `(L @ x)[1]` reads `x[0]` and `x[1]` only.
 L_TRI = jnp.asarray(np.tril(RNG.randn(4, 4).astype(np.float32)) + 2 * np.eye(4))
 ONE = np.array([False, True, False, False])
@@ -254,8 +275,8 @@ def test_discarded_elements_that_mix_unknowns_are_not_completed(mix):
     several elements of `x` (a product, a solve, a running sum). Completing
     them made the inverse mix the completion with `y` into elements of `x`
     no output reads: `f(x_rec) == y`, but `x_rec[0]` moved with `y` (for a
-    lower-triangular solve transposed, `y[1]` reads `x[1:]` only). Refused
-    now, naming what is lost."""
+    lower-triangular solve transposed, `y[1]` reads `x[1:]` only). Refused,
+    naming what is lost."""
 
     def f(x):
         return jnp.where(jnp.array(ONE), mix(x), -0.08)
@@ -263,8 +284,12 @@ def test_discarded_elements_that_mix_unknowns_are_not_completed(mix):
     x = jnp.array([-1.53, -1.49, -1.46, 0.68], jnp.float32)
     with pytest.raises(NotInvertibleError) as err:
         inverse(f, example_args=(x,))(f(x))
-    assert "(0,), (2,), (3,) of (4,) (not completed" in str(err.value)
-    assert "each mixes several elements of the unknowns" in str(err.value)
+    message = str(err.value)
+    assert "but not (0,), (2,), (3,) of (4,)" in message
+    assert (
+        "`jit` tried as a completion of discarded elements: the elements it discards "
+        "each mix several elements of the unknowns"
+    ) in message
 
 
 @settings(max_examples=20, deadline=None)

@@ -485,6 +485,13 @@ def inverse(
         check, so run the jitted function under `checkify.checkify` and call
         `err.throw()`.
 
+        Elements that a `jnp.where` with a constant mask discards, and that
+        nothing else reads, come back as the value it uses in their place
+        (a preimage, chosen: `explain_inverse` marks the step "discarded
+        elements completed"); with `strict=True` they are refused. The
+        triangle a triangular solve does not read (a factor triangular by
+        construction) comes back as zeros either way.
+
     Principal branches:
         A map that is not injective (`x**2`, `cosh`, `sin`) is inverted on its
         principal branch (`sqrt`, `acosh >= 0`, `asin`) when nothing else

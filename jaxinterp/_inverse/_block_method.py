@@ -120,7 +120,7 @@ def block_step(walker: Walker, st: SolveState) -> Solved | None:
         try:
             found = _solve_found(walker, st, block)
         except NotInvertibleError as err:
-            reasons[top] = rf.reason(err)
+            st.refuse(top, rf.reason(err))
             continue
         except Exception as err:
             reraise(
@@ -130,7 +130,7 @@ def block_step(walker: Walker, st: SolveState) -> Solved | None:
                 doing="solving the block of equations that ends there",
             )
         if isinstance(found, str):
-            reasons[top] = found
+            st.refuse(top, found)
             continue
         return solved(st, found)
     return None

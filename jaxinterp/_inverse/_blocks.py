@@ -1589,45 +1589,10 @@ def _solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
         if not ok.all() or (folds is not None and folds.turns):
             # It turns: inverted where `y` has one preimage (`_turning.py`),
             # if it has one anywhere.
-            found = None
-            if uniform and not crowded:
-                try:
-                    found = _turning.stretches(
-                        lambda x: block.g(x, *known),
-                        dtype,
-                        tuple(shape),
-                        extra,
-                        more,
-                        folds.turns if folds is not None else (),
-                    )
-                except jax.errors.TracerArrayConversionError:
-                    found = None  # (a body that stages even here: refused)
-            if found is None or not found.any_single():
-                every = (
-                    " (every value it takes, as far as the sample points and "
-                    "the refinement of its turns show)"
-                    if found is not None
-                    else ""
-                )
-                raise NotInvertibleError(
-                    "its unknown operand is an elementwise function of one value "
-                    "that is not monotone (it turns between sample points of "
-                    f"{_solve.grid(dtype)[[0, -1]].tolist()}), so it takes "
-                    f"some values more than once{every} and has no inverse"
-                )
-            # A table of starts on the stretches (`found` only exists for
-            # the same map for every element, known now).
-            try:
-                table = _table.build(
-                    lambda x: block.g(x, *known), shape, dtype, found.pieces()
-                )
-            except jax.errors.TracerArrayConversionError:
-                table = None
-            x = _solve.solver(
-                block.g, check_grid=False, table=table, choices=choices, gather=gather
-            )(y, *known)
-            ok_y = found.single(y) & found.holds(y, x)
-            return jnp.where(ok_y, x, jnp.asarray(jnp.nan, jnp.result_type(x)))
+            turns = folds.turns if folds is not None else ()
+            walk = (extra, more, turns)
+            searched = uniform and not crowded
+            return _solve_turning(block, y, known, searched, walk, gather)
         # The same map for every element, known now: a table of starts.
         try:
             table = (
@@ -1662,6 +1627,59 @@ def _solve_numerically(block: Block, y: Any, known: Sequence[Any]) -> Any:
         turns=turns,
         kinks=lambda x, *known: block.discrete(x, known, kinks=True),
     )(y, *known)
+
+
+def _solve_turning(
+    block: Block,
+    y: Any,
+    known: Sequence[Any],
+    searched: bool,
+    walk: tuple[Any, Any, Any],
+    gather: bool,
+) -> Any:
+    """The block's unknown where `y` has one preimage, for a map known now
+    (the same for every element) that turns; refused if no `y` has one.
+    `searched`: whether to look for its monotone stretches; `walk`: the
+    extra sample points, switches and proven turns found; `gather`: as for
+    `_solve.solver`."""
+    shape, dtype = jnp.shape(y), jnp.result_type(y)
+    extra, more, turns = walk
+
+    def choices(x: Any, *known: Any) -> list[Any]:
+        return block.discrete(x, known)
+
+    found = None
+    if searched:
+        try:
+            found = _turning.stretches(
+                lambda x: block.g(x, *known), dtype, tuple(shape), extra, more, turns
+            )
+        except jax.errors.TracerArrayConversionError:
+            found = None  # (a body that stages even here: refused)
+    if found is None or not found.any_single():
+        every = (
+            " (every value it takes, as far as the sample points and "
+            "the refinement of its turns show)"
+            if found is not None
+            else ""
+        )
+        raise NotInvertibleError(
+            "its unknown operand is an elementwise function of one value "
+            "that is not monotone (it turns between sample points of "
+            f"{_solve.grid(dtype)[[0, -1]].tolist()}), so it takes "
+            f"some values more than once{every} and has no inverse"
+        )
+    # A table of starts on the stretches (`found` only exists for the same
+    # map for every element, known now).
+    try:
+        table = _table.build(lambda x: block.g(x, *known), shape, dtype, found.pieces())
+    except jax.errors.TracerArrayConversionError:
+        table = None
+    x = _solve.solver(
+        block.g, check_grid=False, table=table, choices=choices, gather=gather
+    )(y, *known)
+    ok_y = found.single(y) & found.holds(y, x)
+    return jnp.where(ok_y, x, jnp.asarray(jnp.nan, jnp.result_type(x)))
 
 
 def block_ildj(block: Block, x: Any, known: Sequence[Any]) -> Any:

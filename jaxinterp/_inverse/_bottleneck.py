@@ -58,6 +58,10 @@ from . import _blocks as bl, _sequential as sq, _solve
 _Literal = compat.Literal
 
 BOTTLENECK_SOLVE = "scalar bottleneck solve"
+NO_BOTTLENECK = (
+    "no one-element value inside it, once known, lets the exact methods "
+    "solve the rest (with a continuous equation left for that value)"
+)
 
 # The most values tried as the bottleneck of one block (each is a copy of
 # the elementwise solver in the program).
@@ -406,6 +410,9 @@ def bottleneck_step(walker: Any, st: Any) -> tuple[bl.Block, Any, Any, str] | No
             None,
         )
         if way is None:
+            for i in block.indices:
+                if i in st.reasons:
+                    st.refuse(i, NO_BOTTLENECK)
             continue
         known = [env[v] for v in block.known]
         ys = [env[v] for v in block.ys]

@@ -580,6 +580,39 @@ def _nan_unless(ok: Any, value: Any) -> Any:
     return jnp.where(ok, value, jnp.asarray(jnp.nan, jnp.result_type(value)))
 
 
+def _scan_known(
+    body: compat.Jaxpr,
+    body_consts: list[Any],
+    body_invals: Callable[..., list[Any]],
+    init: list[Any],
+    c_known: list[bool],
+    xs: list[Any],
+    p: Any,
+) -> tuple[list[Any], list[Any]]:
+    """A `scan`'s known carries run forwards: their final values, and their
+    values at the start of every step."""
+    init_known = [c for c, k in zip(init, c_known, strict=True) if k]
+    if not init_known:
+        return [], []
+    n_carry = len(init)
+
+    def known_step(kc: list[Any], kx: list[Any]) -> tuple[list[Any], list[Any]]:
+        sol = _walker.solve(
+            body,
+            body_consts,
+            body_invals(kc, None, kx),
+            [None] * len(body.outvars),
+            strict=False,
+        )
+        new = [o for o, k in zip(sol.outvals[:n_carry], c_known, strict=True) if k]
+        return new, kc
+
+    known_xs = [x for x in xs if x is not None]
+    return lax.scan(
+        known_step, init_known, known_xs, length=p.length, reverse=p.reverse
+    )
+
+
 @inverse_rules.register(compat.scan_p)
 def _scan_inverse(
     ctx: InverseContext, outvals: Sequence[Any], *invals: Any, **params: Any
@@ -612,25 +645,7 @@ def _scan_inverse(
         return [*consts, *carry, *[next(x_it) if k else None for k in x_known]]
 
     # 1. The known carries' value at the start of every step.
-    init_known = [c for c, k in zip(init, c_known, strict=True) if k]
-    if init_known:
-
-        def known_step(kc: list[Any], kx: list[Any]) -> tuple[list[Any], list[Any]]:
-            sol = _walker.solve(
-                body,
-                body_consts,
-                body_invals(kc, None, kx),
-                [None] * len(body.outvars),
-                strict=False,
-            )
-            new = [o for o, k in zip(sol.outvals[:n_carry], c_known, strict=True) if k]
-            return new, kc
-
-        kc_last, kc_seq = lax.scan(
-            known_step, init_known, known_xs, length=p.length, reverse=p.reverse
-        )
-    else:
-        kc_last, kc_seq = [], []
+    kc_last, kc_seq = _scan_known(body, body_consts, body_invals, init, c_known, xs, p)
     # The known carries' final values are results too: `y` must hold them.
     known_final = [f for f, k in zip(final, c_known, strict=True) if k]
     final_ok: Any = None
@@ -701,6 +716,35 @@ def _scan_inverse(
     (carry0, (x_unknown, ildjs, *agreed)), step_branches, unique = _in_passes(
         "`scan`", n_carry, attempt, slice(n_consts, n_consts + n_carry)
     )
+    checks = _scan_checks(agreed, final_ok, init, c_known, carry0, final, ys)
+    if checks:
+        ok = functools.reduce(jnp.logical_and, checks)
+        carry0 = [_nan_unless(ok, c) for c in carry0]
+        x_unknown = [_nan_unless(ok, x) for x in x_unknown]
+        ildjs = _nan_unless(ok, ildjs)
+    solved, branches = _scan_solved(
+        consts, init, xs, c_known, carry0, x_unknown, step_branches
+    )
+    return (
+        solved,
+        jnp.sum(ildjs),
+        branches if any(b is not None for b in branches) else None,
+        unique,
+    )
+
+
+def _scan_checks(
+    agreed: list[Any],
+    final_ok: Any,
+    init: list[Any],
+    c_known: list[bool],
+    carry0: list[Any],
+    final: list[Any],
+    ys: list[Any],
+) -> list[Any]:
+    """The second constraints of a `scan` solved backwards, each a boolean
+    scalar: the steps', the known carries' final values, and each carry
+    solved back to a known initial value."""
     # A step whose second constraints failed made its solved carry NaN; an
     # earlier step may solve that carry again from a copy in `ys` (where a
     # NaN on the known side is excused), so the failure is applied here.
@@ -723,11 +767,21 @@ def _scan_inverse(
             solved = next(c_it)
             if v is not None:
                 checks.append(agree(solved, v, scale))
-    if checks:
-        ok = functools.reduce(jnp.logical_and, checks)
-        carry0 = [_nan_unless(ok, c) for c in carry0]
-        x_unknown = [_nan_unless(ok, x) for x in x_unknown]
-        ildjs = _nan_unless(ok, ildjs)
+    return checks
+
+
+def _scan_solved(
+    consts: list[Any],
+    init: list[Any],
+    xs: list[Any],
+    c_known: list[bool],
+    carry0: list[Any],
+    x_unknown: list[Any],
+    step_branches: list[br.Interval | None],
+) -> tuple[list[Any], list[br.Interval | None]]:
+    """A `scan`'s operands, known and solved, and the interval of each that
+    depends on a chosen branch."""
+    n_consts, n_carry = len(consts), len(init)
     # carry0 holds every carry outside the known part, including unknown-part
     # carries whose initial value was known all along.
     c_it, x_it = iter(carry0), iter(x_unknown)
@@ -747,12 +801,7 @@ def _scan_inverse(
     branches: list[br.Interval | None] = [None] * n_consts
     branches += carry_branches
     branches += [None if b is None else br.REALS for b in xs_branches]
-    return (
-        [*consts, *solved_init, *solved_xs],
-        jnp.sum(ildjs),
-        branches if any(b is not None for b in branches) else None,
-        unique,
-    )
+    return [*consts, *solved_init, *solved_xs], branches
 
 
 @inverse_rules.register(compat.while_p)

@@ -94,6 +94,9 @@ class Solution:
             by an enclosing equation (`out_branches`); true when nothing
             was chosen. A loop passes such choices on as carries (see
             `_control_flow.py`).
+        tried: per blocking equation index, each method of `_methods.py`
+            that looked at it and why it did not solve it (by the method's
+            `title`).
     """
 
     invals: list[Any]
@@ -110,6 +113,7 @@ class Solution:
     agreed: Any = True
     jaxpr: Any = None
     unique_choices: bool = True
+    tried: dict[int, dict[str, str]] = dataclasses.field(default_factory=dict)
 
 
 class Walker(Protocol):
@@ -246,6 +250,10 @@ class SolveState:
         ]
         self.status = [UNUSED] * n
         self.reasons: dict[int, str] = {}
+        # Per blocked equation, why each method that looked at it did not
+        # solve it (`refuse`); `trying` is the method the engine runs.
+        self.tried: dict[int, dict[str, str]] = {}
+        self.trying: str | None = None
         self.methods: dict[int, str] = {}
         self.ildj_terms: list[Any] = []
         self.checks: list[tuple[Any, str]] = []
@@ -384,7 +392,17 @@ class SolveState:
         self.done[i] = 1
         self.status[i] = status
         self.reasons.pop(i, None)
+        self.tried.pop(i, None)
         self.release(i)
+
+    def refuse(self, i: int, reason: str) -> None:
+        """Record why the running method did not solve blocked equation `i`
+        (kept per method for the final error); outside a method, or for an
+        equation not yet blocked, it is the equation's reason."""
+        if self.trying is None or i not in self.reasons:
+            self.reasons[i] = reason
+        if self.trying is not None:
+            self.tried.setdefault(i, {})[self.trying] = reason
 
     # -- recording what a method solved -----------------------------------
 

@@ -178,7 +178,11 @@ class InverseWalker:
         result recorded; whether one did."""
         for method in st.options.methods:
             if method.applies(st):
-                found = method.step(self, st)
+                st.trying = method.title
+                try:
+                    found = method.step(self, st)
+                finally:
+                    st.trying = None
                 if found is not None:
                     st.commit(found)
                     return True
@@ -191,6 +195,7 @@ class InverseWalker:
         eqn, env, taint = st.eqns[i], st.env, st.taint
         st.done[i] = 1
         st.reasons.pop(i, None)
+        st.tried.pop(i, None)
         tainted = (
             [v for v in eqn.invars if type(v) is not _Literal and v in taint]
             if taint
@@ -655,6 +660,7 @@ class InverseWalker:
             _all_agreed(st),
             jaxpr,
             unique_choices=not st.other_choice,
+            tried=st.tried,
         )
         if strict:
             missing = [

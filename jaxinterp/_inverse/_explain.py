@@ -13,6 +13,7 @@ from .. import _jax_compat as compat
 from .._errors import JaxinterpError, source_line
 from .._state import functionalize
 from .._trace import check_callable, normalize_argnums, spec_of, stage
+from . import _refusals as rf
 from ._engine import BLOCKING, FORWARD, INVERTED, UNUSED, InverseWalker
 
 _MARKS = {
@@ -145,6 +146,7 @@ def explain_inverse(
             line += f"  ({method})"
         if state == BLOCKING:
             line += f"\n      at {source_line(eqn)}: {sol.reasons[i]}"
+            line += "".join(f"\n        {t}" for t in rf.tried_lines(sol, i))
         lines.append(line)
     missing = [
         k

@@ -65,11 +65,15 @@ _Literal = compat.Literal
 
 GRAM = "principal Cholesky factor"
 NOT_COMPLETED = (
-    "not completed with what the step uses in their place: each mixes "
-    "several elements of the unknowns (a product, a solve, a running sum), "
-    "and the inverse would move elements of `x` that no output reads"
+    "the elements it discards each mix several elements of the unknowns (a "
+    "product, a solve, a running sum): completed with what the step uses in "
+    "their place, the inverse would move elements of `x` that no output reads"
 )
 COMPLETED = mk.COMPLETED
+STRICT_NOT_COMPLETED = (
+    "with `strict=True` the elements it discards are not completed with what "
+    "it uses in their place: the outputs leave them undetermined"
+)
 
 # Steps through which a value is the same matrix, possibly transposed.
 _SAME = frozenset({"copy", "copy_p", "transpose", "convert_element_type", "squeeze"})
@@ -172,6 +176,12 @@ def fill_step(walker: Walker, st: SolveState) -> Solved | None:
             if len(eqn.outvars) != 1:
                 continue
             if eqn.outvars[0] in st.env and _elementwise_in(eqn, v):
+                if st.options.nan_checks:
+                    # `strict`: elements a step discards are undetermined,
+                    # not a value to choose.
+                    if c in st.reasons:
+                        st.refuse(c, STRICT_NOT_COMPLETED)
+                    break
                 used = _used_instead(walker, st, eqn, v, mask)
             elif eqn.outvars[0] not in st.env and not st.done[c]:
                 continue
@@ -190,9 +200,8 @@ def fill_step(walker: Walker, st: SolveState) -> Solved | None:
                 # Some discarded element mixes unknowns (`L @ x`, a
                 # triangular solve): completing it would mix the completion
                 # into elements of `x` that no output reads.
-                reason = st.reasons.get(c)
-                if reason is not None and NOT_COMPLETED not in reason:
-                    st.reasons[c] = f"{reason} ({NOT_COMPLETED})"
+                if c in st.reasons:
+                    st.refuse(c, NOT_COMPLETED)
                 break
             if any(
                 _reads(walker, st, st.eqns[d], v, mask)

@@ -2,10 +2,12 @@
 alone.
 
 Each is a function `step(walker, st)` that reads the stuck `SolveState`
-`st` and returns what it solved of one region as a `Solved` (which the engine
-records with `SolveState.commit`), or `None` when nothing applies; it may
-record why an equation stays blocked in `st.reasons`. `walker` runs
-sub-solves (`walker.solve`, with `methods=` for a part of this table).
+`st` and returns what it solved of one region as a `Solved` (which the
+engine records with `SolveState.commit`), or `None` when nothing applies.
+It says why it left a blocked equation unsolved with `st.refuse(i,
+reason)`: kept per method, so the final `NotInvertibleError` lists what
+each tried. `walker` runs sub-solves (`walker.solve`, with `methods=` for a
+part of this table).
 Adding a method is one function and one entry in `METHODS`.
 """
 
@@ -31,6 +33,7 @@ class Method:
 
     Attributes:
         name: how sub-solves name it (`without`).
+        title: what it tries, as a refusal names it ("tried as <title>").
         step: `step(walker, st) -> Solved | None`.
         numerical: only where numerical solvers are on (`solvers=True`).
         completes: only in a run that may complete discarded elements
@@ -38,6 +41,7 @@ class Method:
     """
 
     name: str
+    title: str
     step: Callable[[Walker, SolveState], Solved | None]
     numerical: bool = False
     completes: bool = False
@@ -65,19 +69,26 @@ def _bottleneck(walker: Any, st: SolveState) -> Solved | None:
 METHODS: tuple[Method, ...] = (
     # A principal factor of `L @ L.T` first: a block solve of the product,
     # with the factor filled in by a scatter, picks no branch and gives NaN.
-    Method("gram", gm.gram_step),
+    Method("gram", "a Gram product of a triangular factor", gm.gram_step),
     # Elementwise and linear blocks of one unknown (`_block_method.py`).
-    Method("block", bm.block_step),
+    Method("block", "an elementwise or linear block", bm.block_step),
     # A value divided by a function of itself.
-    Method("normalized", _normalized),
+    Method("normalized", "a normalized block", _normalized),
     # A triangular map of one unknown.
-    Method("sequential", _sequential, numerical=True),
+    Method("sequential", "a triangular map", _sequential, numerical=True),
     # A map through one number computed from all of its unknown.
-    Method("bottleneck", _bottleneck, numerical=True),
+    Method(
+        "bottleneck", "a map through a scalar bottleneck", _bottleneck, numerical=True
+    ),
     # Last, discarded elements chosen (also with nothing blocked: a
     # `triangular_solve` solved for the triangle of its matrix it reads is
     # done).
-    Method("complete", gm.fill_step, completes=True),
+    Method(
+        "complete",
+        "a completion of discarded elements",
+        gm.fill_step,
+        completes=True,
+    ),
 )
 
 

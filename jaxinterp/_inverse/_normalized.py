@@ -68,7 +68,7 @@ def normalized_step(st: Any) -> tuple[bl.Block, Any, Any, str] | None:
             if projective is not None:
                 return projective
         if isinstance(found, str):
-            st.reasons[top] = found
+            st.refuse(top, found)
         elif found is not None:
             return found
     return None

@@ -226,6 +226,17 @@ def known_summary(eqn: compat.JaxprEqn, ins: list[Any]) -> str:
     return ", ".join(parts)
 
 
+def tried_lines(solution: Solution, i: int) -> list[str]:
+    """What each method that looked at blocked equation `i` said, one line
+    each (leaving out a reason the equation's own line gives)."""
+    own = solution.reasons.get(i)
+    return [
+        f"tried as {title}: {reason}"
+        for title, reason in solution.tried.get(i, {}).items()
+        if reason != own
+    ]
+
+
 def not_invertible_error(
     jaxpr: compat.Jaxpr, solution: Solution, missing: Sequence[int]
 ) -> NotInvertibleError:
@@ -237,6 +248,8 @@ def not_invertible_error(
     for i, reason in sorted(solution.reasons.items()):
         eqn = jaxpr.eqns[i]
         lines.append(f"  `{eqn.primitive.name}` at {source_line(eqn)}: {reason}.")
+        name = eqn.primitive.name
+        lines += [f"  `{name}` {line}." for line in tried_lines(solution, i)]
     if lines:
         prims = ", ".join(
             f"`{jaxpr.eqns[i].primitive.name}`" for i in sorted(solution.reasons)

@@ -279,9 +279,16 @@ class _NoProbe(Exception):
     """A traced input that random values cannot stand for."""
 
 
-def triangular(block: bl.Block, st: Any) -> Triangular | None:
-    """The peeled order of the block (see the module's docstring), or `None`
-    if there is none, or a single level."""
+NOT_TRIANGULAR = (
+    "no order of its unknown's elements makes its Jacobian triangular at "
+    "two pseudo-random points"
+)
+
+
+def triangular(block: bl.Block, st: Any) -> Triangular | str | None:
+    """The peeled order of the block (see the module's docstring);
+    `NOT_TRIANGULAR` if there is none; `None` for a single level, fewer
+    results than unknowns, or a Jacobian that cannot be measured."""
     if compat.in_manual_body():
         return None
     try:
@@ -325,7 +332,7 @@ def triangular(block: bl.Block, st: Any) -> Triangular | None:
             if row[j] < 0:
                 row[j], level[j], found = r, depth, True
         if not found:
-            return None
+            return NOT_TRIANGULAR
         solved |= level == depth
         depth += 1
     if depth < 2:
@@ -543,7 +550,11 @@ def sequential_step(st: Any) -> tuple[bl.Block, Any, Any, str] | None:
     for block in find_sequential(st):
         known = [env[v] for v in block.known]
         tri = triangular(block, st)
-        if tri is None:
+        if isinstance(tri, str):
+            for i in block.indices:
+                if i in st.reasons:
+                    st.refuse(i, tri)
+        if tri is None or isinstance(tri, str):
             continue
         x, ildj = solve_sequential(block, tri, [env[v] for v in block.ys], known)
         # Values inside the block known in parts (a slice of them is a

@@ -718,9 +718,7 @@ def _search(
     element: what the fast path (`_find_roots`) leaves undecided. `start`:
     the best start (`_best_start`) if the caller has it; `choices`: `g`'s
     discrete choices at a point (see `solver`)."""
-    dtype = jnp.result_type(y)
-    finfo = jnp.finfo(dtype)
-    eps, tiny = finfo.eps, finfo.tiny
+    eps = jnp.finfo(jnp.result_type(y)).eps
 
     def residual(x: Any) -> Any:
         return g(x) - y
@@ -733,15 +731,52 @@ def _search(
     started = ~jnp.isnan(start) & ~jnp.isnan(best_f)
     best_x = jnp.where(started, start, 0.0)
     best_f = jnp.where(started, best_f, jnp.inf)
+    # 2. Bracket; 3. refine.
+    a, fa, b, fb = _bracket(g, residual, y, best_x, best_f, started)
+    bracketed = ~jnp.isnan(b)
+    x, fx, neg, pos = _refine(g, y, a, fa, b, fb, bracketed)
+    # 4. Accept only a root within rounding: of `y`, and of `x` through g';
+    # or, where `g` rounds intermediates larger than `y`, a sign change of
+    # the residual across a few ulps of `x` with a residual below
+    # `sqrt(eps) * (1 + |y|)` (a jump of a discontinuous `g` is larger).
+    at, slope = jax.jvp(g, (x,), (jnp.ones_like(x),))
+    close, single = _accept(g, y, x, at, slope)
+    tight = _width_small(neg, pos) & ~jnp.isnan(neg) & ~jnp.isnan(pos)
+    small = jnp.abs(fx) <= jnp.sqrt(eps) * (1 + jnp.abs(y))
+    if choices is not None:
+        # A discrete choice that changes inside the bracket: a jump of `g`
+        # (however small), not rounding. Only a root within rounding then.
+        small = small & _same_choices(choices(neg), choices(pos))
+    ok = bracketed & (close | (tight & small))
+    return jnp.where(ok & single, x, jnp.nan)
 
+
+def _width_small(neg: Any, pos: Any) -> Any:
+    """Whether a bracket is down to a few ulps of its ends."""
+    finfo = jnp.finfo(jnp.result_type(neg))
+    scale = jnp.maximum(jnp.maximum(jnp.abs(neg), jnp.abs(pos)), finfo.tiny)
+    return jnp.abs(pos - neg) <= 4 * finfo.eps * scale
+
+
+def _bracket(
+    g: Callable[[Any], Any],
+    residual: Callable[[Any], Any],
+    y: Any,
+    best_x: Any,
+    best_f: Any,
+    started: Any,
+) -> tuple[Any, Any, Any, Any]:
+    """Step 2: from the start `best_x`, step away until the residual changes
+    sign: `(a, f(a), b, f(b))`, `b` NaN where no bracket was found."""
+    dtype = jnp.result_type(y)
+    finfo = jnp.finfo(dtype)
+    eps, tiny = finfo.eps, finfo.tiny
     # The direction in which the residual moves towards zero, from the slope
     # at the start (a monotone `g` has one sign of slope throughout).
     _, slope = jax.jvp(g, (best_x,), (jnp.ones_like(best_x),))
     slope_sign = jnp.sign(jnp.where(jnp.isnan(slope), 0.0, slope))
     direction = -jnp.sign(best_f) * slope_sign
     direction = jnp.where(direction == 0, 1.0, direction).astype(dtype)
-
-    # 2. Bracket: step away from `a` until the residual changes sign.
     exp_range = int(finfo.maxexp - finfo.minexp)
     max_expand = 2 * exp_range + 2 * int(finfo.nmant) + 8
     is_root = best_f == 0
@@ -800,16 +835,25 @@ def _search(
     # Inside a `shard_map` body every carry varies as `y` does.
     state = compat.vary_like(state, y)
     _, a, fa, b, fb, _, _, _ = lax.while_loop(expand_cond, expand_body, state)
-    bracketed = ~jnp.isnan(b)
+    return a, fa, b, fb
 
-    # 3. Safeguarded Newton between `neg` (residual < 0) and `pos` (> 0).
+
+def _refine(
+    g: Callable[[Any], Any],
+    y: Any,
+    a: Any,
+    fa: Any,
+    b: Any,
+    fb: Any,
+    bracketed: Any,
+) -> tuple[Any, Any, Any, Any]:
+    """Step 3: safeguarded Newton between `neg` (residual < 0) and `pos`
+    (> 0): `(x, f(x), neg, pos)`, `x` the best point found."""
+    finfo = jnp.finfo(jnp.result_type(y))
+    eps, tiny = finfo.eps, finfo.tiny
     neg = jnp.where(fa < 0, a, b)
     pos = jnp.where(fa < 0, b, a)
     max_refine = 4 * (int(finfo.nmant) + 16)
-
-    def width_small(neg: Any, pos: Any) -> Any:
-        scale = jnp.maximum(jnp.maximum(jnp.abs(neg), jnp.abs(pos)), tiny)
-        return jnp.abs(pos - neg) <= 4 * eps * scale
 
     def value_and_slope(x: Any) -> tuple[Any, Any]:
         gx, dgx = jax.jvp(g, (x,), (jnp.ones_like(x),))
@@ -853,7 +897,7 @@ def _search(
         # ... or once the residual is down to rounding.
         floor = 2 * eps * (jnp.abs(y) + _through(x_new, d_new))
         settled = settled | (jnp.abs(f_new) <= floor)
-        done = (f_new == 0) | width_small(neg, pos) | jnp.isnan(f_new) | settled
+        done = (f_new == 0) | _width_small(neg, pos) | jnp.isnan(f_new) | settled
         return i + 1, x, fx, dfx, neg, pos, slow, active & ~done
 
     state = (
@@ -864,31 +908,17 @@ def _search(
         neg,
         pos,
         jnp.zeros(jnp.shape(y), bool),
-        bracketed & (f0 != 0) & ~width_small(neg, pos),
+        bracketed & (f0 != 0) & ~_width_small(neg, pos),
     )
     state = compat.vary_like(state, y)
     _, x, fx, dfx, neg, pos, _, _ = lax.while_loop(refine_cond, refine_body, state)
     # The bracket's ends: keep whichever fits best.
     for end in (neg, pos):
-        f_end = residual(end)
+        f_end = g(end) - y
         better = jnp.abs(f_end) < jnp.abs(fx)
         x = jnp.where(better, end, x)
         fx = jnp.where(better, f_end, fx)
-
-    # 4. Accept only a root within rounding: of `y`, and of `x` through g';
-    # or, where `g` rounds intermediates larger than `y`, a sign change of
-    # the residual across a few ulps of `x` with a residual below
-    # `sqrt(eps) * (1 + |y|)` (a jump of a discontinuous `g` is larger).
-    at, slope = jax.jvp(g, (x,), (jnp.ones_like(x),))
-    close, single = _accept(g, y, x, at, slope)
-    tight = width_small(neg, pos) & ~jnp.isnan(neg) & ~jnp.isnan(pos)
-    small = jnp.abs(fx) <= jnp.sqrt(eps) * (1 + jnp.abs(y))
-    if choices is not None:
-        # A discrete choice that changes inside the bracket: a jump of `g`
-        # (however small), not rounding. Only a root within rounding then.
-        small = small & _same_choices(choices(neg), choices(pos))
-    ok = bracketed & (close | (tight & small))
-    return jnp.where(ok & single, x, jnp.nan)
+    return x, fx, neg, pos
 
 
 def _same_choices(a: Sequence[Any], b: Sequence[Any]) -> Any:
