@@ -732,7 +732,7 @@ def _search(
     best_x = jnp.where(started, start, 0.0)
     best_f = jnp.where(started, best_f, jnp.inf)
     # 2. Bracket; 3. refine.
-    a, fa, b, fb = _bracket(g, residual, y, best_x, best_f, started)
+    a, fa, b, fb = _bracket(g, y, best_x, best_f, started)
     bracketed = ~jnp.isnan(b)
     x, fx, neg, pos = _refine(g, y, a, fa, b, fb, bracketed)
     # 4. Accept only a root within rounding: of `y`, and of `x` through g';
@@ -760,7 +760,6 @@ def _width_small(neg: Any, pos: Any) -> Any:
 
 def _bracket(
     g: Callable[[Any], Any],
-    residual: Callable[[Any], Any],
     y: Any,
     best_x: Any,
     best_f: Any,
@@ -788,7 +787,7 @@ def _bracket(
     def expand_body(state: tuple[Any, ...]) -> tuple[Any, ...]:
         i, a, fa, b, fb, step, active, flips = state
         xb = a + direction * step * jnp.where(flips > 0, -1.0, 1.0).astype(dtype)
-        f_new = residual(xb)
+        f_new = g(xb) - y
         undefined = jnp.isnan(f_new) | ~jnp.isfinite(xb)
         crossed = ~undefined & ((jnp.sign(f_new) != jnp.sign(fa)) | (f_new == 0))
         # Further from zero on the same side: the step jumped a pole or an
