@@ -283,7 +283,7 @@ def bench_blocks(quick: bool) -> None:
             None,
         ),
         # 2% of the `y` off the image: more than one gather of 64, so the
-        # later tiers run 1/64 of the elements at a time (`_solve._chunks`),
+        # later tiers run 1/64 of the elements at a time (`_lazy._chunks`),
         # not on all of them (which would take seconds).
         "elementwise solve (softsign), 2% of y off the image": (
             softsign_solved,

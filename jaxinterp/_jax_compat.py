@@ -23,6 +23,9 @@ indexes `eqn.params` of a higher-order primitive (a test greps for it).
 readers either read or knowingly pass over; `tests/test_jax_versions.py`
 walks the installed JAX's constructs and fails, naming the primitive and the
 param, when a release adds or renames one.
+
+The module is long on purpose: it is the one place that may import
+`jax._src`, so a reader can audit every use of private JAX in one file.
 """
 
 from __future__ import annotations

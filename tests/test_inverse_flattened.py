@@ -1,5 +1,5 @@
 """Elementwise blocks on arrays of several axes are solved on one axis
-(`_blocks.flattened`): XLA's CPU code vectorizes a fusion along its last
+(`_block_solve.flattened`): XLA's CPU code vectorizes a fusion along its last
 axis, and a batch of small vectors, `(n, 5)`, ran about 8 times slower than
 the same elements on one axis. The answers, derivatives and batching are
 those of the maps themselves, for every method."""

@@ -3,7 +3,7 @@
 The solver answers only where its map passed a monotonicity check (NaN
 elsewhere), so its answer is the only preimage; a loop's inverse passes it on
 to the step before as a choice of an enclosing equation, where a second
-constraint on it is still refused (`_control_flow._carry_branches`). Each case
+constraint on it is still refused (`_loops._carry_branches`). Each case
 checks the inverse against the true `x` and the ildj against
 `-slogdet(jacfwd(f)(x))`.
 """

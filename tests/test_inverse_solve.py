@@ -19,7 +19,7 @@ from helpers import abs_no_formula
 from hypothesis import given, settings, strategies as st
 
 import jaxinterp
-from jaxinterp._inverse import _solve
+from jaxinterp._inverse import _lazy, _solve
 from jaxinterp.testing import compare_with_reference
 
 # One of the inverse's methods on many maps: left out of the default run
@@ -174,8 +174,8 @@ def test_a_block_with_a_custom_jvp_call_gathers_its_undecided_elements(monkeypat
     call's body now runs equation by equation (`_blocks._reshaped_call`),
     so they are gathered apart; the values are unchanged."""
     gathered = []
-    real = _solve._gathered
-    monkeypatch.setattr(_solve, "_gathered", lambda *a: gathered.append(1) or real(*a))
+    real = _lazy._gathered
+    monkeypatch.setattr(_lazy, "_gathered", lambda *a: gathered.append(1) or real(*a))
 
     def smooth_softsign(x):
         return x / (1.0 + jnp.logaddexp(x, -x))
@@ -589,18 +589,18 @@ def test_a_constant_holding_one_value_inside_a_jit_body():
 
 def _inverse_and_runs(g, y):
     """`jit(inverse(g))(y)`, and the runs where its plateau-edge test runs
-    (`_blocks._unproven`, called once)."""
-    from jaxinterp._inverse import _blocks
+    (`_block_numeric._unproven`, called once)."""
+    from jaxinterp._inverse import _block_numeric
 
     captured = []
-    real = _blocks._unproven
+    real = _block_numeric._unproven
 
     def spy(*args):
         captured.append(real(*args))
         return captured[-1]
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_blocks, "_unproven", spy)
+        patch.setattr(_block_numeric, "_unproven", spy)
         got = np.asarray(jax.jit(jaxinterp.inverse(g))(y))
     (runs,) = captured
     return got, runs
@@ -635,7 +635,7 @@ def test_the_plateau_test_gathers_its_roots_in_the_smallest_size_that_holds_them
 ):
     # `count` roots in the run about the corner at 0.5 (`[0.49965, inf)`),
     # single preimages all, among 4,096: the edge test runs on them only,
-    # gathered 64, 256 (`_solve._MIDDLE`) or a chunk (1,024 here) at a time.
+    # gathered 64, 256 (`_lazy._MIDDLE`) or a chunk (1,024 here) at a time.
     def g(x):
         u = jnp.minimum(x, 0.5)
         return u + u * u * u
@@ -647,14 +647,14 @@ def test_the_plateau_test_gathers_its_roots_in_the_smallest_size_that_holds_them
     )
     y = jnp.concatenate([g(jnp.asarray(x)), g(jnp.float32(0.5))[None]])
     sizes = []
-    real = _solve._gathered
+    real = _lazy._gathered
 
     def spy(index, *args):
         sizes.append(index.shape[0])
         return real(index, *args)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_solve, "_gathered", spy)
+        patch.setattr(_lazy, "_gathered", spy)
         got, runs = _inverse_and_runs(g, y)
     assert any(lo <= 0.4997 and 0.5 <= hi for lo, hi in runs)
     assert size in sizes
@@ -665,14 +665,14 @@ def test_the_plateau_test_gathers_its_roots_in_the_smallest_size_that_holds_them
 def _soft_staircase(x):
     # Continuous and increasing, written through `floor` (TFP's `Softfloor`
     # is so): the enclosures leave a run about each step, and more than
-    # `_blocks._FEW_RUNS` of them are looked up by a sorted search.
+    # `_block_numeric._FEW_RUNS` of them are looked up by a sorted search.
     k = jnp.floor(x)
     lo, hi = jax.nn.sigmoid(-2.0), jax.nn.sigmoid(2.0)
     return k + (jax.nn.sigmoid(4.0 * (x - k - 0.5)) - lo) / (hi - lo)
 
 
 def test_the_edge_of_a_plateau_is_nan_among_many_runs():
-    from jaxinterp._inverse import _blocks
+    from jaxinterp._inverse import _block_numeric as numeric
 
     def g(x):  # constant from 4.5 on (its slope there not 0: `min`)
         return _soft_staircase(jnp.minimum(x, 4.5))
@@ -680,7 +680,7 @@ def test_the_edge_of_a_plateau_is_nan_among_many_runs():
     x = jnp.linspace(-3.0, 4.0, 4096, dtype=jnp.float32)
     y = jnp.concatenate([g(x), g(jnp.float32(4.5))[None], g(x[:3] + 9.0)])
     got, runs = _inverse_and_runs(g, y)
-    assert runs is not None and _blocks._FEW_RUNS < len(runs) <= _blocks._MAX_RUNS
+    assert runs is not None and numeric._FEW_RUNS < len(runs) <= numeric._MAX_RUNS
     assert any(lo <= 4.5 <= hi for lo, hi in runs)
     # Every root where the map moves; NaN at the plateau (its edge and the
     # values the plateau takes beyond 4.5: all the plateau's value).
@@ -707,7 +707,7 @@ def test_a_root_beside_a_plateau_holding_every_start_is_found():
     x=st.lists(st.floats(-6.0, 6.0, width=32), min_size=1, max_size=50),
 )
 def test_the_unrolled_search_counts_the_ends_at_or_below_as_numpy_does(ends, x):
-    from jaxinterp._inverse._blocks import _at_or_below
+    from jaxinterp._inverse._block_numeric import _at_or_below
 
     ends = np.sort(np.asarray(ends, np.float32))
     x = np.concatenate([np.asarray(x, np.float32), ends])

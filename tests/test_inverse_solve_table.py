@@ -20,7 +20,7 @@ from helpers import abs_no_formula
 from hypothesis import given, strategies as st
 
 import jaxinterp
-from jaxinterp._inverse import _solve, _table
+from jaxinterp._inverse import _lazy, _solve, _table
 from jaxinterp.testing import compare_with_reference
 
 # One of the inverse's methods on many maps: left out of the default run
@@ -245,7 +245,7 @@ def _with_undecided(count, seed=0):
 def _all_together(monkeypatch, fn, *args):
     """`fn(*args)` with the later tiers run on every element."""
     with monkeypatch.context() as m:
-        m.setattr(_solve, "_caps", lambda y, known: [])
+        m.setattr(_lazy, "_caps", lambda y, known: [])
         jaxinterp.clear_caches()
         return fn(*args)
 

@@ -22,7 +22,7 @@ from jax.experimental import checkify
 
 import jaxinterp
 from jaxinterp import NotInvertibleError
-from jaxinterp._inverse import _gram, _rules
+from jaxinterp._inverse import _gram, _rounding
 
 X0 = jnp.array([0.5, -1.0])
 X1 = jnp.array([1.0, 2.0, 3.0])
@@ -678,7 +678,7 @@ def test_a_window_written_as_one_comparison_is_seen(centre, width, traced, stair
 def test_a_rounded_copy_off_the_image_is_nan(low):
     """A value held twice, once rounded to a dtype of few mantissa bits: the
     agreement check allows a few of that dtype's epsilons
-    (`_rules.LOW_PRECISION_ROUNDING`), not so many that a `y` off the image
+    (`_rounding.LOW_PRECISION_ROUNDING`), not so many that a `y` off the image
     by 10% passes as the other path's `x`."""
 
     def f(x):
@@ -699,11 +699,11 @@ def test_a_rounded_copy_off_the_image_is_nan(low):
     assert np.all(np.isnan(inv((y0, y1 * 1.1))))
     assert np.all(np.isnan(inv((y0 * 1.5, y1))))
     # Closer, what comes back is within the rounding allowed (a few of the
-    # narrow dtype's epsilons, `_rules.LOW_PRECISION_ROUNDING`).
+    # narrow dtype's epsilons, `_rounding.LOW_PRECISION_ROUNDING`).
     got = np.asarray(inv((y0 * 1.1 + 0.1, y1)))
     answered = ~np.isnan(got)
     rounded = np.asarray(jnp.asarray(got[answered]).astype(low), np.float64)
-    allowed = _rules.LOW_PRECISION_ROUNDING * float(jnp.finfo(low).eps)
+    allowed = _rounding.LOW_PRECISION_ROUNDING * float(jnp.finfo(low).eps)
     want = np.asarray(y1, np.float64)[answered]
     slack = 2 * allowed * (np.abs(rounded) + np.abs(want))
     assert np.all(np.abs(rounded - want) <= slack)
@@ -893,7 +893,7 @@ def test_a_removable_singularity_on_the_grid_is_bridged():
 
 # Maps with corners (`max`, a constant case of a `where`) and terms that
 # round away, of the kinds whose plateau edges `_solve.edge_of_plateau`
-# finds: `_blocks._unproven` skips that test where the enclosures prove the
+# finds: `_block_numeric._unproven` skips that test where the enclosures prove the
 # map moves a step away either side (`_enclose.unmoving`).
 def _cornered(kind, c, s, big):
     def g(x):

@@ -404,7 +404,7 @@ def _():
 @check("inverse_solve_in_shard_map")
 def _():
     # The numerical solve in each shard's body, with few `y` off the image
-    # per shard (one gather) and many (gathered in chunks, `_solve._chunks`).
+    # per shard (one gather) and many (gathered in chunks, `_lazy._chunks`).
     # (Softsign with `|v|` or `v * sign(v)` has an exact method.)
     softsign = lambda v: v / (1 + abs_no_formula(v))
     f = jax.shard_map(softsign, mesh=mesh, in_specs=P("i"), out_specs=P("i"))

@@ -11,6 +11,7 @@ from . import (
     _elementwise as _elementwise,
     _fft as _fft,
     _linalg as _linalg,
+    _loops as _loops,
     _rules as _rules,
     _sharded as _sharded,
     _structural as _structural,

@@ -289,6 +289,40 @@ class _InverseFunction:
         )
 
 
+def _nan_where_lost(xs: Sequence[Any], ildj: Any) -> Any:
+    """`ildj`, NaN if an element of `xs` has no preimage (is NaN): the
+    log-det is undefined there."""
+    lost = [
+        jnp.any(jnp.isnan(x))
+        for x in xs
+        if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+    ]
+    if not lost:
+        return ildj
+    return jnp.where(functools.reduce(jnp.logical_or, lost), jnp.nan, ildj)
+
+
+def _trace(
+    inverse_flat: Callable[..., list[Any]],
+    staged: Staged,
+    mask: tuple[bool, ...],
+    y_leaves: list[Any],
+) -> Any:
+    """The closed Jaxpr of `inverse_flat` of `y`'s leaves and the known
+    inputs."""
+    known_specs = [
+        spec_of(a) for a, m in zip(staged.in_avals, mask, strict=True) if not m
+    ]
+    in_specs = [*(_spec(y) for y in y_leaves), *known_specs]
+    # The inverse's own loops are classic `scan`s (`Scan3` ignores `reverse`
+    # in JAX 0.12.0.1, and has no transpose or batching rule).
+    with (
+        _recursion.recursion_limit(_recursion.DEEP_RECURSION_LIMIT),
+        compat.classic_scan(),
+    ):
+        return jax.make_jaxpr(inverse_flat)(*in_specs)
+
+
 def _compile(
     staged: Staged,
     mask: tuple[bool, ...],
@@ -310,9 +344,8 @@ def _compile(
         per_staged = _compiled_cache.get(staged)
         if per_staged is None:
             per_staged = _compiled_cache.put(staged, {})
-        hit = per_staged.get(key)
-    if hit is not None:
-        return hit
+        if key in per_staged:
+            return per_staged[key]
     walker = InverseWalker()
     # Mutable references (and `scan` under `jax_scan3`) made pure first.
     jaxpr, consts = functionalize(staged.jaxpr, staged.consts)
@@ -355,14 +388,7 @@ def _compile(
             # excused by the agreement checks) makes its term NaN. A `y` off
             # the image makes `x` NaN, below.)
             ildj = whole
-        # An element with no preimage (NaN) leaves the log-det undefined.
-        lost = [
-            jnp.any(jnp.isnan(x))
-            for x in xs
-            if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
-        ]
-        if lost:
-            ildj = jnp.where(functools.reduce(jnp.logical_or, lost), jnp.nan, ildj)
+        ildj = _nan_where_lost(xs, ildj)
         if mode == "ildj":
             return [ildj, *counts]
         return [*xs, ildj, *counts]
@@ -384,17 +410,7 @@ def _compile(
             : cx.n_x
         ]
 
-    known_specs = [
-        spec_of(a) for a, m in zip(staged.in_avals, mask, strict=True) if not m
-    ]
-    in_specs = [*(_spec(y) for y in y_leaves), *known_specs]
-    # The inverse's own loops are classic `scan`s (`Scan3` ignores `reverse`
-    # in JAX 0.12.0.1, and has no transpose or batching rule).
-    with (
-        _recursion.recursion_limit(_recursion.DEEP_RECURSION_LIMIT),
-        compat.classic_scan(),
-    ):
-        closed = jax.make_jaxpr(inverse_flat)(*in_specs)
+    closed = _trace(inverse_flat, staged, mask, y_leaves)
     compiled = _Compiled(
         closed=compat.dce_closed_jaxpr(closed),
         x_trees=tuple(jtu.tree_structure(s) for s in specs),
@@ -438,11 +454,9 @@ def inverse(
     arguments are unknown and the inverse takes the others after `y`:
     `inverse(fn, argnums=0)(y, *known_args)`.
 
-    The inverse is found by a dataflow analysis of `fn`'s Jaxpr: values that
-    depend only on known inputs are computed forwards, equations whose results
-    are known are solved backwards with the rules in `inverse_rules`. It is
-    traced once per signature into a Jaxpr without dead code, cached, and
-    composes with `jax.jit`, `jax.vmap`, `jax.grad` and `jax.jvp`.
+    The inverse is found by a dataflow analysis of `fn`'s Jaxpr (rules in
+    `inverse_rules`), traced once per signature into a Jaxpr without dead
+    code, cached; it composes with `jax.jit`, `jax.vmap`, `jax.grad`, `jax.jvp`.
 
     Args:
         fn: a function built from invertible primitives.
@@ -480,10 +494,8 @@ def inverse(
         inverse refuses up front, naming the elements. When they are traced,
         exactly those elements come back as NaN (float dtypes; integer
         inverses of this kind are refused). With `strict=True` the call raises
-        `NotInvertibleError` instead, naming the primitive and the line; under
-        `jax.jit` or `jax.vmap` that check is a `jax.experimental.checkify`
-        check, so run the jitted function under `checkify.checkify` and call
-        `err.throw()`.
+        `NotInvertibleError` instead, naming the primitive and the line (under
+        `jax.jit` or `jax.vmap`, a `jax.experimental.checkify` check).
 
         Elements that a `jnp.where` with a constant mask discards, and that
         nothing else reads, come back as the value it uses in their place
@@ -495,51 +507,26 @@ def inverse(
     Principal branches:
         A map that is not injective (`x**2`, `cosh`, `sin`) is inverted on its
         principal branch (`sqrt`, `acosh >= 0`, `asin`) when nothing else
-        determines its operand. Exact solutions are always preferred; a
-        chosen branch that another output also constrains, or that an earlier
-        map may not produce, is refused rather than answered.
+        determines its operand; a chosen branch that another output also
+        constrains, or that an earlier map may not produce, is refused.
 
     Clamps:
         `jnp.clip`, `jnp.maximum(x, c)`, `jnp.minimum(x, c)` and `lax.clamp`
-        with known bounds are the identity on their unsaturated range: a
-        result strictly inside the bounds comes back as itself, a result at a
-        bound as the bound (its principal branch: every value beyond it maps
-        there too), a result beyond the bounds as NaN. Their ildj is 0.
+        with known bounds invert as the identity inside the bounds, a bound
+        as itself (a principal branch), beyond as NaN; their ildj is 0.
 
-    Elementwise blocks:
-        When no single equation can be solved, but a known result is an
-        elementwise function `y = g(x)` of one unknown value (the unknown used
-        several times, as in softsign `x / (1 + |x|)` or `log(x) - log1p(-x)`,
-        or a formula chosen by a predicate of the unknown, as in
-        `jnp.where(x > 20, x, jnp.log1p(jnp.exp(x)))`), the block is solved
-        element by element:
-
-        - piecewise: each combination of cases (`jnp.where`, `select_n`,
-          `maximum`, `minimum` of the unknown; at most 16) is inverted by
-          formulas, and each element keeps the candidate whose predicates
-          select the cases it came from (exact);
-        - otherwise numerically (with `solvers=True`): bracketing, then
-          Newton's method safeguarded by bisection, to the dtype's precision.
-          Its derivatives come from the implicit function theorem, not from
-          the iterations. It returns one preimage, so a second output that
-          also constrains `x` is refused, as for a principal branch; being
-          the only preimage where it answers, it may determine a loop carry
-          (a principal branch may not).
-
-        Either way an element with no preimage (a `y` outside the image, or
-        at a jump of a discontinuous map) comes back as NaN, as does an element
-        with two different preimages; the block's ildj is
-        `-sum(log|g'(x)|)`. `explain_inverse` names the method per equation.
-
-    Sequential blocks:
-        Last, with `solvers=True`: known results that reach one unknown
-        value along many paths, through any primitives, but triangularly
-        (autoregressive flows, stick-breaking onto a simplex, correlation
-        Cholesky factors): each result element depends on one new element
-        and on elements already found. The elements are solved level by
-        level and every result is checked (NaN off the image); the ildj is
-        `-log|det J|`, or `-0.5 * logdet(J^T J)` for a map onto a manifold.
-        See "Sequential blocks" in the concepts guide.
+    Blocks:
+        When no single equation can be solved, a region of equations is
+        solved at once: an elementwise function `y = g(x)` of one unknown
+        used several times (softsign `x / (1 + |x|)`, a formula chosen by a
+        predicate of the unknown), piecewise by formulas where it can, else
+        numerically (with `solvers=True`: one preimage, so a second output
+        that also constrains `x` is refused, as for a principal branch);
+        a linear block; a triangular map solved level by level
+        (autoregressive flows, stick-breaking), and others. An element with
+        no preimage, or with two, comes back as NaN; every answer is checked
+        by mapping it back. `explain_inverse` names the method per
+        equation; the concepts guide describes each.
 
     Example:
         >>> f = lambda x: jnp.exp(jnp.tanh(x))

@@ -21,6 +21,9 @@ import jax.numpy as jnp
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError, reraise
 from . import (
+    _block_find as bf,
+    _block_numeric as numeric,
+    _block_solve as bs,
     _blocks as bl,
     _fractional as fr,
     _intervals as iv,
@@ -29,7 +32,7 @@ from . import (
     _refusals as rf,
 )
 from ._dataflow import Solved, SolveState, Walker
-from ._rules import _floating, inherited_rounding
+from ._rounding import floating, inherited_rounding
 
 # What a block method found: (the block, its unknown's value, its ildj, the
 # method's label).
@@ -55,7 +58,7 @@ def solved(st: SolveState, found: Found | None) -> Solved | None:
         origin = st.chooser[chosen_from[0]]
     known = [env[v] for v in block.known]
     rounding = {}
-    if block.kind == bl.ELEMENTWISE and _floating(x_val):
+    if block.kind == bl.ELEMENTWISE and floating(x_val):
         y_val = env[block.y]
         # (Traced only if a check asks for it: `SolveState.rounding_of`.)
         rounding[block.x] = lambda: inherited_rounding(
@@ -96,8 +99,8 @@ def block_step(walker: Walker, st: SolveState) -> Solved | None:
     for top in sorted(tops, reverse=True):
         known_now = env.__contains__
         partial = not all(v in env for v in eqns[top].outvars)
-        block = None if partial else bl.find_block(top, eqns, producer, known_now)
-        block = block or bl.find_block(
+        block = None if partial else bf.find_block(top, eqns, producer, known_now)
+        block = block or bf.find_block(
             top, eqns, producer, known_now, kind=bl.LINEAR, partly=st.pieces
         )
         if block is None:
@@ -161,16 +164,16 @@ def _solve_found(walker: Walker, st: SolveState, block: bl.Block) -> Found | str
                 "of the elements left that its results do not determine",
             )
         ys = [env[v] for v in block.ys]
-        x, ildj, method = bl.solve_linear(block, ys, known)
+        x, ildj, method = bs.solve_linear(block, ys, known)
         return block, x, ildj if want_ildj else 0.0, method
     compacts = [st.compact(v) for v in block.known]
     # (On one value per element, flattened where that is free: XLA's
     # CPU code for a block on `(n, 5)` is not vectorized.)
-    flat = bl.flattened(block, y, known, compacts)
+    flat = bs.flattened(block, y, known, compacts)
     if flat is not None:
         y, known, compacts, shape = flat
     if block.linear:
-        x = bl.solve_linear_elementwise(block, y, known)
+        x = bs.solve_linear_elementwise(block, y, known)
         method = bl.LINEAR_SOLVE
     else:
         x = fr.solve(block, y, known)
@@ -180,7 +183,7 @@ def _solve_found(walker: Walker, st: SolveState, block: bl.Block) -> Found | str
         def invert_case(closed: Any, invals: Sequence[Any], y: Any) -> Any:
             return _invert_case(walker, closed, invals, y)
 
-        x = bl.solve_piecewise(block, y, known, invert_case)
+        x = bs.solve_piecewise(block, y, known, invert_case)
         method = bl.PIECEWISE
     if x is None:
         x = iv.solve(block, y, known, compacts)
@@ -188,7 +191,7 @@ def _solve_found(walker: Walker, st: SolveState, block: bl.Block) -> Found | str
     if x is None:
         if not solvers:
             return bl.SOLVERS_OFF
-        x = bl.solve_numerically(block, y, known)
+        x = numeric.solve_numerically(block, y, known)
         method = bl.ELEMENTWISE_SOLVE
     if want_ildj:
         ildj = bl.block_ildj(block, x, known)
@@ -208,12 +211,12 @@ def _join_linear(st: SolveState, block: bl.Block) -> bl.Block:
         for other_top in sorted(st.reasons):
             if other_top in block.indices:
                 continue
-            other = bl.find_block(other_top, eqns, producer, known, kind=bl.LINEAR)
+            other = bf.find_block(other_top, eqns, producer, known, kind=bl.LINEAR)
             if other is not None and not all(known(v) for v in eqns[other_top].outvars):
                 other.ys = []  # known in parts only (see `block_step`)
             if other is not None and set(other.xs) & set(block.xs):
                 joined = block.merge(other)
-                if bl.independent(joined.xs, joined.indices, eqns, producer, known):
+                if bf.independent(joined.xs, joined.indices, eqns, producer, known):
                     block = joined
                     changed = True
     return block

@@ -22,7 +22,7 @@ The answer must also map back to `y` within rounding (`_sequential._checked`),
 else NaN (`y` outside the image: a point outside the ball). The grid check
 cannot see a pole or a jump of `G` between its points, and their places
 move with `y`: `G` must be continuous and finite where defined, checked on
-its equations (`_continuous`), so a radial flow, whose `G` divides by a
+its equations (`_signs.continuous`), so a radial flow, whose `G` divides by a
 value of unknown sign, is refused.
 
 The block is the sequential method's (`_sequential.find_sequential`: the
@@ -53,7 +53,13 @@ from jax.extend import core as jex_core
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
-from . import _blocks as bl, _sequential as sq, _solve
+from . import (
+    _block_numeric as numeric,
+    _blocks as bl,
+    _sequential as sq,
+    _signs as signs,
+    _solve,
+)
 
 _Literal = compat.Literal
 
@@ -160,218 +166,9 @@ def _x_of(walker: Any, block: bl.Block, k: int) -> Any | None:
         return None
     except Exception:  # noqa: BLE001 - not this method (a rule's own error)
         return None
-    if not _continuous(whole):
+    if not signs.continuous(whole):
         return None
     return _as_fun(staged)
-
-
-# Primitives continuous in every operand, finite wherever their operands
-# are (an overflow to infinity aside), with the signs of their results
-# where they follow from the operands' (`_Signs`).
-_CONTINUOUS = frozenset(
-    {
-        "add", "sub", "mul", "neg", "max", "min", "abs", "square", "sqrt",
-        "cbrt", "exp", "exp2", "expm1", "tanh", "logistic", "erf", "sin",
-        "cos", "sinh", "cosh", "asinh", "atan", "dot_general", "reduce_sum",
-        "reduce_max", "reduce_min", "broadcast_in_dim", "reshape", "squeeze",
-        "expand_dims", "slice", "dynamic_slice", "concatenate", "transpose",
-        "pad", "rev", "copy", "copy_p", "stop_gradient", "reduce_precision",
-        "convert_element_type", "integer_pow", "div", "select_n",
-        # Only of a value known to be positive (non-negative for `log1p`).
-        "log", "log1p",
-        # Booleans: only as the predicate of a NaN guard (`select_n` below).
-        "eq", "ne", "lt", "le", "gt", "ge", "is_finite", "not", "and", "or",
-    }
-)  # fmt: skip
-# Calls whose body's inputs are the equation's operands, one for one.
-_CALLS = frozenset(
-    {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "checkpoint"}
-)
-_POSITIVE = frozenset({"exp", "exp2", "logistic", "cosh"})
-_NONNEGATIVE = frozenset({"abs", "square", "sqrt"})
-_KEEP_SIGN = frozenset(
-    {
-        "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "slice",
-        "dynamic_slice", "transpose", "rev", "copy", "copy_p", "stop_gradient",
-        "reduce_precision", "convert_element_type",
-    }
-)  # fmt: skip
-
-
-def _continuous(closed: Any) -> bool:
-    """Whether `G`'s values (the closed Jaxpr of `phi(x(s, y))`, `s` its
-    first input) are continuous in `s` and finite wherever defined: every
-    equation that reads a value computed from `s` is in `_CONTINUOUS`, a
-    `div` by such a value only by one that is positive (`1 + |x|`,
-    `exp(...)`), `integer_pow` only to a power >= 0, `select_n` only on a
-    predicate not computed from `s`; bodies (`jit`, `custom_jvp`) alike.
-    A pole of `G` moves with `y` and may fall between any two points of
-    the solver's grid, where it hides two more roots (`x - 1e-30 /
-    sum(x)`); a jump may hide one (`where(sum(x) > 0, x, -x)`). So the
-    method is only for maps whose `G` has neither."""
-    jaxpr = compat.open_jaxpr(closed)
-    consts = dict(zip(jaxpr.constvars, compat.jaxpr_consts(closed), strict=True))
-    return _Signs(consts).continuous(jaxpr, {jaxpr.invars[0]})
-
-
-def _live(jaxpr: Any) -> list[Any]:
-    """The equations of `jaxpr` that its results depend on, in order."""
-    need = {v for v in jaxpr.outvars if not isinstance(v, compat.Literal)}
-    kept = []
-    for eqn in reversed(jaxpr.eqns):
-        if any(v in need for v in eqn.outvars) or eqn.effects:
-            kept.append(eqn)
-            need.update(v for v in eqn.invars if not isinstance(v, compat.Literal))
-    return kept[::-1]
-
-
-class _Signs:
-    """The values known to be positive or non-negative while walking a
-    Jaxpr (constants by their values), for `_continuous`."""
-
-    def __init__(self, consts: dict[Any, Any]) -> None:
-        self.positive: set[Any] = set()
-        self.nonnegative: set[Any] = set()
-        self.nans: set[Any] = set()
-        self.nan_checks: set[Any] = set()  # `v != v`
-        for v, c in consts.items():
-            self._of_value(v, c)
-
-    def _of_value(self, v: Any, c: Any) -> None:
-        try:
-            arr = np.asarray(c)
-        except Exception:  # noqa: BLE001 - a traced constant: no sign
-            return
-        if arr.dtype.kind not in "fiu" or not arr.size:
-            return
-        if np.all(arr > 0):
-            self.positive.add(v)
-        if np.all(arr >= 0):
-            self.nonnegative.add(v)
-        if np.all(np.isnan(arr)):
-            self.nans.add(v)
-
-    def pos(self, v: Any) -> bool:
-        if isinstance(v, compat.Literal):
-            return bool(np.all(np.asarray(v.val) > 0))
-        return v in self.positive
-
-    def nonneg(self, v: Any) -> bool:
-        if isinstance(v, compat.Literal):
-            return bool(np.all(np.asarray(v.val) >= 0))
-        return v in self.nonnegative or v in self.positive
-
-    def nan(self, v: Any) -> bool:
-        if isinstance(v, compat.Literal):
-            return bool(np.all(np.isnan(np.asarray(v.val, np.float64))))
-        return v in self.nans
-
-    def _inner(self, outer: Sequence[Any], inner: Sequence[Any]) -> _Signs:
-        """The signs of a body's inputs `inner`, bound to `outer`."""
-        signs = _Signs({})
-        for o, i in zip(outer, inner, strict=True):
-            if self.pos(o):
-                signs.positive.add(i)
-            if self.nonneg(o):
-                signs.nonnegative.add(i)
-            if self.nan(o):
-                signs.nans.add(i)
-        return signs
-
-    def continuous(self, jaxpr: Any, moving: set[Any]) -> bool:
-        """Whether `jaxpr` is continuous in its values `moving` (updated
-        with those computed from them). Equations whose results go nowhere
-        (an ildj's `log` the formulas leave behind) do not count."""
-        for eqn in _live(jaxpr):
-            ins = list(eqn.invars)
-            reads = [not isinstance(v, compat.Literal) and v in moving for v in ins]
-            name = compat.construct_name(eqn)
-            bodies = compat.sub_jaxprs(eqn)
-            if any(reads):
-                if bodies and name in _CALLS and len(bodies) == 1:
-                    (body,) = bodies
-                    if len(body.invars) != len(ins):
-                        return False
-                    inner = self._inner(ins, body.invars)
-                    bound = {i for i, r in zip(body.invars, reads, strict=True) if r}
-                    if not inner.continuous(body, bound):
-                        return False
-                    self._results(body.outvars, eqn.outvars, inner)
-                elif bodies:
-                    # A `cond` on `s` jumps between its branches, a loop's
-                    # count of steps may change with `s`: not judged.
-                    return False
-                elif not self._allowed(name, eqn, ins, reads):
-                    return False
-                moving.update(eqn.outvars)
-            self._signs(name, eqn, ins)
-        return True
-
-    def _results(
-        self, inner: Sequence[Any], outer: Sequence[Any], signs: _Signs
-    ) -> None:
-        for i, o in zip(inner, outer, strict=True):
-            if signs.pos(i):
-                self.positive.add(o)
-            elif signs.nonneg(i):
-                self.nonnegative.add(o)
-
-    def _allowed(self, name: str, eqn: Any, ins: list[Any], reads: list[bool]) -> bool:
-        if name not in _CONTINUOUS:
-            return False
-        if name == "div":
-            return not reads[1] or self.pos(ins[1])
-        if name == "integer_pow":
-            return compat.params_of(eqn)["y"] >= 0
-        if name == "log1p":  # (softplus: `log1p(exp(-|x|))`)
-            return self.nonneg(ins[0])
-        if name == "log":
-            return self.pos(ins[0])
-        if name == "select_n":
-            # A NaN guard (`where(c == 0, nan, y / c)`) leaves `G` continuous
-            # where it is defined; a choice between values does not.
-            # So does one on whether a value is NaN (`logaddexp`'s
-            # `where(d != d, d + e, ...)`): false wherever it is defined.
-            guard = sum(not self.nan(v) for v in ins[1:]) <= 1
-            return not reads[0] or guard or ins[0] in self.nan_checks
-        if name == "convert_element_type":
-            return bool(jnp.issubdtype(ins[0].aval.dtype, jnp.inexact))
-        return True
-
-    def _signs(self, name: str, eqn: Any, ins: list[Any]) -> None:
-        if len(eqn.outvars) != 1:
-            return
-        (out,) = eqn.outvars
-        if name == "ne" and ins[0] is ins[1]:
-            self.nan_checks.add(out)
-        pos, nonneg = self.pos, self.nonneg
-        if name in _POSITIVE or (name == "sqrt" and pos(ins[0])):
-            self.positive.add(out)
-        elif name in _NONNEGATIVE:
-            self.nonnegative.add(out)
-        elif name == "integer_pow" and compat.params_of(eqn)["y"] % 2 == 0:
-            self.nonnegative.add(out)
-        elif name in _KEEP_SIGN and ins:
-            if self.nan(ins[0]):
-                self.nans.add(out)
-            if pos(ins[0]):
-                self.positive.add(out)
-            elif nonneg(ins[0]):
-                self.nonnegative.add(out)
-        elif name in ("add", "max") and len(ins) == 2:
-            a, b = ins
-            if (pos(a) and nonneg(b)) or (nonneg(a) and pos(b)):
-                self.positive.add(out)
-            elif nonneg(a) and nonneg(b):
-                self.nonnegative.add(out)
-        elif name in ("mul", "div") and len(ins) == 2:
-            a, b = ins
-            if pos(a) and pos(b):
-                self.positive.add(out)
-            elif nonneg(a) and nonneg(b):
-                self.nonnegative.add(out)
-        elif name == "reduce_sum" and nonneg(ins[0]):
-            self.nonnegative.add(out)
 
 
 def _as_fun(closed: Any) -> Any:
@@ -491,7 +288,7 @@ def _solve_through(
     def inner(y_flat: Any, *kn: Any) -> Any:
         zero = jnp.zeros((), jnp.result_type(y_flat))
         # (Turns of `G` between grid points, found by enclosing its slope.)
-        turns = bl.scalar_turns(gap, jnp.result_type(y_flat), (y_flat, *kn))
+        turns = numeric.scalar_turns(gap, jnp.result_type(y_flat), (y_flat, *kn))
         s = _solve.solver(gap, uniform=False, turns=turns)(zero, y_flat, *kn)
         x = x_of(jnp.reshape(s, s_shape).astype(s_dtype), unflat(y_flat), *kn)
         return jnp.ravel(x).astype(dtype)

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax_compat as compat
+from . import _traits as tr
 
 Interval = tuple[float, float]
 
@@ -176,7 +177,7 @@ PRINCIPAL: dict[str, Callable[[dict[str, Any], Sequence[Any]], Interval | None]]
 
 
 # Primitives that round when they narrow a floating type (`ROUNDED`).
-ROUNDING = frozenset({"convert_element_type", "reduce_precision"})
+ROUNDING = tr.having(tr.ROUNDING)
 
 
 def principal_range(eqn: Any, ins: Sequence[Any]) -> Interval | None:
@@ -270,45 +271,27 @@ _IMAGE_FNS: dict[str, Callable[[dict[str, Any], Sequence[Any]], Interval | None]
 
 # Steps that only move, copy or select values: a tainted value keeps its
 # interval through them.
-VALUE_PRESERVING = frozenset(
-    {
-        "reshape",
-        "transpose",
-        "broadcast_in_dim",
-        "squeeze",
-        "expand_dims",
-        "rev",
-        "slice",
-        "concatenate",
-        "copy",
-        "convert_element_type",
-        "reduce_precision",
-        "stop_gradient",
-        "optimization_barrier",
-        "device_put",
-        "select_n",
-        "dynamic_slice",
-        "dynamic_update_slice",
-        "gather",
-        "scatter",
-        "pad",
-        "split",
-    }
-)
+VALUE_PRESERVING = tr.having(tr.MOVE, tr.ROUNDING) | {
+    "copy",
+    "stop_gradient",
+    "optimization_barrier",
+    "device_put",
+    "select_n",
+    "gather",
+    "scatter",
+}
 
 
 # Clamps return their result itself where it is not at a bound: a value chosen
 # earlier passes through them, so their solution's interval joins the
 # intervals of the values they were given with their own.
-CLAMPS = frozenset({"max", "min", "clamp"})
+CLAMPS = tr.having(tr.CLAMP)
 
 
 # Rules whose results, given the known operands, are a bijection of the
 # unknown ones: solving them with a known operand that depends on a choice
 # adds no second constraint on it (elementwise arithmetic with one side known).
-KNOWN_OPERAND_SAFE = frozenset(
-    {"add", "sub", "mul", "div", "pow", "atan2", "xor", "add_any", "nextafter"}
-)
+KNOWN_OPERAND_SAFE = tr.having(tr.INVERTIBLE_PER_OPERAND)
 
 
 def image(eqn: Any, ins: Sequence[Any]) -> Interval | None:
@@ -338,22 +321,9 @@ def describe(interval: Interval) -> str:
 # each returns, as a third element, the intervals of its solved operands
 # and, fourth, whether its body chose them only by elementwise solves
 # (`Solution.unique_choices`; loops return both too).
-BRANCH_AWARE = frozenset(
-    p.name
-    for p in (
-        compat.jit_p,
-        compat.closed_call_p,
-        compat.core_call_p,
-        compat.remat_p,
-        compat.custom_jvp_call_p,
-        compat.custom_vjp_call_p,
-        compat.cond_p,
-        compat.call_hi_primitive_p,
-    )
-    if p is not None
-)
+BRANCH_AWARE = tr.having(tr.CALL, tr.CONDITIONAL)
 
 # Loops report the intervals of the values they solve (an elementwise solve
-# inside may determine a carry, see `_control_flow._carry_branches`) but take
+# inside may determine a carry, see `_loops._carry_branches`) but take
 # none for their results: a choice they report was made inside their body.
-LOOPS = frozenset({compat.scan_p.name, compat.while_p.name})
+LOOPS = tr.having(tr.LOOP)

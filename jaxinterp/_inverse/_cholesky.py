@@ -35,10 +35,11 @@ import numpy as np
 from jax import lax
 
 from .._errors import NotInvertibleError
+from . import _traits as tr
 from ._rules import InverseContext, MaskedPiece, PieceResult, inverse_rules, total
 
 # Primitives whose rule needs only the lower triangle of the result.
-READS_LOWER = frozenset({"cholesky"})
+READS_LOWER = tr.having(tr.LOWER_RESULT)
 
 
 def lower_mask(shape: Sequence[int]) -> np.ndarray:

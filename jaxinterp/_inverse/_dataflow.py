@@ -25,7 +25,8 @@ from .. import _jax_compat as compat
 from .._env import Env
 from . import _branches as br
 from ._implicit import explicit_broadcasts
-from ._rules import MaskedPiece, agree, agree_piece, assemble
+from ._rounding import agree
+from ._rules import MaskedPiece, agree_piece, assemble
 
 _Literal = compat.Literal
 _DropVar = compat.DropVar
@@ -84,7 +85,7 @@ class Solution:
         agreed: whether every second constraint held (a boolean scalar;
             `False` makes the solved inputs NaN, but an enclosing loop that
             passes them on as a carry must know it: a later step could
-            solve the carry again from a copy, see `_control_flow.py`).
+            solve the carry again from a copy, see `_loops.py`).
         jaxpr: the Jaxpr solved, to which the equation indices above
             refer: the one given, with implicit broadcasts made explicit
             (`_implicit.py`).
@@ -93,7 +94,7 @@ class Solution:
             one where the solver answers, see `bl.SolverOrigin`) or given
             by an enclosing equation (`out_branches`); true when nothing
             was chosen. A loop passes such choices on as carries (see
-            `_control_flow.py`).
+            `_loops.py`).
         tried: per blocking equation index, each method of `_methods.py`
             that looked at it and why it did not solve it (by the method's
             `title`).

@@ -21,8 +21,9 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
+from . import _rounding as rd
+from ._rounding import REDUNDANT_ROUNDING
 from ._rules import (
-    REDUNDANT_ROUNDING,
     InverseContext,
     describe_elements,
     inverse_rules,
@@ -426,8 +427,7 @@ def _on_atan2_branch(solved: Any, known: Any, y: Any, *, lhs: bool) -> Any:
     """`solved`, NaN where `atan2` recomputed from it does not give `y` back
     within rounding (`y` on the other branch: no preimage)."""
     again = lax.atan2(solved, known) if lhs else lax.atan2(known, solved)
-    eps = jnp.finfo(jnp.result_type(y)).eps
-    ok = jnp.abs(again - y) <= 64 * eps * (jnp.abs(y) + math.pi)
+    ok = rd.close(again, y, jnp.abs(y) + math.pi, ulps=64)
     return jnp.where(ok | jnp.isnan(y), solved, jnp.nan)
 
 

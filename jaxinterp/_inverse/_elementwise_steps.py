@@ -12,38 +12,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import _jax_compat as compat
+from . import _traits as tr
 
 _Literal = compat.Literal
 
 # First-order primitives that act element by element on operands of one shape.
-_ELEMENTWISE = frozenset(
-    """
-    neg sign floor ceil round is_finite exp exp2 log log1p expm1 tanh logistic
-    sin cos tan asin acos atan sinh cosh asinh acosh atanh sqrt rsqrt cbrt
-    square integer_pow erf erfc erf_inv lgamma digamma abs
-    add sub mul div pow max min atan2 rem nextafter add_any
-    eq ne lt le gt ge and or not xor select_n clamp
-    convert_element_type reduce_precision copy copy_p stop_gradient
-    polynomial optimization_barrier bitcast_convert_type
-    """.split()
-)
+_ELEMENTWISE = tr.having(tr.ELEMENTWISE)
 
 # Call-like primitives that count as elementwise when everything they run is.
 # (Not `custom_vjp_call`: a block's derivative is taken in forward mode, which
 # a `custom_vjp` function refuses.)
-_CALLS = frozenset(
-    p.name
-    for p in (
-        compat.jit_p,
-        compat.closed_call_p,
-        compat.core_call_p,
-        compat.custom_jvp_call_p,
-        compat.remat_p,
-        compat.call_hi_primitive_p,
-    )
-    if p is not None
-)
-_NO_FORWARD_MODE = frozenset({"custom_vjp_call", "custom_vjp_call_jaxpr"})
+_CALLS = tr.having(tr.CALL) - tr.having(tr.CUSTOM_VJP)
+_NO_FORWARD_MODE = tr.having(tr.CUSTOM_VJP)
 
 
 def _scalar_broadcast(eqn: Any) -> bool:

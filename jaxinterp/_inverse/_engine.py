@@ -40,6 +40,7 @@ from .._registry import RuleRegistry
 from . import (
     _blocks as bl,
     _branches as br,
+    _elementwise_steps as ew,
     _masked as mk,
     _refusals as rf,
     _unfold as uf,
@@ -55,18 +56,14 @@ from ._dataflow import (
 )
 from ._methods import METHODS, Method
 from ._refusals import not_invertible_error as not_invertible_error
-from ._rules import (
-    InverseContext,
-    _floating,
-    agree_piece,
+from ._rounding import (
     agree_recomputed,
     agree_solved,
-    assemble,
+    floating,
     forward_differentiable,
     inherited_rounding,
-    inverse_rules,
-    overlapping,
 )
+from ._rules import InverseContext, agree_piece, assemble, inverse_rules, overlapping
 
 _Literal = compat.Literal
 
@@ -485,9 +482,9 @@ class InverseWalker:
         if (
             len(known) != 1
             or known[0] is None
-            or not _floating(solved)
+            or not floating(solved)
             or not forward_differentiable(eqn)
-            or not bl.is_elementwise(eqn, jnp.shape(solved))
+            or not ew.is_elementwise(eqn, jnp.shape(solved))
             or any(x is None for x in operands)
         ):
             return None
@@ -527,7 +524,7 @@ class InverseWalker:
             )
         if solved is None:
             return
-        if not _floating(solved) or jnp.shape(recomputed) != jnp.shape(solved):
+        if not floating(solved) or jnp.shape(recomputed) != jnp.shape(solved):
             return
         nan = jnp.isnan(solved)
         filled = jnp.where(

@@ -52,6 +52,50 @@ class _Names:
         return f"{self(v)}:{v.aval.str_short(short_dtypes=True)}"
 
 
+def _report(
+    fn_name: str, unknown: Sequence[int], mask: list[bool], jaxpr: Any, sol: Any
+) -> str:
+    """`explain_inverse`'s report of the solution `sol` of `jaxpr` (`mask`:
+    which of its inputs are unknown)."""
+    names = _Names()
+    lines = [
+        f"explain_inverse: {fn_name} with unknown arguments {list(unknown)}",
+        "  inputs:  "
+        + ", ".join(
+            f"{names.typed(v)} ({'unknown' if m else 'known'})"
+            for v, m in zip(jaxpr.invars, mask, strict=True)
+        ),
+        "  outputs: " + ", ".join(names.typed(v) for v in jaxpr.outvars),
+    ]
+    # (The equations solved: implicit broadcasts written out, `_implicit.py`.)
+    for i, eqn in enumerate(sol.jaxpr.eqns):
+        state = sol.status[i]
+        outs = " ".join(names.typed(v) for v in eqn.outvars)
+        ins = " ".join(names(v) for v in eqn.invars)
+        line = f"  [{_MARKS[state]}] {outs} = {eqn.primitive.name} {ins}"
+        method = sol.methods.get(i)
+        if method is not None:
+            line += f"  ({method})"
+        if state == BLOCKING:
+            line += f"\n      at {source_line(eqn)}: {sol.reasons[i]}"
+            line += "".join(f"\n        {t}" for t in rf.tried_lines(sol, i))
+        lines.append(line)
+    missing = [
+        k
+        for k, (val, m) in enumerate(zip(sol.invals, mask, strict=True))
+        if m and val is None
+    ]
+    if missing:
+        what = ", ".join(
+            f"input {k} ({jaxpr.invars[k].aval.str_short(short_dtypes=True)})"
+            for k in missing
+        )
+        lines.append(f"NOT invertible: {what} cannot be recovered.")
+    else:
+        lines.append("Invertible: every unknown input is recovered.")
+    return "\n".join(lines)
+
+
 def explain_inverse(
     fn: Callable[..., Any],
     *example_args: Any,
@@ -124,41 +168,4 @@ def explain_inverse(
             jax.make_jaxpr(run)(out_specs, in_specs)
     except JaxinterpError as err:
         return f"explain_inverse: the analysis itself failed: {err}"
-    sol = result["solution"]
-    names = _Names()
-    lines = [
-        f"explain_inverse: {staged.fn_name} with unknown arguments {list(unknown)}",
-        "  inputs:  "
-        + ", ".join(
-            f"{names.typed(v)} ({'unknown' if m else 'known'})"
-            for v, m in zip(jaxpr.invars, mask, strict=True)
-        ),
-        "  outputs: " + ", ".join(names.typed(v) for v in jaxpr.outvars),
-    ]
-    # (The equations solved: implicit broadcasts written out, `_implicit.py`.)
-    for i, eqn in enumerate(sol.jaxpr.eqns):
-        state = sol.status[i]
-        outs = " ".join(names.typed(v) for v in eqn.outvars)
-        ins = " ".join(names(v) for v in eqn.invars)
-        line = f"  [{_MARKS[state]}] {outs} = {eqn.primitive.name} {ins}"
-        method = sol.methods.get(i)
-        if method is not None:
-            line += f"  ({method})"
-        if state == BLOCKING:
-            line += f"\n      at {source_line(eqn)}: {sol.reasons[i]}"
-            line += "".join(f"\n        {t}" for t in rf.tried_lines(sol, i))
-        lines.append(line)
-    missing = [
-        k
-        for k, (val, m) in enumerate(zip(sol.invals, mask, strict=True))
-        if m and val is None
-    ]
-    if missing:
-        what = ", ".join(
-            f"input {k} ({jaxpr.invars[k].aval.str_short(short_dtypes=True)})"
-            for k in missing
-        )
-        lines.append(f"NOT invertible: {what} cannot be recovered.")
-    else:
-        lines.append("Invertible: every unknown input is recovered.")
-    return "\n".join(lines)
+    return _report(staged.fn_name, unknown, mask, jaxpr, result["solution"])

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._errors import NotInvertibleError
+from . import _rounding as rd
 from ._rules import InverseContext, inverse_rules
 
 FFT, IFFT, RFFT, IRFFT = 0, 1, 2, 3
@@ -81,11 +82,9 @@ def _rfft_residual_ok(x: Any, y: Any, fft_lengths: Sequence[int]) -> Any:
     """Per batch element, whether `rfft(x)` is `y` within rounding."""
     axes = tuple(range(jnp.ndim(y) - len(fft_lengths), jnp.ndim(y)))
     back = lax.fft(x, lax.FftType.RFFT, tuple(fft_lengths))
-    eps = jnp.finfo(jnp.result_type(x)).eps
-    total = math.prod(fft_lengths)
     scale = jnp.max(jnp.abs(y), axis=axes, keepdims=True)
-    tol = 8 * max(total, 1) * eps * scale + jnp.finfo(jnp.result_type(x)).tiny
-    return jnp.all(jnp.abs(back - y) <= tol, axis=axes, keepdims=True)
+    ulps = 8 * max(math.prod(fft_lengths), 1)
+    return jnp.all(rd.close(back, y, scale, ulps), axis=axes, keepdims=True)
 
 
 @inverse_rules.register(lax.fft_p)

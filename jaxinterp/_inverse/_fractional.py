@@ -22,8 +22,8 @@ quotient of fractions, if its degrees stay at most one), a known value added
 as `R(x) = e^y`, with `e^-y` in the formula where `y > 0` so that neither
 exponential overflows.
 
-The same walk runs with the polynomials in `s = e^x` or `s = e^-x` (session
-20) when it fails in `x`: `x` is then the logarithm `log s` (or `log(1 / s)`),
+The same walk runs with the polynomials in `s = e^x` or `s = e^-x`
+when it fails in `x`: `x` is then the logarithm `log s` (or `log(1 / s)`),
 `exp` and `expm1` of it fractions of `s`, so softplus's inverse `x +
 log(-expm1(-x)) = log((1 - s) / s)` with `s = e^-x` is solved for `s` and `x
 = -log s` (`log1p` of `s - 1` near `s = 1`, so a small `x` keeps its digits).
@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 
 from .. import _jax_compat as compat
-from . import _blocks as bl
+from . import _block_solve as bs, _rounding as rd, _traits as tr
 
 _Literal = compat.Literal
 
@@ -51,7 +51,7 @@ _Literal = compat.Literal
 LINEAR_FRACTIONAL = "linear-fractional formula"
 
 # Steps that pass their one operand through unchanged as a value of `x`.
-_PASS = frozenset({"convert_element_type", "copy", "copy_p", "reduce_precision"})
+_PASS = tr.having(tr.COPY, tr.ROUNDING)
 
 # (numerator degree, denominator degree, whether the value is the logarithm
 # of that fraction) of a value in the block.
@@ -476,7 +476,7 @@ def solve(block: Any, y: Any, known: Sequence[Any]) -> Any | None:
     if got is None:
         return None
     x = got[1]
-    ok = bl.maps_back(block, x, block.g(x, *known), y, known)
+    ok = bs.maps_back(block, x, block.g(x, *known), y, known)
     return jnp.where(ok, x, jnp.asarray(jnp.nan, jnp.result_type(x)))
 
 
@@ -498,14 +498,12 @@ def solve_case(closed: Any, known: Sequence[Any], y: Any) -> tuple[Any, Any] | N
         return None
     got, x = found
     a, b, c, d = got.frac if isinstance(got, _Log) else got
-    dtype = jnp.result_type(y)
     # A constant case (`x + -x`, a ratio of proportional polynomials) takes
     # one value, `a / c` or `b / d` (or its logarithm), on its whole region.
     constant = a * d - b * c == 0
     value = jnp.where(c != 0, a / jnp.where(c != 0, c, 1), b / jnp.where(d != 0, d, 1))
     if isinstance(got, _Log):
         value = jnp.log(value)
-    eps, tiny = jnp.finfo(dtype).eps, jnp.finfo(dtype).tiny
-    takes = jnp.abs(y - value) <= 16 * eps * jnp.abs(value) + 16 * tiny
+    takes = rd.close(y, value, jnp.abs(value))
     flat = constant & ((c != 0) | (d != 0)) & takes
     return x, jnp.broadcast_to(flat, jnp.shape(y))

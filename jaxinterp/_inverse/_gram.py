@@ -52,14 +52,15 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from . import (
-    _blocks as bl,
     _cholesky as chol,
+    _elementwise_steps as ew,
     _masked as mk,
     _refusals as rf,
+    _traits as tr,
     _trisolve as ts,
 )
 from ._dataflow import Solved, SolveState, Walker, shape_of
-from ._rules import agree_recomputed
+from ._rounding import agree_recomputed
 
 _Literal = compat.Literal
 
@@ -76,7 +77,7 @@ STRICT_NOT_COMPLETED = (
 )
 
 # Steps through which a value is the same matrix, possibly transposed.
-_SAME = frozenset({"copy", "copy_p", "transpose", "convert_element_type", "squeeze"})
+_SAME = tr.having(tr.COPY) | {"convert_element_type", "transpose", "squeeze"}
 
 
 def gram_step(walker: Walker, st: SolveState) -> Solved | None:
@@ -231,19 +232,8 @@ def fill_step(walker: Walker, st: SolveState) -> Solved | None:
 _CONSTANT, _MIXED = -1, -2
 
 # Steps that move or copy elements, run on the source indices themselves.
-_MOVES = frozenset(
-    "reshape transpose squeeze expand_dims broadcast_in_dim rev slice "
-    "concatenate pad".split()
-)
-_COPIES = frozenset(
-    {
-        "convert_element_type",
-        "copy",
-        "copy_p",
-        "reduce_precision",
-        "optimization_barrier",
-    }
-)
+_MOVES = tr.having(tr.ALONG_AXES, tr.RELAYOUT) | {"concatenate", "pad"}
+_COPIES = tr.having(tr.COPY, tr.ROUNDING) | {"optimization_barrier"}
 
 
 def _aligned(st: SolveState, v: Any, lost: np.ndarray) -> bool:
@@ -324,7 +314,7 @@ def _step_sources(eqn: Any, ins: list[np.ndarray | None]) -> list[np.ndarray | N
             return list(ins)
         if (
             len(eqn.outvars) == 1
-            and name in bl._ELEMENTWISE
+            and name in ew._ELEMENTWISE
             and all(np.shape(s) in (shapes[0], ()) for s in ins if s is not None)
         ):
             merged = np.full(shapes[0], _CONSTANT, np.int32)
@@ -372,7 +362,7 @@ def _elementwise_in(eqn: Any, v: Any) -> bool:
         return False
     get_body = mk._BODIES.get(eqn.primitive)
     if get_body is None:
-        return bl.is_elementwise(eqn, shape)
+        return ew.is_elementwise(eqn, shape)
     jaxpr = compat.open_jaxpr(get_body(eqn.params))
     if len(jaxpr.invars) != len(eqn.invars):
         return False

@@ -85,22 +85,6 @@ def monotone_on_grid(
             (columns, *shape),
         )
 
-    # The loop's state: the last finite value, whether the values so far
-    # never decrease / never increase, and where the map stopped or started
-    # being finite (`_Marks`).
-    def compare(state: tuple[Any, ...], i: Any, value: Any) -> tuple[Any, ...]:
-        prev, rising, falling, *marks = state
-        seen = jnp.isfinite(prev)
-        finite = jnp.isfinite(value)
-        both = finite & seen
-        # Rounding may wobble a map by a few ulps of its intermediates
-        # between close points (those near +-1): not a turn.
-        noise = _noise(value, prev, eps)
-        rising = rising & ~(both & (value < prev - noise))
-        falling = falling & ~(both & (value > prev + noise))
-        after = _Marks(*marks).then(i, finite, seen)
-        return jnp.where(finite, value, prev), rising, falling, *after
-
     # A `while_loop`, not `fori_loop`: under `jax_scan3` a fixed-length loop
     # stages a `Scan3`, which JAX 0.12 cannot batch (the solver runs under
     # the `vmap` of an inverse).
@@ -125,7 +109,7 @@ def monotone_on_grid(
             sides = jnp.take_along_axis(_each(g)(at), order, axis=0)
             samples = [*sides, *samples]
         for v in samples:
-            checks = list(compare(tuple(checks), i, v))
+            checks = list(_compared(tuple(checks), i, v, eps))
         return i + 1, *checks, *now
 
     start: tuple[Any, ...] = (
@@ -145,6 +129,24 @@ def monotone_on_grid(
     _, _, rising, falling, *marks = state[:width]
     edges = _Marks(*marks).edges(points)
     return edges.verdict(g, rising, falling, shape, like)
+
+
+def _compared(state: tuple[Any, ...], i: Any, value: Any, eps: Any) -> tuple[Any, ...]:
+    """`monotone_on_grid`'s state after the sample `value` at grid point
+    `i`: the last finite value, whether the values so far never decrease /
+    never increase, and where the map stopped or started being finite
+    (`_Marks`)."""
+    prev, rising, falling, *marks = state
+    seen = jnp.isfinite(prev)
+    finite = jnp.isfinite(value)
+    both = finite & seen
+    # Rounding may wobble a map by a few ulps of its intermediates between
+    # close points (those near +-1): not a turn.
+    noise = _noise(value, prev, eps)
+    rising = rising & ~(both & (value < prev - noise))
+    falling = falling & ~(both & (value > prev + noise))
+    after = _Marks(*marks).then(i, finite, seen)
+    return jnp.where(finite, value, prev), rising, falling, *after
 
 
 def _noise(value: Any, prev: Any, eps: Any) -> Any:

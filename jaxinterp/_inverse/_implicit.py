@@ -22,20 +22,14 @@ from __future__ import annotations
 from typing import Any
 
 from .. import _caches, _jax_compat as compat
+from . import _traits as tr
 
 _Literal = compat.Literal
 
 # `lax`'s n-ary elementwise primitives (`broadcasting_shape_rule`): their
 # operands may differ in sizes of 1. (`select_n` and `clamp` take operands
 # of one shape or scalars.)
-_NARY = frozenset(
-    """
-    add sub mul div rem pow max min atan2 nextafter add_any complex
-    and or xor eq ne lt le gt ge shift_left shift_right_logical
-    shift_right_arithmetic igamma igammac igamma_grad_a random_gamma_grad
-    polygamma zeta
-    """.split()
-)
+_NARY = tr.having(tr.BROADCASTING)
 
 _cache = _caches.Cache(1024, weak=True)
 

@@ -17,14 +17,8 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
-from ._rules import (
-    InverseContext,
-    MaskedPiece,
-    PieceResult,
-    agree_recomputed,
-    inverse_rules,
-    total,
-)
+from ._rounding import agree_recomputed
+from ._rules import InverseContext, MaskedPiece, PieceResult, inverse_rules, total
 
 BOTH_UNKNOWN = (
     "`dot_general` of two unknown operands is not inverted: a product such as "

@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
-from ._rules import _largest
+from ._rounding import largest
 
 
 class LinearBlock(Protocol):
@@ -78,12 +78,12 @@ def value_scales(block: LinearBlock, ys: Sequence[Any]) -> Any:
     the element itself (a zero that a triangular solve recomputes as
     `1e-8`): the residual check allows that much."""
     pieces = [
-        jnp.full(p.shape, _largest(y), p.dtype) for y in ys for p in _real_parts(y)
+        jnp.full(p.shape, largest(y), p.dtype) for y in ys for p in _real_parts(y)
     ]
     for base, indices in block.parts.values():
         part = jnp.ravel(base)[indices]
         pieces.extend(
-            jnp.full(p.shape, _largest(part), p.dtype) for p in _real_parts(part)
+            jnp.full(p.shape, largest(part), p.dtype) for p in _real_parts(part)
         )
     return jnp.concatenate(pieces)
 

@@ -43,9 +43,9 @@ from jax import lax
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
 from . import (
-    _blocks as bl,
     _branches as br,
     _cholesky as chol,
+    _elementwise_steps as ew,
     _refusals as rf,
     _scattered,
 )
@@ -186,7 +186,7 @@ def step(walker: Walker, st: SolveState, i: int) -> bool:
             copied = _scattered.step(walker, st, i)
             if copied is not None:
                 return copied
-            if len(eqn.outvars) != 1 or not bl.is_elementwise(
+            if len(eqn.outvars) != 1 or not ew.is_elementwise(
                 eqn, shape_of(eqn.outvars[0])
             ):
                 return False
@@ -417,7 +417,7 @@ def _whole_call(walker: Walker, st: SolveState, i: int) -> bool:
         return False
     (out,) = eqn.outvars
     shape = shape_of(out)
-    if not bl.is_elementwise(eqn, shape):
+    if not ew.is_elementwise(eqn, shape):
         return False
     if not jnp.issubdtype(out.aval.dtype, jnp.inexact):
         return False

@@ -9,7 +9,7 @@ so a result off the image (a non-zero above the diagonal) gives NaN.
 `flat_maps_back` makes that check for a flat map solved otherwise
 (normalized and projective blocks), with its ildj (the area formula where
 it has more results than unknowns).
-`_blocks.cut_shared` lets a linear block stop below values that its
+`_block_find.cut_shared` lets a linear block stop below values that its
 unknowns share, so that `fill(x[:-n]) + diag(exp(x[-n:]))` is a block in
 `x[:-n]` and `exp(x[-n:])`.
 """
@@ -26,7 +26,7 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
-from . import _linear_parts as lp
+from . import _linear_parts as lp, _rounding as rd
 
 
 def least_squares(jac: Any, rhs: Any) -> tuple[Any, Any, Any]:
@@ -55,11 +55,9 @@ def flat_maps_back(g: Any, u: Any, y_flat: Any, want_ildj: bool) -> tuple[Any, A
     (of `y` and of `u` through `g`'s Jacobian), and, if wanted, the ildj:
     `-log|det J|`, or the area formula for more results than unknowns
     (whose Jacobian must then have full column rank)."""
-    dtype = jnp.result_type(u)
-    eps, tiny = jnp.finfo(dtype).eps, jnp.finfo(dtype).tiny
     jac = jax.jacfwd(g)(u)
     scale = jnp.abs(y_flat) + jnp.abs(jac) @ jnp.abs(u)
-    ok = jnp.all(jnp.abs(g(u) - y_flat) <= 32 * eps * scale + 16 * tiny)
+    ok = jnp.all(rd.close(g(u), y_flat, scale, ulps=32))
     ildj: Any = 0.0
     if want_ildj:
         if jac.shape[0] == jac.shape[1]:

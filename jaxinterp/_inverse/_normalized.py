@@ -38,7 +38,13 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
-from . import _blocks as bl, _elementwise_steps as ew, _nonsquare, _projective
+from . import (
+    _blocks as bl,
+    _nonsquare,
+    _projective,
+    _rounding as rd,
+    _traits as tr,
+)
 
 _Literal = compat.Literal
 
@@ -51,7 +57,7 @@ _MAX_STEPS = 16
 
 # Elementwise primitives whose results depend on an element of the unknowns
 # only where their operands do.
-_ELEMENTWISE = ew._ELEMENTWISE - {"select_n"}
+_ELEMENTWISE = tr.having(tr.ELEMENTWISE) - {"select_n"}
 
 
 def normalized_step(st: Any) -> tuple[bl.Block, Any, Any, str] | None:
@@ -499,9 +505,8 @@ def _pin(
     else:
         rows = b_rows * (f_at / b_at)
     # Every fixed element must agree with the pinned row.
-    eps = jnp.finfo(dtype).eps
     fixed_rows = _rows(jnp.asarray(~free), axes)
-    agree = jnp.abs(rows - f_rows) <= 16 * eps * (jnp.abs(rows) + jnp.abs(f_rows))
+    agree = rd.close(rows, f_rows, jnp.abs(rows) + jnp.abs(f_rows))
     ok = jnp.all(agree | ~fixed_rows, axis=1, keepdims=True)
     rows = jnp.where(fixed_rows, f_rows, rows)
     rows = jnp.where(ok, rows, jnp.nan)

@@ -7,7 +7,7 @@ rational-quadratic spline picks each element's bin with a one-hot mask
 (`x[:, None]` compared with knots of shape `[n, K]`), multiplies the mask
 with known parameters `[n, K, 3]` and sums over the bin axis.
 
-`_blocks.find_block` finds such a block, and this module proves it
+`_block_find.find_block` finds such a block, and this module proves it
 *per-element*: it tracks, for each value in the block, which of its axes
 are **aligned** with the result's axes (they index the unknown's element)
 and which are **free** (added by `broadcast_in_dim`, combined with known
@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import _jax_compat as compat
-from . import _elementwise_steps as ew
+from . import _elementwise_steps as ew, _traits as tr
 
 _Literal = compat.Literal
 
@@ -48,20 +48,14 @@ Alignment = tuple[int | None, ...]
 
 # Elementwise primitives (operands of the result's rank, size-1 axes
 # broadcast, or scalars), besides `_elementwise_steps`'s.
-_ELEMENTWISE = ew._ELEMENTWISE | frozenset(
-    "lt_to le_to gt_to ge_to eq_to ne_to".split()
-)
-_REDUCE = frozenset(
-    "reduce_sum reduce_max reduce_min reduce_or reduce_and reduce_prod".split()
-)
-_SHAPE = frozenset(
-    "broadcast_in_dim squeeze slice reshape transpose rev concatenate".split()
-)
+_ELEMENTWISE = tr.having(tr.ELEMENTWISE, tr.TOTAL_ORDER)
+_REDUCE = tr.having(tr.REDUCE)
+_SHAPE = tr.having(tr.ALONG_AXES) | {"reshape", "concatenate"}
 # Lookups into a known table at per-element positions: each result element
 # reads the table at an index taken from one element (or one index vector)
 # of the unknown operand. `SearchSorted` is `jnp.searchsorted` (a hijax
 # primitive from JAX 0.12; earlier releases stage its comparisons).
-_LOOKUPS = frozenset({"gather", "SearchSorted"})
+_LOOKUPS = tr.having(tr.LOOKUP)
 _ALLOWED = _ELEMENTWISE | _REDUCE | _SHAPE | _LOOKUPS
 
 

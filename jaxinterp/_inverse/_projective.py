@@ -20,7 +20,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax_compat as compat
-from . import _blocks as bl, _nonsquare, _value_numbers as vn
+from . import (
+    _block_find as bf,
+    _block_solve as bs,
+    _blocks as bl,
+    _nonsquare,
+    _traits as tr,
+    _value_numbers as vn,
+)
 
 _Literal = compat.Literal
 
@@ -28,7 +35,7 @@ PROJECTIVE = "projective solve"
 
 # Reductions whose results a projective block takes as extra unknowns (and
 # checks once its other unknowns are solved): a squared norm, a total.
-_CUTS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod"})
+_CUTS = tr.having(tr.REDUCE) - {"reduce_or", "reduce_and"}
 
 # At most this many equations in a projective block.
 _MAX_PROJECTIVE = 256
@@ -60,7 +67,7 @@ def _affine_region(st: Any, tops: list[int]) -> tuple[set[int], set[Any]] | None
         flags = [type(v) is not _Literal and not known(v) for v in e.invars]
         return e.primitive.name not in _CUTS and bl.is_linear(e, flags)
 
-    return bl.grow_region(
+    return bf.grow_region(
         tops, st.eqns, st.producer, known, member=member, max_eqns=_MAX_PROJECTIVE
     )
 
@@ -141,6 +148,53 @@ def _one_or_all(parts: list[Any]) -> Any:
     return parts if len(parts) > 1 else parts[0]
 
 
+def _free_and_cuts(st: Any, leaves: set[Any]) -> tuple[list[Any], list[Any]]:
+    """The leaves in program order, split into the free unknowns and the
+    cuts: leaves computed from the other leaves alone (extra unknowns,
+    checked)."""
+    eqns, producer, known = st.eqns, st.producer, st.env.__contains__
+    by_order = sorted(leaves, key=lambda v: producer.get(v, -1))
+    cuts: list[Any] = []
+    for v in by_order:
+        p = producer.get(v)
+        if p is None:
+            continue
+        others = leaves - {v}
+
+        def stops(u: Any, others: set[Any] = others) -> bool:
+            return known(u) or u in others
+
+        got = bf.grow_region([p], eqns, producer, stops)
+        if got is not None and not got[1]:
+            cuts.append(v)
+    return [v for v in by_order if v not in cuts], cuts
+
+
+def _cut_chains(
+    st: Any, cuts: list[Any], free: list[Any]
+) -> tuple[set[int], set[int], list[Any]] | None:
+    """The equations that compute the cuts from the free unknowns, those of
+    them in cuts affine in the free unknowns (`sum(c * x)`: computed from
+    them in the system), and the other cuts (`sum(x * x)`: unknowns of the
+    system); `None` if a cut is not computed from the free unknowns alone."""
+    eqns, producer, known = st.eqns, st.producer, st.env.__contains__
+    chains: set[int] = set()
+    affine: set[int] = set()
+    solved: list[Any] = []
+    for c in cuts:
+        got = bf.grow_region(
+            [producer[c]], eqns, producer, lambda u: known(u) or u in free
+        )
+        if got is None or got[1]:
+            return None
+        chains |= got[0]
+        if all(_affine(eqns[i], known) for i in got[0]):
+            affine |= got[0]
+        else:
+            solved.append(c)
+    return chains, affine, solved
+
+
 def _solve_ratios(
     st: Any,
     tops: list[int],
@@ -155,40 +209,13 @@ def _solve_ratios(
     known = env.__contains__
     if any(v in st.pieces for v in leaves):
         return None
-    by_order = sorted(leaves, key=lambda v: producer.get(v, -1))
-    # Leaves computed from the other leaves are cuts: extra unknowns, checked.
-    cuts: list[Any] = []
-    for v in by_order:
-        p = producer.get(v)
-        if p is None:
-            continue
-        others = leaves - {v}
-
-        def stops(u: Any, others: set[Any] = others) -> bool:
-            return known(u) or u in others
-
-        got = bl.grow_region([p], eqns, producer, stops)
-        if got is not None and not got[1]:
-            cuts.append(v)
-    free = [v for v in by_order if v not in cuts]
-    if not free or not bl.independent(free, region, eqns, producer, known):
+    free, cuts = _free_and_cuts(st, leaves)
+    if not free or not bf.independent(free, region, eqns, producer, known):
         return None
-    chains: set[int] = set()
-    # Cuts affine in the free unknowns (`sum(c * x)`) are computed from them
-    # in the system; the others (`sum(x * x)`) are unknowns of it.
-    affine: set[int] = set()
-    solved: list[Any] = []
-    for c in cuts:
-        got = bl.grow_region(
-            [producer[c]], eqns, producer, lambda u: known(u) or u in free
-        )
-        if got is None or got[1]:
-            return None
-        chains |= got[0]
-        if all(_affine(eqns[i], known) for i in got[0]):
-            affine |= got[0]
-        else:
-            solved.append(c)
+    found = _cut_chains(st, cuts, free)
+    if found is None:
+        return None
+    chains, affine, solved = found
     inside = region | chains
     for i in inside:
         for o in eqns[i].outvars:
@@ -255,21 +282,12 @@ def _solve_ratios(
         run = full.run(_one_or_all(_place(w, free_groups)), kn)
         return jnp.concatenate([jnp.ravel(run[y]) for y in ys])
 
-    if not any(compat.is_tracer(k) for k in kn) and not compat.in_manual_body():
-        # At a generic `y` on the image the system must determine the
-        # unknowns, else it never does (refused now rather than NaN at run
-        # time): `e / sum(e)` is a system in `e` whose images (summing to
-        # one) all make it singular.
-        with jax.ensure_compile_time_eval():
-            probe = _probe(g_flat, n_free, ys, dtype)
-            at = jnp.zeros((n,), dtype)
-            jac_probe = np.asarray(jax.jacfwd(lambda u: residual(u, probe))(at))
-        if np.linalg.matrix_rank(jac_probe) < n:
-            return None
+    if not _determined(g_flat, residual, (n, n_free), ys, kn, dtype):
+        return None
     y_vals = [env[y] for y in ys]
     jac = jax.jacfwd(lambda u: residual(u, y_vals))(zero)
     offset = residual(zero, y_vals)
-    u, _, ok = bl._least_squares(jac, -offset)
+    u, _, ok = bs.least_squares(jac, -offset)
     # The cuts must be what the solved unknowns give them, and `y` what they
     # map to: both hold when `y` comes back within rounding.
     w = jnp.where(ok, u[:n_free], jnp.nan).astype(dtype)
@@ -277,6 +295,29 @@ def _solve_ratios(
     good, ildj = _nonsquare.flat_maps_back(g_flat, w, y_flat, True)
     x_parts = [jnp.where(good, a, jnp.nan) for a in _place(w, free_groups)]
     return full, _one_or_all(x_parts), ildj if st.options.want_ildj else 0.0, PROJECTIVE
+
+
+def _determined(
+    g_flat: Any,
+    residual: Any,
+    sizes: tuple[int, int],
+    ys: Sequence[Any],
+    kn: Sequence[Any],
+    dtype: Any,
+) -> bool:
+    """Whether the system determines its unknowns (`sizes`: all of them, the
+    free ones) at a generic `y` on the image; if not there, never (refused
+    now rather than NaN at run time): `e / sum(e)` is a system in `e` whose
+    images (summing to one) all make it singular. True when the known
+    values are traced (the solve's check decides, NaN)."""
+    if any(compat.is_tracer(k) for k in kn) or compat.in_manual_body():
+        return True
+    n, n_free = sizes
+    with jax.ensure_compile_time_eval():
+        probe = _probe(g_flat, n_free, ys, dtype)
+        at = jnp.zeros((n,), dtype)
+        jac_probe = np.asarray(jax.jacfwd(lambda u: residual(u, probe))(at))
+    return bool(np.linalg.matrix_rank(jac_probe) >= n)
 
 
 def _probe(g_flat: Any, n_free: int, ys: Sequence[Any], dtype: Any) -> list[Any]:

@@ -18,7 +18,6 @@ with `jax.jacfwd` and `slogdet` (exact but slow: give it when you can).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import math
 import warnings
@@ -36,6 +35,7 @@ from .. import _jax_compat as compat
 from .._custom_types import InverseRule
 from .._errors import NotInvertibleError
 from .._registry import RuleRegistry
+from ._rounding import agree, largest
 
 
 class InverseContext:
@@ -369,198 +369,6 @@ register_binary_inverse(
 )
 
 
-def agree_within_rounding(a: Any, b: Any, scale: Any) -> Any:
-    """Elementwise, whether `a` and `b` (two values of what should be the
-    same elements: redundant copies, a known constant) agree within the
-    rounding of values of magnitude `scale` as well as their own: one of
-    them may come from steps solved before (a linear solve leaves `1e-8`
-    where `0` was meant)."""
-    eps = jnp.finfo(jnp.result_type(a, b)).eps
-    return jnp.abs(a - b) <= 32 * eps * (jnp.abs(a) + jnp.abs(b) + scale)
-
-
-# How far, in units of the dtype's epsilon times the magnitudes involved, a
-# value recomputed from solved inputs may differ from the same value known
-# from the outputs (two paths round differently).
-REDUNDANT_ROUNDING = 64
-# The same for dtypes of fewer than 23 mantissa bits (bfloat16, float16):
-# 64 of its epsilons are half its magnitude (a `y` off the image by 10%
-# passed the check of `bf16(x)` against it). Two epsilons of each of the two
-# magnitudes allow four to eight ulps, for values solved backwards through a
-# few steps of the narrow dtype (fewer gave false NaNs in such chains).
-LOW_PRECISION_ROUNDING = 2
-
-
-def rounding_allowed(dtype: Any) -> Any:
-    """How far, relative to the magnitudes involved, two values of `dtype`
-    computed along different paths may differ: `REDUNDANT_ROUNDING`
-    epsilons, `LOW_PRECISION_ROUNDING` for a dtype of few mantissa bits."""
-    finfo = jnp.finfo(dtype)
-    ulps = REDUNDANT_ROUNDING if finfo.nmant >= 23 else LOW_PRECISION_ROUNDING
-    return ulps * finfo.eps
-
-
-def agree(a: Any, b: Any, slope: Any = 0.0, excused: Any = False) -> Any:
-    """Whether two values of what must be the same elements agree, as one
-    boolean: within rounding for floating values (of their magnitudes and of
-    `slope`, how much the first moves when its inputs move by their own
-    magnitude), exactly otherwise. A NaN in `b` agrees with anything (an
-    element a backward step left undetermined, `0 / 0`), and a NaN in `a`
-    when `excused` (it comes from a NaN solved before, which the answer
-    holds already); a NaN in `a` against a number disagrees."""
-    a, b = jnp.asarray(a), jnp.asarray(b)
-    if jnp.shape(a) != jnp.shape(b):
-        b = jnp.broadcast_to(b, jnp.shape(a))
-    dtype = jnp.result_type(a, b)
-    if not jnp.issubdtype(dtype, jnp.inexact):
-        return jnp.all(a == b)
-    finfo = jnp.finfo(dtype)
-    # Their own rounding, and that of what they were computed from (`slope`,
-    # which carries the rounding of values solved before).
-    own = rounding_allowed(dtype) * (jnp.abs(a) + jnp.abs(b))
-    bound = own + REDUNDANT_ROUNDING * finfo.eps * slope + 16 * finfo.tiny
-    # An infinite value agrees only with itself (the bound is inf there).
-    close = (jnp.abs(a - b) <= bound) & ((a == b) | (jnp.isfinite(a) & jnp.isfinite(b)))
-    return jnp.all(close | jnp.isnan(b) | (jnp.isnan(a) & excused))
-
-
-def forward_differentiable(eqn: Any) -> bool:
-    """Whether the check of `eqn`'s recomputation takes forward derivatives:
-    for first-order equations only (a higher-order one would trace its body
-    again per operand, and JAX's forward mode stops at a `custom_vjp`)."""
-    return not compat.sub_jaxprs(eqn) and eqn.primitive not in {
-        compat.custom_vjp_call_p,
-        compat.call_hi_primitive_p,
-    }
-
-
-def _floating(x: Any) -> bool:
-    return bool(jnp.issubdtype(jnp.result_type(x), jnp.inexact))
-
-
-def _largest(x: Any) -> Any:
-    """The largest magnitude among `x`'s elements (NaN ignored), 0 if not
-    floating."""
-    if not _floating(x):
-        return 0.0
-    size = jnp.abs(jnp.asarray(x))
-    return jnp.max(jnp.where(jnp.isnan(size), 0, size), initial=0.0)
-
-
-def agree_recomputed(
-    forward: Callable[..., list[Any]],
-    ins: Sequence[Any],
-    known: Sequence[Any],
-    differentiable: bool = True,
-    solved: bool = False,
-    inherited: Sequence[Any] | None = None,
-    known_rounding: Sequence[Any] | None = None,
-) -> Any:
-    """Whether `forward(*ins)` agrees with the values `known` of its results
-    (`None` where not known), as one boolean. The tolerance follows each
-    result's sensitivity to each floating operand's magnitude (one forward
-    derivative per such operand, unless not `differentiable`: magnitudes
-    only), so a recomputation through a steep map rounds as it may. An
-    operand's magnitude is taken as its own plus its largest element's:
-    solved operands carry rounding relative to the values around them (a
-    factorization's `4e-25` where `0` was meant), and `inherited` (per
-    operand, `None` or a magnitude) adds the rounding an operand solved
-    backwards took from the values it was solved from (`x = y - 1` for
-    `y = x + 1` is off by `eps |y|`, not `eps |x|`), and `known_rounding`
-    (per result, `None` or a magnitude) the rounding a known result solved
-    backwards took likewise. With `solved`, the
-    known results were solved too and carry the same: their largest
-    elements' rounding is allowed as well."""
-    # A check, not part of the answer's derivative: no tangents through it.
-    ins = [lax.stop_gradient(x) if _floating(x) else x for x in ins]
-    known = [None if k is None else lax.stop_gradient(k) for k in known]
-    floating = [k for k, x in enumerate(ins) if differentiable and _floating(x)]
-    outs: list[Any] | None = None
-    slopes: list[Any] = [0.0] * len(known)
-    nan_in: Any = False
-    for k in floating:
-
-        def moved(xk: Any, k: int = k) -> list[Any]:
-            return list(forward(*ins[:k], xk, *ins[k + 1 :]))
-
-        at = jnp.asarray(ins[k])  # (a literal is a Python scalar on JAX 0.7)
-        size = jnp.abs(at)
-        nan = jnp.isnan(size)
-        nan_in = nan_in | jnp.any(nan)
-        size = jnp.where(nan, 0, size)
-        if jnp.ndim(size) and jnp.size(size):
-            # (An empty operand, `lax.pad` with negative padding: no element
-            # to scale by, and `max` of nothing raises.)
-            size = size + jnp.max(size)
-        if inherited is not None and inherited[k] is not None:
-            size = size + inherited[k]
-        outs, tangents = jax.jvp(moved, (at,), (size.astype(at.dtype),))
-        # The operand's rounding is of its own dtype: a result of another
-        # dtype (a conversion) weighs its slope by the two dtypes' epsilons.
-        slopes = [
-            s
-            + jnp.nan_to_num(jnp.abs(t), nan=0.0, posinf=0.0)
-            * _eps_ratio(at.dtype, jnp.result_type(t))
-            if jnp.issubdtype(jnp.result_type(t), jnp.inexact)
-            else s
-            for s, t in zip(slopes, tangents, strict=True)
-        ]
-    if outs is None:
-        # Without derivatives (a higher-order equation, a `custom_vjp`): the
-        # rounding of the results' largest elements.
-        outs = list(forward(*ins))
-        slopes = [_largest(o) for o in outs]
-    if solved:
-        slopes = [
-            s if kn is None else s + _largest(kn)
-            for s, kn in zip(slopes, known, strict=True)
-        ]
-    if known_rounding is not None:
-        # Known results solved by a formula carry the rounding they took.
-        slopes = [
-            s if r is None else s + lax.stop_gradient(r)
-            for s, r in zip(slopes, known_rounding, strict=True)
-        ]
-    oks = [
-        agree(o, kn, s, nan_in)
-        for o, kn, s in zip(outs, known, slopes, strict=True)
-        if kn is not None
-    ]
-    return functools.reduce(jnp.logical_and, oks, jnp.bool_(True))
-
-
-def inherited_rounding(forward: Callable[[Any], Any], solved: Any, result: Any) -> Any:
-    """The rounding a value `solved` backwards from `result = forward(solved)`
-    (an elementwise step, its other operands known) took from `result`: the
-    result's magnitude (its own plus its largest element's) over the step's
-    slope, elementwise; 0 where the slope is 0 or not finite. First order:
-    `x = log(y)` keeps `eps`, `x = y - 1` gets `eps |y|`."""
-    at = lax.stop_gradient(jnp.asarray(solved))
-    _, slope = jax.jvp(forward, (at,), (jnp.ones_like(at),))
-    size = jnp.abs(lax.stop_gradient(jnp.asarray(result))).astype(at.dtype)
-    size = jnp.where(jnp.isnan(size), 0, size)
-    if jnp.ndim(size) and jnp.size(size):  # (an empty one has no largest)
-        size = size + jnp.max(size)
-    slope = jnp.abs(slope)
-    ok = (slope > 0) & jnp.isfinite(slope) & jnp.isfinite(size)
-    # (`integer_pow`, not `div`: a check, told apart from solving steps.)
-    inverse_slope = lax.integer_pow(jnp.where(ok, slope, 1), -1)
-    # In epsilons of `solved`'s dtype: `bf16(y)` solved from a float32 `y`
-    # took float32's rounding, not 65,536 times more.
-    ratio = _eps_ratio(jnp.result_type(result), at.dtype)
-    return jnp.where(ok, size * inverse_slope * ratio, 0).astype(at.dtype)
-
-
-def _eps_ratio(source: Any, target: Any) -> float:
-    """`eps(source) / eps(target)` for floating dtypes (1 otherwise): a
-    rounding of `source`'s precision in epsilons of `target`."""
-    if not (
-        jnp.issubdtype(source, jnp.inexact) and jnp.issubdtype(target, jnp.inexact)
-    ):
-        return 1.0
-    return float(jnp.finfo(source).eps / jnp.finfo(target).eps)
-
-
 def agree_piece(piece: Any, whole: Any) -> Any:
     """Whether a piece of a value agrees with the whole value known (within
     rounding of the value's largest element), as one boolean."""
@@ -568,15 +376,7 @@ def agree_piece(piece: Any, whole: Any) -> Any:
     if isinstance(piece, MaskedPiece):
         part = jnp.ravel(part)
     shaped = jnp.reshape(part, jnp.shape(piece.value))
-    return agree(piece.value, shaped, _largest(whole))
-
-
-def agree_solved(a: Any, b: Any) -> Any:
-    """Whether a value solved again, `a`, agrees with its known value `b`
-    (within rounding of its largest element), as one boolean. A NaN in `a`
-    is an element the second path leaves undetermined (`0 / 0`), not a
-    contradiction."""
-    return agree(a, b, _largest(b), excused=True)
+    return agree(piece.value, shaped, largest(whole))
 
 
 def overlapping(shape: Sequence[int], pieces: Sequence[Any]) -> bool:

@@ -32,9 +32,10 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
-from . import _refusals as rf
+from . import _refusals as rf, _traits as tr
 from ._dataflow import SolveState, Walker, gather, shape_of
-from ._rules import MaskedPiece, agree_within_rounding
+from ._rounding import agree_within_rounding
+from ._rules import MaskedPiece
 
 
 def point_positions(
@@ -133,7 +134,7 @@ def step(walker: Walker, st: SolveState, i: int) -> bool | None:
 
 # Steps that keep the elements and their row-major order, changing only the
 # shape (a `reshape` without a transposition first).
-_RELAYOUTS = frozenset({"reshape", "squeeze", "expand_dims"})
+_RELAYOUTS = tr.having(tr.RELAYOUT)
 
 
 def relayout(eqn: Any) -> bool:

@@ -63,7 +63,16 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
-from . import _blocks as bl, _elementwise_steps as ew, _linear_parts as lp, _solve
+from . import (
+    _block_find as bf,
+    _block_numeric as numeric,
+    _blocks as bl,
+    _elementwise_steps as ew,
+    _linear_parts as lp,
+    _rounding as rd,
+    _solve,
+    _traits as tr,
+)
 
 _Literal = compat.Literal
 
@@ -105,7 +114,7 @@ def _grow(
     """The equations between the results of `tops` and the unknown values
     they depend on (not going past `stop`), and those values; `None` if the
     region is too large or holds an equation with effects."""
-    return bl.grow_region(tops, eqns, producer, known, stop=stop, max_eqns=_MAX_EQNS)
+    return bf.grow_region(tops, eqns, producer, known, stop=stop, max_eqns=_MAX_EQNS)
 
 
 def find_sequential(st: Any) -> list[bl.Block]:
@@ -348,9 +357,7 @@ def triangular(block: bl.Block, st: Any) -> Triangular | str | None:
 
 
 # Steps whose result is affine only piecewise in their operands.
-_PIECEWISE = frozenset(
-    {"floor", "ceil", "round", "sign", "rem", "abs", "select_n", "max", "min", "clamp"}
-)
+_PIECEWISE = tr.having(tr.PIECEWISE)
 
 
 def _piecewise(eqn: Any) -> bool:
@@ -397,7 +404,7 @@ def solve_sequential(
     # traced later, outside this trace.
     level, rows = tri.level, tri.row
     # (Turns of a row between grid points, found by enclosing its slope.)
-    row_turns = None if tri.affine else bl.row_turns(flat, rows, dtype, known)
+    row_turns = None if tri.affine else numeric.row_turns(flat, rows, dtype, known)
 
     def one_level(u: Any, k: Any, target: Any, *kn: Any) -> Any:
         on = jnp.equal(level, k)
@@ -500,8 +507,6 @@ def _checked(
 ) -> Any:
     """`u`, or NaN everywhere unless every result is `y` within rounding:
     that of `y`, and of `u` propagated through the rows used."""
-    dtype = jnp.result_type(y)
-    eps, tiny = jnp.finfo(dtype).eps, jnp.finfo(dtype).tiny
     at = flat(u, *known)
     jac = jax.jacfwd(flat)(u, *known)
     n = u.shape[0]
@@ -512,7 +517,7 @@ def _checked(
     )
     # ... and so every result.
     scale = jnp.abs(y) + abs_jac @ jnp.abs(u) + abs_jac @ spread
-    ok = jnp.all(jnp.abs(at - y) <= 16 * n * eps * scale + 16 * tiny)
+    ok = jnp.all(rd.close(at, y, scale, ulps=16 * n))
     return jnp.where(ok, u, jnp.nan)
 
 
@@ -524,7 +529,6 @@ def _parts_checked(block: bl.Block, x: Any, known: Sequence[Any]) -> Any:
     sum(x @ M))`: five results of three unknowns) is NaN, not an `x` that
     reproduces the results the solve used and not the others."""
     dtype = jnp.result_type(x)
-    eps, tiny = jnp.finfo(dtype).eps, jnp.finfo(dtype).tiny
     parts = list(block.parts.items())
     want = jnp.concatenate(
         [jnp.ravel(base)[idx].astype(dtype) for _, (base, idx) in parts]
@@ -539,7 +543,7 @@ def _parts_checked(block: bl.Block, x: Any, known: Sequence[Any]) -> Any:
     u = jnp.ravel(x)
     at = got(u)
     scale = jnp.abs(want) + jnp.abs(jax.jacfwd(got)(u)) @ jnp.abs(u)
-    ok = jnp.all(jnp.abs(at - want) <= 16 * u.shape[0] * eps * scale + 16 * tiny)
+    ok = jnp.all(rd.close(at, want, scale, ulps=16 * u.shape[0]))
     return jnp.where(ok, x, jnp.nan)
 
 

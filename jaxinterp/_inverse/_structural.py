@@ -21,13 +21,8 @@ from jax import lax
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
 from . import _scattered
-from ._rules import (
-    InverseContext,
-    Piece,
-    PieceResult,
-    agree_within_rounding,
-    inverse_rules,
-)
+from ._rounding import agree_within_rounding
+from ._rules import InverseContext, Piece, PieceResult, inverse_rules
 
 
 def _unless_known_part_differs(

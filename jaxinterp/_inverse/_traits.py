@@ -107,7 +107,7 @@ _TABLE: dict[str, tuple[str, ...]] = {
     "integer_pow": (_E, RATIONAL, CONTINUOUS),
     "pow": (_E, _B, INVERTIBLE_PER_OPERAND),
     "atan2": (_E, _B, INVERTIBLE_PER_OPERAND),
-    "nextafter": (_E, _B, INVERTIBLE_PER_OPERAND),
+    "nextafter": (_E, _B),
     "rem": (_E, _B, PIECEWISE),
     "polynomial": (_E,),
     # Elementwise functions of one operand.

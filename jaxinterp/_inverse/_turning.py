@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _solve
+from . import _solve, _traits as tr
 
 # Points sampled between the grid points around a turn, twice (the second
 # time around the best of the first).
@@ -525,9 +525,9 @@ def _turns(values: np.ndarray, eps: float) -> int:
 
 # Primitives whose float results are discrete choices of their operand: a
 # map built from them jumps where they change.
-_STEPS = frozenset({"floor", "ceil", "round", "sign"})
+_STEPS = tr.having(tr.STEP)
 # Primitives that pick between continuous pieces (`choices_of`'s `kinks`).
-_KINKS = frozenset({"abs", "max", "min", "clamp"})
+_KINKS = tr.having(tr.KINK)
 
 
 def choices_of(

@@ -22,12 +22,13 @@ from typing import Any
 import numpy as np
 
 from .. import _jax_compat as compat
+from . import _traits as tr
 
 _Literal = compat.Literal
 
 # Primitives whose results differ between two equations with the same
 # operands (a hidden RNG state) although they declare no effects.
-_STATEFUL = frozenset({"rng_uniform"})
+_STATEFUL = tr.having(tr.STATEFUL)
 
 
 class ValueNumbers:
