@@ -526,7 +526,7 @@ def inverse(
         (autoregressive flows, stick-breaking), and others. An element with
         no preimage, or with two, comes back as NaN; every answer is checked
         by mapping it back. `explain_inverse` names the method per
-        equation; the concepts guide describes each.
+        equation; the docs' "Inverse methods" page describes each.
 
     Example:
         >>> f = lambda x: jnp.exp(jnp.tanh(x))

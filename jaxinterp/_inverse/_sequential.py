@@ -36,7 +36,7 @@ it is otherwise stuck and solvers are on:
 
 The ildj is `-log|det J|` for a square map and, for a map onto a manifold
 (more results than unknowns), `-0.5 * logdet(J^T J)` with `J` the block's
-Jacobian (the area formula; see docs/concepts.md). Derivatives come from the
+Jacobian (the area formula; see docs/inverse-methods.md). Derivatives come from the
 implicit function theorem on the rows used (`jax.custom_jvp`), not from the
 iterations.
 
