@@ -258,57 +258,77 @@ def each_field(
     return Form(*(move(v) for v in fields_of(a, shape)))
 
 
-def moved(eqn: Any, name: str, ins: list[Form]) -> list[Form]:
-    """A step that moves elements: the same move of every field (exact)."""
+def _shapes(eqn: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return tuple(eqn.invars[0].aval.shape), tuple(eqn.outvars[0].aval.shape)
+
+
+def _broadcast_in_dim(eqn: Any, ins: list[Form]) -> list[Form]:
+    shape, out_shape = _shapes(eqn)
+    dims = [1] * len(out_shape)
+    for i, d in enumerate(compat.params_of(eqn)["broadcast_dimensions"]):
+        dims[d] = shape[i]
+
+    def move(v: np.ndarray) -> Any:
+        return np.broadcast_to(v.reshape(*dims, v.shape[-1]), (*out_shape, v.shape[-1]))
+
+    return [each_field(ins[0], shape, move)]
+
+
+def _reshape(eqn: Any, ins: list[Form]) -> list[Form]:
+    shape, out_shape = _shapes(eqn)
+    return [each_field(ins[0], shape, lambda v: v.reshape(*out_shape, v.shape[-1]))]
+
+
+def _transpose(eqn: Any, ins: list[Form]) -> list[Form]:
+    shape, _ = _shapes(eqn)
+    order = (*compat.params_of(eqn)["permutation"], len(shape))
+    return [each_field(ins[0], shape, lambda v: np.transpose(v, order))]
+
+
+def _slice(eqn: Any, ins: list[Form]) -> list[Form]:
+    shape, _ = _shapes(eqn)
     params = compat.params_of(eqn)
-    shape = tuple(eqn.invars[0].aval.shape)
-    out_shape = tuple(eqn.outvars[0].aval.shape)
-    a = ins[0]
-    if name == "broadcast_in_dim":
-        dims = [1] * len(out_shape)
-        for i, d in enumerate(params["broadcast_dimensions"]):
-            dims[d] = shape[i]
+    start, limit = params["start_indices"], params["limit_indices"]
+    strides = params.get("strides") or (1,) * len(shape)
+    at = tuple(
+        slice(int(i), int(j), int(st))
+        for i, j, st in zip(start, limit, strides, strict=True)
+    )
+    return [each_field(ins[0], shape, lambda v: v[(*at, slice(None))])]
 
-        def move(v: np.ndarray) -> Any:
-            return np.broadcast_to(
-                v.reshape(*dims, v.shape[-1]), (*out_shape, v.shape[-1])
-            )
 
-        return [each_field(a, shape, move)]
-    if name in ("reshape", "squeeze"):
-        return [each_field(a, shape, lambda v: v.reshape(*out_shape, v.shape[-1]))]
-    if name == "transpose":
-        order = (*params["permutation"], len(shape))
-        return [each_field(a, shape, lambda v: np.transpose(v, order))]
-    if name == "slice":
-        start, limit = params["start_indices"], params["limit_indices"]
-        strides = params.get("strides") or (1,) * len(shape)
-        at = tuple(
-            slice(int(i), int(j), int(st))
-            for i, j, st in zip(start, limit, strides, strict=True)
-        )
-        return [each_field(a, shape, lambda v: v[(*at, slice(None))])]
-    if name == "concatenate":
-        axis = int(params["dimension"])
-        parts = [
-            fields_of(f, tuple(v.aval.shape))
-            for f, v in zip(ins, eqn.invars, strict=True)
-        ]
-        fields = []
-        for i in range(len(FIELDS)):
-            last = max(p[i].shape[-1] for p in parts)
-            fields.append(
-                np.concatenate(
-                    [np.broadcast_to(p[i], (*p[i].shape[:-1], last)) for p in parts],
-                    axis=axis,
-                )
-            )
-        return [Form(*fields)]
-    # split
+def _concatenate(eqn: Any, ins: list[Form]) -> list[Form]:
+    axis = int(compat.params_of(eqn)["dimension"])
+    parts = [
+        fields_of(f, tuple(v.aval.shape)) for f, v in zip(ins, eqn.invars, strict=True)
+    ]
+    joined = []
+    for i in range(len(FIELDS)):
+        last = max(p[i].shape[-1] for p in parts)
+        wide = [np.broadcast_to(p[i], (*p[i].shape[:-1], last)) for p in parts]
+        joined.append(np.concatenate(wide, axis=axis))
+    return [Form(*joined)]
+
+
+def _split(eqn: Any, ins: list[Form]) -> list[Form]:
+    shape, _ = _shapes(eqn)
+    params = compat.params_of(eqn)
     axis = int(params["axis"])
     cuts = np.cumsum([int(n) for n in params["sizes"]])[:-1]
-    pieces = [np.split(v, cuts, axis=axis) for v in fields_of(a, shape)]
+    pieces = [np.split(v, cuts, axis=axis) for v in fields_of(ins[0], shape)]
     return [Form(*(p[i] for p in pieces)) for i in range(len(eqn.outvars))]
+
+
+# Steps that move elements: the same move of every field (exact), by name.
+MOVES: dict[str, Callable[[Any, list[Form]], list[Form]]] = {
+    "broadcast_in_dim": _broadcast_in_dim,
+    "reshape": _reshape,
+    "squeeze": _reshape,
+    "transpose": _transpose,
+    "slice": _slice,
+    "concatenate": _concatenate,
+    "split": _split,
+}
 
 
 def sum_over(k: Cells, a: Form, axes: tuple[int, ...], shape: tuple[int, ...]) -> Form:

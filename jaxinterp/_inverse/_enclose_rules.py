@@ -354,12 +354,6 @@ def _round_half(x: np.ndarray) -> np.ndarray:
 
 # --- the walk ------------------------------------------------------------
 
-# Steps that move a value's elements (`fm.moved`).
-_MOVES = frozenset(
-    {"broadcast_in_dim", "reshape", "squeeze", "transpose", "slice", "concatenate"}
-    | {"split"}
-)
-
 
 def _real(aval: Any) -> None:
     shape = getattr(aval, "shape", None)
@@ -514,9 +508,7 @@ RULES.each(
     )
 )
 RULES.each(
-    dict.fromkeys(
-        _MOVES, lambda k, eqn, ins: fm.moved(eqn, compat.construct_name(eqn), ins)
-    )
+    {name: (lambda k, eqn, ins, m=m: m(eqn, ins)) for name, m in fm.MOVES.items()}
 )
 RULES.each(
     {
