@@ -31,7 +31,7 @@ from . import (
     _nonsquare as nsq,
     _refusals as rf,
 )
-from ._dataflow import Solved, SolveState, Walker
+from ._dataflow import Solved, SolverOrigin, SolveState, Walker
 from ._rounding import floating, inherited_rounding
 
 # What a block method found: (the block, its unknown's value, its ildj, the
@@ -53,7 +53,7 @@ def solved(st: SolveState, found: Found | None) -> Solved | None:
     chooses = method in (bl.ELEMENTWISE_SOLVE, bl.SYMMETRIC_SOLVE)
     origin: Any = None
     if chooses:
-        origin = bl.SolverOrigin(st.eqns[block.top], method)
+        origin = SolverOrigin(st.eqns[block.top], method)
     elif chosen_from:
         origin = st.chooser[chosen_from[0]]
     known = [env[v] for v in block.known]

@@ -46,6 +46,7 @@ from . import (
     _solve,
     _turning,
 )
+from ._dataflow import ELEMENTWISE_SOLVE as ELEMENTWISE_SOLVE
 from ._elementwise_steps import (
     _ELEMENTWISE,
     _scalar_broadcast,
@@ -55,7 +56,6 @@ _Literal = compat.Literal
 
 # Methods, as `explain_inverse` names them.
 PIECEWISE = "piecewise"
-ELEMENTWISE_SOLVE = "elementwise solve"
 LINEAR_SOLVE = "linear solve"
 SYMMETRIC_SOLVE = "symmetric solve"
 
@@ -507,36 +507,3 @@ SOLVERS_OFF = (
     "its unknown operand is an elementwise function of one value that no "
     "formula inverts, and numerical solvers are off (`solvers=False`)"
 )
-
-
-class SolverOrigin:
-    """Stands for the equation ending a block solved numerically, in the
-    engine's record of which step chose a preimage.
-
-    `method` tells the two solves apart: an `ELEMENTWISE_SOLVE` answers only
-    where the map passed its monotonicity check (NaN elsewhere), so where it
-    answers its preimage is the only one; a `SYMMETRIC_SOLVE` picks the
-    symmetric preimage among many.
-    """
-
-    def __init__(self, top: Any, method: str = ELEMENTWISE_SOLVE) -> None:
-        self.primitive = top.primitive
-        self.source_info = top.source_info
-        self.method = method
-
-    @property
-    def unique(self) -> bool:
-        """Whether the solve's answer is the only preimage where it answers."""
-        return self.method == ELEMENTWISE_SOLVE
-
-
-class UniqueInside:
-    """Stands for a call-like or loop equation whose rule reported values
-    chosen inside its body only by elementwise solves (`SolverOrigin.unique`),
-    in the engine's record of which step chose a preimage."""
-
-    unique = True
-
-    def __init__(self, eqn: Any) -> None:
-        self.primitive = eqn.primitive
-        self.source_info = eqn.source_info

@@ -587,3 +587,41 @@ def _empty(shape: Any, dtype: Any) -> Any:
     import jax.numpy as jnp
 
     return jnp.zeros(tuple(shape), dtype)
+
+
+# The method label of an elementwise block solved numerically: its answer is
+# the only preimage where it answers (`SolverOrigin.unique`).
+ELEMENTWISE_SOLVE = "elementwise solve"
+
+
+class SolverOrigin:
+    """Stands for the equation ending a block solved numerically, in the
+    engine's record of which step chose a preimage.
+
+    `method` tells the two solves apart: an `ELEMENTWISE_SOLVE` answers only
+    where the map passed its monotonicity check (NaN elsewhere), so where it
+    answers its preimage is the only one; a `SYMMETRIC_SOLVE` picks the
+    symmetric preimage among many.
+    """
+
+    def __init__(self, top: Any, method: str = ELEMENTWISE_SOLVE) -> None:
+        self.primitive = top.primitive
+        self.source_info = top.source_info
+        self.method = method
+
+    @property
+    def unique(self) -> bool:
+        """Whether the solve's answer is the only preimage where it answers."""
+        return self.method == ELEMENTWISE_SOLVE
+
+
+class UniqueInside:
+    """Stands for a call-like or loop equation whose rule reported values
+    chosen inside its body only by elementwise solves (`SolverOrigin.unique`),
+    in the engine's record of which step chose a preimage."""
+
+    unique = True
+
+    def __init__(self, eqn: Any) -> None:
+        self.primitive = eqn.primitive
+        self.source_info = eqn.source_info

@@ -38,7 +38,6 @@ from .._errors import (
 )
 from .._registry import RuleRegistry
 from . import (
-    _blocks as bl,
     _branches as br,
     _elementwise_steps as ew,
     _masked as mk,
@@ -53,6 +52,7 @@ from ._dataflow import (
     Solution as Solution,
     SolveOptions,
     SolveState,
+    UniqueInside,
 )
 from ._methods import METHODS, Method
 from ._refusals import not_invertible_error as not_invertible_error
@@ -410,7 +410,7 @@ class InverseWalker:
         reported = res[2] if len(res) > 2 else None
         # A call-like or loop rule says, fourth, whether its body chose only
         # by elementwise solves (`Solution.unique_choices`).
-        inside: Any = bl.UniqueInside(eqn) if len(res) > 3 and res[3] is True else eqn
+        inside: Any = UniqueInside(eqn) if len(res) > 3 and res[3] is True else eqn
         st.ildj_terms.append(ildj)
         # After a completion, any step may turn the value chosen for the
         # discarded elements into NaN (`where(m, cosh(x), c)` completed with

@@ -17,6 +17,7 @@ from .. import _jax_compat as compat
 from .._env import Env
 from .._errors import NotInvertibleError, source_line
 from . import _blocks as bl, _branches as br
+from ._dataflow import SolverOrigin
 from ._rules import describe_elements
 
 if TYPE_CHECKING:
@@ -143,7 +144,7 @@ def chooser_kind(origin: Any) -> str:
     (in the body of a call-like equation), `rounding` or `own`."""
     if origin is None:
         return "enclosing"
-    if isinstance(origin, bl.SolverOrigin):
+    if isinstance(origin, SolverOrigin):
         return "solver"
     if origin.primitive.name in br.BRANCH_AWARE or origin.primitive.name in br.LOOPS:
         return "inside"
