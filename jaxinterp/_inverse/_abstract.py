@@ -66,7 +66,8 @@ class Rules(Generic[V]):
 
         def decorate(rule: Rule) -> Rule:
             for name in names:
-                assert name not in self._rules, (self.name, name)
+                if name in self._rules:
+                    raise ValueError(f"`{self.name}` already has a rule for `{name}`.")
                 self._rules[name] = rule
             return rule
 
