@@ -67,26 +67,32 @@ _FIXED = {
     "print_blob": True,
     "suppress_health_check": _QUIET,
 }
-# `ci`: the suite's default. 15 examples (few, to keep CI within its time);
-# tests that need more say so. `quick`: CI's second runs (the
-# future flags, the oldest JAX); the newest JAX and the README's command
-# draw the `ci` profile's.
+# `quick` (8 examples): the default selection (the README's command, CI's
+# runs of it). `ci` (15): a `--full` run (CI's newest JAX, the nox
+# sessions). Tests that need more examples say so. `dev` draws 500, at
+# random. `HYPOTHESIS_PROFILE` picks one by name.
 settings.register_profile("ci", max_examples=15, **_FIXED)
 settings.register_profile("quick", max_examples=8, **_FIXED)
 settings.register_profile(
     "dev", deadline=None, max_examples=500, suppress_health_check=_QUIET
 )
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))
 
 
 # --- Which tests run by default ---------------------------------------------
 # The default run (the README's command) leaves out the tests marked `methods`
 # (files that test one of the inverse's numerical methods on many maps) and
-# `slow` (long runs of code the rest of the suite also covers): about half of
-# the suite's time. `--full` (or `JAXINTERP_TEST_FULL=1`) runs them too, as
-# CI's run on the newest JAX and the nox sessions do; so does naming their
-# file on the command line, or any `-m` expression.
+# `slow` (a test that takes over about 3 seconds on two cores with an empty
+# compilation cache): three quarters of the suite's time, for a run of about
+# 5 minutes. `--full` (or `JAXINTERP_TEST_FULL=1`) runs them too, as CI's run
+# on the newest JAX and the nox sessions do; so does naming their file on
+# the command line, or any `-m` expression.
 _LEFT_OUT = ("methods", "slow")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if "HYPOTHESIS_PROFILE" not in os.environ and _full_run(config):
+        settings.load_profile("ci")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

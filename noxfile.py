@@ -34,7 +34,7 @@ def tests(session: nox.Session, x64: bool) -> None:
 
 @nox.session(python=ENDS[-1:])
 def multidevice(session: nox.Session) -> None:
-    """The multi-device check matrix of issue 13 (8 simulated CPU devices)."""
+    """The multi-device check matrix (8 simulated CPU devices)."""
     session.install("-e", ".[test]")
     session.run(
         *PYTEST,
@@ -99,7 +99,7 @@ def typecheck(session: nox.Session) -> None:
 @nox.session(python=ENDS)
 def docs(session: nox.Session) -> None:
     """Build the documentation site in strict mode."""
-    session.install("-e", ".[dev]")
+    session.install("-e", ".[docs]")
     session.run("mkdocs", "build", "--strict")
 
 
@@ -114,11 +114,19 @@ def examples(session: nox.Session) -> None:
 
 @nox.session(python=ENDS)
 def bench(session: nox.Session) -> None:
-    """Run the benchmarks; each prints ratios against a reference."""
+    """Run the benchmarks (each prints ratios against a reference), record
+    their figures in `benchmarks/results/` and rewrite the tables of
+    `docs/benchmarks.md` from them (`benchmarks/tables.py`). Options after
+    `--` go to every script; with `--quick` nothing is recorded."""
     session.install("-e", ".")
+    record = [] if "--quick" in session.posargs else ["--record"]
     for name in sorted(os.listdir("benchmarks")):
         if name.startswith("bench_") and name.endswith(".py"):
-            session.run("python", os.path.join("benchmarks", name), *session.posargs)
+            session.run(
+                "python", os.path.join("benchmarks", name), *record, *session.posargs
+            )
+    if record:
+        session.run("python", "benchmarks/tables.py")
 
 
 ECOSYSTEM = [("3.11", "0.10.2"), ("3.12", "0.12.0.1")]
@@ -174,8 +182,20 @@ def peers(session: nox.Session) -> None:
 
 @nox.session(python="3.12")
 def bench_peers(session: nox.Session) -> None:
-    """Time `inverse` against the peer libraries' own inverses where it solves
-    numerically (`benchmarks/peers_solver.py`; `-- --sizes 10000 --only
-    Softsign`). Not part of `nox -s bench`: it installs the peers."""
+    """Time `inverse` against the peer libraries' own inverses
+    (`benchmarks/peers_solver.py`): the cases it solves numerically, then
+    those of the exact methods; record the figures and rewrite their tables
+    in `docs/benchmarks.md`. Options after `--` replace the defaults
+    (`-- --sizes 10000 --only Softsign`, nothing recorded). Not part of
+    `nox -s bench`: it installs the peers."""
     session.install("-e", ".", *PEER_LIBRARIES)
-    session.run("python", "benchmarks/peers_solver.py", *session.posargs)
+    script = "benchmarks/peers_solver.py"
+    if session.posargs:
+        session.run("python", script, *session.posargs)
+        return
+    sizes = ["--sizes", "10000", "1000000", "--repeat", "10"]
+    session.run("python", script, "--record", *sizes)
+    exact = ["piecewise by intervals", "piecewise", "linear-fractional formula"]
+    methods = [arg for m in exact for arg in ("--method", m)]
+    session.run("python", script, "--record", *sizes, *methods)
+    session.run("python", "benchmarks/tables.py")

@@ -342,6 +342,7 @@ def test_inverse_and_ildj_match_the_references(b):
     _close(got_ildj, _slogdet_ildj(b.forward, x), rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("b", ZOO, ids=_ids)
 def test_jit_vmap_and_grad(b):
     x = b.sample(6)
@@ -374,6 +375,7 @@ def test_explain_names_the_method(b):
     assert f"({b.method})" in report, report
 
 
+@pytest.mark.slow
 @given(st.data())
 def test_random_points_round_trip(data):
     b = data.draw(st.sampled_from(ZOO), label="bijector")
@@ -424,6 +426,7 @@ def test_any_y_gives_nan_or_a_preimage(data):
 # Known arguments, and what the blocks refuse or return as NaN.
 
 
+@pytest.mark.slow
 def test_known_parameters_and_their_gradients():
     def softsign_scaled(x, scale):
         return x / (scale + jnp.abs(x))
@@ -475,6 +478,7 @@ def test_a_map_that_takes_a_value_twice_gives_nan_there():
     assert np.isnan(np.asarray(got)).all(), got
 
 
+@pytest.mark.slow
 def test_a_constant_branch_gives_nan_not_a_number():
     def flat_then_rising(x):
         return jnp.where(x > 0, x + jnp.sin(x), 0.0 * x)
@@ -505,6 +509,7 @@ def test_solvers_off_keeps_exact_piecewise_inverses():
         assert _method(b.forward, x) == "piecewise", name
 
 
+@pytest.mark.slow
 def test_a_second_output_constraining_a_solved_value_is_refused():
     def f(x):
         return x / (1 + jnp.abs(x)) + 0.1 * jnp.tanh(x), jnp.sum(x)
@@ -551,6 +556,7 @@ def test_blocks_inside_jit_scan_and_cond():
         _close(got_ildj, want, rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.slow
 def test_a_numerical_solve_may_determine_a_loop_carry():
     # The solver answers only where the map is monotone, so its preimage is
     # the only one: the step before takes it as given. (Softsign
@@ -574,6 +580,7 @@ def test_a_numerical_solve_may_determine_a_loop_carry():
         inverse(g, example_args=(x,))(g(x))
 
 
+@pytest.mark.slow
 def test_float64(tmp_path):
     from helpers import run_python
 
@@ -635,6 +642,7 @@ LINEAR_ZOO = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, f, x", LINEAR_ZOO, ids=[c[0] for c in LINEAR_ZOO])
 def test_linear_blocks(name, f, x):
     y = f(x)
@@ -652,6 +660,7 @@ def test_linear_blocks(name, f, x):
     assert "(linear solve)" in jaxinterp.explain_inverse(f, x)
 
 
+@pytest.mark.slow
 def test_linear_block_with_known_parameters():
     def dlr(x, d, u, w):
         return d * x + u @ (w.T @ x)
@@ -707,6 +716,7 @@ def test_linear_blocks_are_solvers():
 # Embeddings: the unknown is copied into a larger array at known positions.
 
 
+@pytest.mark.slow
 def test_fill_triangular_by_scatter():
     rows, cols = np.tril_indices(4)
 
@@ -776,6 +786,7 @@ def _shifted_gompertz_hand(y, lo=-1.0, hi=40.0):
     return (lo + hi) / 2
 
 
+@pytest.mark.slow
 def test_a_formula_that_turns_outside_its_domain_is_inverted_where_single():
     # The shifted Gompertz CDF is a bijection of x > 0 onto (0, 1); its
     # formula turns for some x < 0, where it is negative: every y in (0, 1)
@@ -794,6 +805,7 @@ def test_a_formula_that_turns_outside_its_domain_is_inverted_where_single():
     ).all()  # below, above
 
 
+@pytest.mark.slow
 def test_a_formula_that_takes_every_value_twice_is_refused():
     def f(x):
         return jnp.exp(-x * x) + 0.5 * jnp.tanh(x) ** 2
@@ -817,6 +829,7 @@ def test_strict_raises_where_a_block_gives_nan():
     _close(inverse(softsign, strict=True)(softsign(x)), x)
 
 
+@pytest.mark.slow
 def test_linear_unknowns_that_depend_on_each_other_are_not_solved_apart():
     # TFP's TransformDiagonal(Softplus()) after a fill: the diagonal is
     # softplus of the fill's own diagonal, a value the linear part also

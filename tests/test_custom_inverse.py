@@ -196,6 +196,7 @@ def test_inverse_of_vmap_vmaps_the_custom_inverse(k_batched):
     tree_allclose(jax.jit(inverse(batched, argnums=0))(y, k), got_x, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_inverse_of_nested_vmaps():
     f = make_mixing()
     x = jax.random.uniform(jax.random.key(0), (4, 3, 2), minval=-1.0, maxval=1.0)

@@ -100,6 +100,7 @@ def test_pages_are_in_the_nav():
         assert f": {page.name}" in nav, f"{page.name} is not in mkdocs.yml's nav"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     importlib.util.find_spec("mkdocs") is None, reason="mkdocs not installed"
 )

@@ -497,6 +497,7 @@ for name, (f, arg) in cases.items():
 """
 
 
+@pytest.mark.slow
 def test_float64_in_a_subprocess():
     out = run_python(X64_SCRIPT, env={"JAX_ENABLE_X64": "1"})
     assert re.findall(r"^ok (\S+)", out, re.MULTILINE) == [

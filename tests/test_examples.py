@@ -445,6 +445,7 @@ def test_normalizing_flow_trains_and_integrates_to_one():
     np.testing.assert_allclose(ildj, -jnp.log(jnp.abs(jnp.linalg.det(jac))), atol=1e-4)
 
 
+@pytest.mark.slow
 def test_normalizing_flow_inverse_of_random_parameters():
     """The quick check of the flow (its training is `slow`): with random
     parameters, spline knot slopes away from 1 included, the inverse maps

@@ -413,6 +413,7 @@ def test_a_refusal_says_what_each_method_tried(solvers):
         assert _tried(explain_inverse(f, x)) == expected
 
 
+@pytest.mark.slow
 def test_a_method_that_solves_leaves_no_refusal_behind():
     """`x + cumsum(x)` is triangular: solved, and what the normalized and
     block methods made of it is not reported anywhere."""
@@ -487,6 +488,7 @@ def test_reshape_keeps_the_ildj_accumulated_before_it():
     np.testing.assert_allclose(got, -jnp.sum(x) - 6 * np.log(3.0), rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "f",
     [lambda v: jnp.sinh(v) + v, lambda v: jnp.exp(v) - jnp.exp(-2.0 * v) + 3.0 * v],

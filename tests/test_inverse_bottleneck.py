@@ -100,6 +100,7 @@ def points(seed, n=3, scale=1.5):
     return jnp.asarray(rng.normal(size=(n, D)) * scale, jnp.float32)
 
 
+@pytest.mark.slow
 @given(st.integers(0, 2**31 - 1))
 def test_planar_flow_against_its_hand_written_inverse(seed):
     params = planar_params(seed)
@@ -159,6 +160,7 @@ def test_a_scalar_equation_with_a_pole_or_a_jump_is_not_solved(f):
     assert np.all(np.isnan(np.asarray(got))), got
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "f, f_inv", [(l2_ball, l2_ball_inverse), (l1_ball, l1_ball_inverse)]
 )
@@ -177,6 +179,7 @@ def test_ball_maps_inverted_and_nan_outside_the_ball(f, f_inv):
     assert "(scalar bottleneck solve)" in report, report
 
 
+@pytest.mark.slow
 def test_planar_flow_under_jit_vmap_and_grad():
     params = planar_params(11)
     inv = jaxinterp.inverse(planar, argnums=0)
@@ -229,6 +232,7 @@ def test_a_planar_map_that_folds_is_nan_where_several_preimages():
     assert np.all(np.isnan(got)), got
 
 
+@pytest.mark.slow
 def test_a_planar_fold_between_grid_points_is_nan():
     # `w @ u = -2` with `|w|` large: `G(a) = a - 2 tanh(a - 30)` folds
     # between the grid points 16 and 32 (turns at 30 -+ 0.88), where the
@@ -261,6 +265,7 @@ def test_a_planar_fold_between_grid_points_is_nan():
     assert np.all(np.isnan(got)), got
 
 
+@pytest.mark.slow
 def test_under_vmap_every_batch_element_whose_planar_map_folds_is_nan():
     # Per batch element `u`: `w @ u = -2` (folds between grid points) for
     # every other element, `-0.5` for the rest. The batch's box is not
@@ -289,6 +294,7 @@ def test_without_solvers_it_is_refused():
         )
 
 
+@pytest.mark.slow
 def test_a_continuous_scalar_equation_through_library_functions_is_solved():
     """`x + 0.5 softplus(sum(x)) + relu(sum(x)) / 4` (JAX's `softplus` is
     a `custom_jvp` guarding NaN with `where(d != d, ...)`, `relu` a `max`):

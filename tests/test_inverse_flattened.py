@@ -43,6 +43,7 @@ def _explained(f, x, c):
     return jaxinterp.explain_inverse(f, x, c, argnums=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(MAPS))
 @settings(deadline=None, max_examples=5)
 @given(shape=st.sampled_from([(7, 5), (3, 2, 4), (64, 3)]), seed=st.integers(0, 99))
@@ -93,6 +94,7 @@ def test_a_block_over_several_devices_keeps_its_shape():
     assert ("35xf32" in text) == (jax.device_count() == 1)
 
 
+@pytest.mark.slow
 def test_a_constant_of_the_batchs_shape_is_flattened_and_stays_a_constant():
     """TFP's `Softfloor` broadcasts a constant through a `where`: a known
     operand of the batch's shape holding one value, whose compact form has

@@ -167,6 +167,7 @@ _THROUGH_ARRAYS = {
 }
 
 
+@pytest.mark.slow
 @settings(deadline=None)
 @given(
     name=st.sampled_from(sorted(_THROUGH_ARRAYS)),
@@ -299,6 +300,7 @@ def test_an_unfolded_map_of_the_same_family_is_still_inverted(c, log_b, ab):
     np.testing.assert_allclose(got, x, rtol=1e-5, atol=1e-5 / b)
 
 
+@pytest.mark.slow
 def test_the_reported_fold_is_nan_eagerly_and_under_jit():
     # The fold found by hand: `y = 0.3` is `f(0.3)` and the value of `f` at
     # a point either side of it (near 0.281 and 0.319); the solver answered
@@ -358,6 +360,7 @@ def _fold_of(x, a, c):
     return x - a * jnp.tanh(100.0 * (x - c))
 
 
+@pytest.mark.slow
 def test_a_fold_with_traced_operands_is_nan_when_it_runs():
     # `a` and `c` traced under `jit`: their values, so the fold, are known
     # only when the program runs. `y = 0.3` has three preimages for `a =
@@ -375,6 +378,7 @@ def test_a_fold_with_traced_operands_is_nan_when_it_runs():
     np.testing.assert_allclose(fixed[1:], x[1:], atol=2e-6)
 
 
+@pytest.mark.slow
 def test_a_fold_in_some_elements_is_nan_there_only():
     inv = jax.jit(jaxinterp.inverse(_fold_of, argnums=0))
     a = jnp.asarray([0.02, 0.005, 0.005, 0.02], jnp.float32)
@@ -391,6 +395,7 @@ def test_a_fold_in_some_elements_is_nan_there_only():
     assert np.isnan(np.asarray(rows[1])).all()
 
 
+@pytest.mark.slow
 def test_a_batch_of_operands_is_searched_together_under_vmap():
     # 60 parameter sets under `vmap`: one search for all of them (a box
     # holds for whichever element lies in it). Those that fold are NaN,
@@ -415,6 +420,7 @@ def test_a_batch_of_operands_is_searched_together_under_vmap():
     )
 
 
+@pytest.mark.slow
 def test_a_fold_in_one_layer_of_a_scan_is_nan():
     # Per-layer parameters traced through a `scan` of layers (the inverse
     # runs the layers backwards, the search once per layer and call): the
@@ -430,6 +436,7 @@ def test_a_fold_in_one_layer_of_a_scan_is_nan():
     assert np.isnan(np.asarray(inv(flow(x, folded), folded))).all()
 
 
+@pytest.mark.slow
 def test_the_gradient_with_respect_to_traced_operands_is_kept():
     # Where the map is monotone: `dx/da = tanh(100 (x - c)) / g'(x)` by the
     # implicit function theorem.
@@ -471,6 +478,7 @@ def test_turns_per_element_are_turns(u, log_w):
     assert np.all(turned[u * w < -1.5]), w[~turned & (u * w < -1.5)]
 
 
+@pytest.mark.slow
 def test_integer_operands_under_strict_type_promotion():
     # The run-time search's boxes are float32; an integer operand is tested
     # against them in a type both promote to, cast explicitly.

@@ -71,6 +71,7 @@ NOT_GENERATED = {
 # Ten programs in the `ci` profile (about 40 s on one core): the suite's
 # share of the fuzzer; the long runs are `fuzz_inverse_main.py` and
 # `nox -s hypothesis_dev`.
+@pytest.mark.slow
 @settings(max_examples=min(500, 10 * settings.default.max_examples // 15))
 @given(prog=programs(max_stmts=8, exclude=KNOWN_BUGGY_OPS, injective=True, seeded=True))
 def test_random_programs_are_inverted_correctly_or_refused(prog):
@@ -176,6 +177,7 @@ def test_where_with_a_known_runtime_predicate_is_nan_and_strict_raises():
     assert (outcome.kind, outcome.check) == ("refused", "strict"), str(outcome)
 
 
+@pytest.mark.slow
 def test_where_inside_cond_refuses_dropped_elements():
     mask = jnp.array([True, False, True])
 
@@ -185,6 +187,7 @@ def test_where_inside_cond_refuses_dropped_elements():
     _ok(f, (X,), (0,))
 
 
+@pytest.mark.slow
 def test_take_inside_cond_refuses_missing_indices():
     def f(x):
         idx = jnp.array([2, 1, 2])
@@ -242,6 +245,7 @@ def test_a_principal_branch_meets_pieces_of_a_later_value():
     assert "through `cbrt`" in _refusal(f, x0)
 
 
+@pytest.mark.slow
 def test_a_narrowing_conversion_is_a_rounding_not_an_exact_inverse():
     # Found by `fuzz_inverse_main.py --seed 23` (program 5113): the bfloat16
     # round trip was inverted as if exact, and won over the exact cube root.
@@ -261,6 +265,7 @@ def test_a_narrowing_conversion_is_a_rounding_not_an_exact_inverse():
     assert "rounds its operand to a narrower floating type" in _refusal(h, x0)
 
 
+@pytest.mark.slow
 def test_equal_infinite_ildjs_agree_between_variants():
     # Found by `fuzz_inverse_main.py --seed 31` (program 84): a non-square map
     # whose ildj is inf both eagerly and under jit was flagged as a mismatch.

@@ -115,6 +115,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_inverse_and_ildj(name, dtype):
@@ -129,6 +130,7 @@ def test_inverse_and_ildj(name, dtype):
         _check(f, x, *known, tol=tol)
 
 
+@pytest.mark.slow
 def test_the_issue_example():
     with x64():
         x = jnp.array([-2.0, 0.1, 0.5])
@@ -146,6 +148,7 @@ def test_ys_and_a_second_carry():
         np.testing.assert_allclose(got, x, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_jit_and_vmap():
     x = jnp.array([[-2.0, 0.1, 0.5], [1.5, -0.7, 0.0]])
     a = jnp.array([0.3, -1.1])
@@ -157,6 +160,7 @@ def test_jit_and_vmap():
     np.testing.assert_allclose(ildj, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
 def test_grad_matches_implicit_differentiation(dtype):
     context, tol = _precision(dtype)
@@ -180,6 +184,7 @@ def test_grad_matches_implicit_differentiation(dtype):
         np.testing.assert_allclose(ga, want_a, rtol=100 * tol, atol=100 * tol)
 
 
+@pytest.mark.slow
 def test_grad_of_the_ildj_matches_finite_differences():
     with x64():
         x = jnp.array([-1.0, 0.3, 2.0])
@@ -194,6 +199,7 @@ def test_grad_of_the_ildj_matches_finite_differences():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @settings(max_examples=min(settings.default.max_examples, 12))
 @given(
     amplitude=st.floats(-0.9, 0.9),
@@ -313,6 +319,7 @@ def test_a_solved_initial_carry_is_a_choice_outside_the_loop():
         jaxinterp.inverse(f, example_args=(x,))(f(x))
 
 
+@pytest.mark.slow
 def test_a_loop_inside_a_loop_body_is_refused():
     # The inner loop's result is the outer carry, chosen in the step after:
     # a `scan` takes no interval for its results (`_branches.LOOPS`).

@@ -66,6 +66,7 @@ def x():
     return jax.random.normal(jax.random.key(1), (DIM,))
 
 
+@pytest.mark.slow
 def test_coupling_layer(params, x):
     y = coupling(x, params)
     inv = inverse(coupling, argnums=0)
@@ -105,6 +106,7 @@ def stack_inverse(y, stacked):
     return lax.scan(layer, y, stacked, reverse=True)[0]
 
 
+@pytest.mark.slow
 def test_stack_of_eight_layers_in_scan(x):
     stacked = jax.vmap(init_mlp)(jax.random.split(jax.random.key(2), 8))
     y = stack_of_layers(x, stacked)
@@ -120,6 +122,7 @@ def test_stack_of_eight_layers_in_scan(x):
     assert names.count("scan") == 1
 
 
+@pytest.mark.slow
 def test_batched_coupling_under_vmap(params):
     xs = jax.random.normal(jax.random.key(3), (5, DIM))
     ys = jax.vmap(coupling, in_axes=(0, None))(xs, params)
@@ -147,6 +150,7 @@ def test_permutation_layer(x):
     )
 
 
+@pytest.mark.slow
 def test_invertible_one_by_one_convolution():
     """A 1x1 convolution over channels: `dot_general` with a known matrix."""
     image = jax.random.normal(jax.random.key(5), (4, 4, 3))

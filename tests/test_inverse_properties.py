@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 from jax import lax
 
@@ -69,6 +70,7 @@ shapes = st.sampled_from([(), (1,), (3,), (2, 2)])
 # More than the profile's examples (50 in `ci`), at most 500 (the `dev`
 # profile, `nox -s hypothesis_dev`): random programs are where a rare wrong
 # answer would show (the fuzzer, `tests/fuzz_inverse_main.py`, draws more).
+@pytest.mark.slow
 @settings(max_examples=min(500, 50 * settings.default.max_examples // 15))
 @given(
     program=programs,

@@ -895,6 +895,7 @@ def test_float64_rules(prim, fn, domain):
     check_rows(prim, fn, x)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(X64, reason="x64 is on: test_float64_rules runs directly")
 def test_float64_rules_in_subprocess():
     env = {**os.environ, "JAX_ENABLE_X64": "1", "JAX_PLATFORMS": "cpu"}

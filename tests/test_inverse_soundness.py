@@ -373,6 +373,7 @@ def test_a_small_jump_of_a_solved_map_is_no_root(f, gap, on_image, x_on_image):
     np.testing.assert_allclose(x[1], x_on_image, rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "f, twice, once, x_once, crowded",
     [
@@ -414,6 +415,7 @@ def _drops_at_zero(s):
     return jax.lax.while_loop(lambda c: c[0] < 1, body, (0, s))[1]
 
 
+@pytest.mark.slow
 def test_a_piecewise_affine_row_of_a_sequential_block_is_not_taken_as_affine():
     """A sequential block solves a level by one exact Newton step only where
     its row is affine. A row only piecewise affine (a `floor` inside) has a
@@ -479,6 +481,7 @@ def _per_element_constant(x, a):
     return a * x**3 + jax.jit(lambda z: z * c)(x)
 
 
+@pytest.mark.slow
 def test_a_constant_inside_a_jit_body_makes_the_map_per_element():
     x = jnp.full((2 * _HALF,), 0.9)
     y = _per_element_constant(x, 1.0)
@@ -490,6 +493,7 @@ def test_a_constant_inside_a_jit_body_makes_the_map_per_element():
     assert jnp.isnan(got[_HALF:]).all()
 
 
+@pytest.mark.slow
 def test_a_monotone_map_with_a_constant_inside_a_jit_body_is_inverted():
     # (Each element's map rises: the grid is not laid over the elements as
     # if they were one map, which would turn.)
@@ -507,6 +511,7 @@ def test_a_monotone_map_with_a_constant_inside_a_jit_body_is_inverted():
 # `a = 1`. At the grid points alone it rises; the run-time check also
 # samples either side of where the choices change between grid points, so
 # `1.5`, whose preimages are `0.75` and `sqrt(1.5)`, is NaN.
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("f", "refused"),
     [
@@ -549,6 +554,7 @@ def _kinked(x, a):
 _kinked_inverse = jax.jit(jaxinterp.inverse(_kinked, argnums=0))
 
 
+@pytest.mark.slow
 @given(a=st.floats(-3.0, 3.0), x=st.floats(-4.0, 4.0))
 def test_a_continuous_piecewise_map_with_a_known_switch_is_still_inverted(a, x):
     xs = jnp.array([x, a - 1.0, a + 1.0], jnp.float32)
@@ -578,6 +584,7 @@ def test_overlapping_cases_are_not_solved_inside_a_shard_map_body():
     assert jnp.isnan(got).all()
 
 
+@pytest.mark.slow
 def test_a_jump_back_among_more_switches_than_are_located_is_seen():
     """Between the grid points 0.5 and 0.75 the `floor` switches about 250
     times, more than the 16 located and sampled; such an interval is also
@@ -604,6 +611,7 @@ def test_a_jump_back_among_more_switches_than_are_located_is_seen():
     np.testing.assert_allclose(x, y - 1e-6 * np.floor(1000 * np.asarray(y)), atol=2e-6)
 
 
+@pytest.mark.slow
 @settings(deadline=None)
 @given(
     start=st.floats(0.52, 0.72),
@@ -642,6 +650,7 @@ def test_a_window_that_jumps_back_among_a_staircase_is_seen(start, width, operan
     assert np.isnan(np.asarray(x)[0]), x
 
 
+@pytest.mark.slow
 @settings(deadline=None)
 @given(
     centre=st.floats(0.52, 0.72),
@@ -709,6 +718,7 @@ def test_a_rounded_copy_off_the_image_is_nan(low):
     assert np.all(np.abs(rounded - want) <= slack)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("traced", [False, True], ids=["constant", "traced"])
 def test_a_map_monotone_on_each_side_of_a_pole_is_not_taken_as_injective(traced):
     """`x - a / x` rises on each side of 0 and takes every value on each:
@@ -786,6 +796,7 @@ def _grid_check(uniform, shape, dtype):
     return jax.jit(check)
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None)
 @given(
     power=st.integers(-45, 0),
@@ -825,6 +836,7 @@ def test_the_grid_check_never_accepts_a_map_that_turns_near_a_pole(
     assert not accepted[0] or monotone, (c, pole, dtype)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("traced", [False, True], ids=["constant", "traced"])
 def test_a_pole_between_the_grid_and_the_floats_next_to_it_is_seen(traced):
     """`x - 1e-30 / x` (float32): at the grid's points it is `x` to the
@@ -849,6 +861,7 @@ def test_a_pole_between_the_grid_and_the_floats_next_to_it_is_seen(traced):
         assert np.all(np.isnan(np.asarray(back))), back
 
 
+@pytest.mark.slow
 def test_a_map_that_turns_just_before_it_stops_is_not_taken_as_monotone():
     """`x + 1e-30 / (x - 1)` for `x < 1` (float64; NaN beyond) rises like
     `x` at every grid point, then turns about 1e-15 below 1 and falls by
@@ -871,6 +884,7 @@ def test_a_map_that_turns_just_before_it_stops_is_not_taken_as_monotone():
         assert np.all(np.isnan(np.asarray(const(band))))
 
 
+@pytest.mark.slow
 def test_a_removable_singularity_on_the_grid_is_bridged():
     """`expm1(a x) / x` is not finite at 0 only: the floats next to 0 give
     about `a`, and the map rises through it, so it is solved with `a`
@@ -906,6 +920,7 @@ def _cornered(kind, c, s, big):
     return g
 
 
+@pytest.mark.slow
 @settings(max_examples=20, deadline=None)
 @given(
     kind=st.sampled_from(["flat beyond", "rounded max", "kink"]),
@@ -944,6 +959,7 @@ def test_where_the_map_is_proven_to_move_no_neighbour_repeats_its_value(
         assert any(lo <= np.float32(c) <= hi for lo, hi in runs), runs
 
 
+@pytest.mark.slow
 def test_a_fold_beside_a_max_is_seen_whatever_jax_writes_its_derivative():
     # `max(x, 0) + x - 0.05 tanh(100 (x - 0.3))` folds between the grid
     # points 0.25 and 0.5: the values in (0.582, 0.618) have three
@@ -970,6 +986,7 @@ def _algebraic_sigmoid(x):
     return x / jnp.sqrt(1 + x**2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_a_map_that_jumps_where_it_overflows_is_split_there_not_refused(dtype):
     # `x / sqrt(1 + x**2)` as computed is 1 up to where `x**2` overflows
@@ -1006,6 +1023,7 @@ def test_a_map_that_jumps_where_it_overflows_is_split_there_not_refused(dtype):
         )
 
 
+@pytest.mark.slow
 @given(st.floats(-(1 - 2**-11), 1 - 2**-11, width=32))
 def test_past_an_overflow_jump_no_value_but_zero_has_a_second_preimage(v):
     # Any `y` of `x / sqrt(1 + x**2)` but 0 has its one preimage below the
@@ -1034,6 +1052,7 @@ def _dropped_window(x):
     return jnp.where(bump > 0.5, base - 0.05, base)
 
 
+@pytest.mark.slow
 def test_a_window_of_a_smoothly_turning_comparison_between_grid_points_is_seen():
     # The comparison `bump > 0.5` turns on and off between two grid points,
     # so the samples never saw the drop: a `y` the window drops back to,
@@ -1061,6 +1080,7 @@ _SHARPNESS = st.floats(50.0, 5000.0)
 _SHIFT = st.floats(-0.2, 0.2).filter(lambda d: abs(d) > 0.01)
 
 
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None)
 @given(st.floats(-3.0, 3.0), _SHARPNESS, _SHIFT)
 def test_a_window_between_grid_points_never_answers_one_of_two_preimages(c, k, d):
@@ -1104,6 +1124,7 @@ def _window_of(x, c, k, d):
     return jnp.where(jnp.exp(-k * (x - c) ** 2) > 0.5, base + d, base)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("operands", ["traced", "vmap", "per element"])
 def test_a_window_of_a_smoothly_turning_comparison_with_traced_operands_is_nan(
     operands,
@@ -1131,6 +1152,7 @@ def test_a_window_of_a_smoothly_turning_comparison_with_traced_operands_is_nan(
     assert np.isnan(np.asarray(got)).all()
 
 
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None)
 @given(st.floats(-1.5, 1.5), _SHARPNESS, _SHIFT)
 def test_with_traced_operands_a_window_never_answers_one_of_two_preimages(c, k, d):
@@ -1145,6 +1167,7 @@ def test_with_traced_operands_a_window_never_answers_one_of_two_preimages(c, k, 
     assert np.isnan(np.asarray(got)).all()
 
 
+@pytest.mark.slow
 def test_with_traced_operands_a_continuous_window_is_still_inverted():
     # A comparison of a smoothly turning value that switches between cases
     # that meet there (`bump - 0.5` is 0 at the edges): no jump, a monotone
@@ -1160,6 +1183,7 @@ def test_with_traced_operands_a_continuous_window_is_still_inverted():
     np.testing.assert_allclose(got, x, atol=2e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", [27, 30, 36])
 def test_with_a_traced_operand_one_step_of_a_staircase_that_drops_back_is_nan(step):
     # `floor(50 x)` switches about 37 times between the grid points about
@@ -1197,6 +1221,7 @@ def _cropped_copy_and_block(kind):
     return f
 
 
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None)
 @given(
     kind=st.sampled_from(["linear", "solved"]),

@@ -13,6 +13,10 @@ import pytest
 from helpers import once_per_run, run_python
 from multidevice_matrix import CHECK_NAMES
 
+# Every test here checks the results of one run of a fresh process (about a
+# minute): the whole file is `slow`, run by `--full` and `nox -s multidevice`.
+pytestmark = pytest.mark.slow
+
 SCRIPT = r"""
 import json, sys
 import jax, jax.numpy as jnp, numpy as np

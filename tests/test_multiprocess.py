@@ -21,6 +21,10 @@ import time
 import pytest
 from helpers import once_per_run
 
+# Every test here checks the results of one run of fresh processes (about a
+# minute): the whole file is `slow`, run by `--full`.
+pytestmark = pytest.mark.slow
+
 # Seconds both processes get to start, join and run every check.
 TIMEOUT = 150
 
