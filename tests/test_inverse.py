@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import iter_eqns
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra import numpy as hnp
 from jax import lax
 
 from jaxinterp import (
@@ -502,3 +504,52 @@ def test_no_numpy_warning_escapes_inverse(f):
         text = explain_inverse(f, x)
     assert jnp.allclose(got, x, atol=1e-4)
     assert "Invertible" in text or "inverted" in text
+
+
+# A clamp that saturates chooses its bound for every preimage beyond it; a
+# later step that checks the chosen value against a known one (a padding
+# constant, a known operand of a concatenation or of a dynamic_update_slice)
+# accepts any of those preimages, and only those.
+def _padded_then_clamped(x, pad_value=0.0):
+    padded = jnp.pad(x[2:], (1, 0), constant_values=pad_value)
+    return jnp.maximum(jnp.concatenate([x[:2], padded]), 0.3)
+
+
+@given(hnp.arrays(np.float32, 5, elements=st.floats(-1, 2, width=32)))
+@settings(max_examples=6)
+def test_a_clamps_choice_accepts_a_padding_it_stands_for(x):
+    y = _padded_then_clamped(x)
+    got = jax.jit(inverse(_padded_then_clamped, example_args=(x,)))(y)
+    # A preimage of y (maximum is not injective), equal to x where x is not
+    # saturated.
+    np.testing.assert_array_equal(_padded_then_clamped(got), y)
+    free = np.asarray(x) > 0.3
+    np.testing.assert_array_equal(np.asarray(got)[free], np.asarray(x)[free])
+
+
+@pytest.mark.parametrize("padding_y, pad_value", [(0.5, 0.0), (0.3, 0.5), (0.2, 0.0)])
+def test_a_padding_a_clamp_cannot_have_produced_gives_nan(padding_y, pad_value):
+    """y's padding element off the image: above the bound for a padding the
+    clamp saturates, at the bound for a padding above it, under the bound."""
+
+    def f(x):
+        return _padded_then_clamped(x, pad_value)
+
+    x = jnp.array([0.5, 0.7, 0.9, 1.2, 0.4])
+    y = f(x).at[2].set(padding_y)
+    assert not np.isin(padding_y, np.asarray(f(x))[2:3])
+    got = inverse(f, example_args=(x,))(y)
+    assert np.isnan(np.asarray(got)[2:]).all()
+
+
+def test_a_minimum_accepts_a_known_part_above_its_bound():
+    def f(x):
+        return jnp.minimum(jnp.concatenate([x, jnp.full(2, 5.0)]), 1.0)
+
+    x = jnp.array([0.25, 3.0, -2.0])
+    y = f(x)
+    got = inverse(f, example_args=(x,))(y)
+    np.testing.assert_array_equal(f(got), y)
+    # A known part under the bound has one preimage, itself.
+    g = lambda x: jnp.minimum(jnp.concatenate([x, jnp.full(2, 0.5)]), 1.0)  # noqa: E731
+    assert np.isnan(np.asarray(inverse(g, example_args=(x,))(y))).all()

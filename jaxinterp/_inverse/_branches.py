@@ -56,6 +56,47 @@ def contains(outer: Interval, inner: Interval) -> bool:
 ROUNDED: Interval = (-INF, INF)
 
 
+class Saturated(tuple):
+    """The interval a clamp's choice lies in, `(lo, hi)`, where each bound is
+    one known value: an element equal to `lo` (with `below`) is the clamp's
+    choice for every preimage at or under `lo`, one equal to `hi` (with
+    `above`) for every preimage at or over `hi` (`maximum(x, 0.3)` gives
+    `Saturated(0.3, 0.3, below=True)`). A later step that checks the value
+    against a known one accepts any of those preimages (`admits`). Steps
+    that only move values keep it; any other combination of intervals
+    (`union`) is a plain interval."""
+
+    below: bool
+    above: bool
+
+    def __new__(cls, lo: float, hi: float, *, below: bool, above: bool) -> Saturated:
+        interval = super().__new__(cls, (lo, hi))
+        interval.below, interval.above = below, above
+        return interval
+
+
+def admits(branch: Interval | None, y: Any, known: Any) -> Any:
+    """Where `known` is as valid a preimage as `y`, a value a clamp chose
+    (`branch` its `Saturated` interval): `y` at a bound and `known` beyond
+    it. `None` for any other branch: only `y` itself is."""
+    if not isinstance(branch, Saturated):
+        return None
+    lo, hi = branch
+    ok = jnp.zeros(jnp.broadcast_shapes(jnp.shape(y), jnp.shape(known)), bool)
+    if branch.below:
+        ok = ok | ((y == lo) & (known <= lo))
+    if branch.above:
+        ok = ok | ((y == hi) & (known >= hi))
+    return ok
+
+
+def plain(interval: Interval | None) -> Interval | None:
+    """`interval` without what `Saturated` adds to it."""
+    if isinstance(interval, Saturated):
+        return (interval[0], interval[1])
+    return interval
+
+
 def union(a: Interval | None, b: Interval | None) -> Interval | None:
     """The smallest interval holding both; `ROUNDED` only if both are."""
     if a is None or (a is ROUNDED and b is not None):
@@ -132,13 +173,33 @@ def _clamp_bounds(name: str, ins: Sequence[Any]) -> Interval | None:
     return (_bound(known, True), _bound(known, False))
 
 
+def _single(value: Any) -> bool:
+    """Whether a known bound is concrete and holds one value throughout."""
+    b = _concrete(value)
+    return b is not None and b.size > 0 and bool(np.all(b == b.flat[0]))
+
+
 def _clamp_range(
     name: str,
 ) -> Callable[[dict[str, Any], Sequence[Any]], Interval | None]:
     """Where a clamp's rule chooses: a result at a bound has many preimages,
     and the rule returns the bound, so the choices lie between the known
-    bounds (other results have one preimage, themselves)."""
-    return lambda params, ins: _clamp_bounds(name, ins)
+    bounds (other results have one preimage, themselves). With bounds of one
+    value each, `Saturated` also says which preimages a bound stands for."""
+
+    def interval(params: dict[str, Any], ins: Sequence[Any]) -> Interval | None:
+        bounds = _clamp_bounds(name, ins)
+        if bounds is None:
+            return None
+        if name == "clamp":
+            lo, _, hi = ins
+            if _single(lo) and _single(hi):
+                return Saturated(*bounds, below=True, above=True)
+        elif _single(ins[1] if ins[0] is None else ins[0]):
+            return Saturated(*bounds, below=name == "max", above=name == "min")
+        return bounds
+
+    return interval
 
 
 def _clamp_image(

@@ -608,7 +608,9 @@ class InverseWalker:
             have = pieces.setdefault(v, [])
             have.append(piece)
             if branch is not None:
-                st.piece_branch[v] = br.union(st.piece_branch.get(v), branch) or branch
+                # Other pieces may not be the clamp's choice: `plain`.
+                chosen = br.plain(branch)
+                st.piece_branch[v] = br.union(st.piece_branch.get(v), chosen) or chosen
                 st.chooser.setdefault(v, origin)
                 st.note_choice(origin)
             value = assemble(v.aval.shape, v.aval.dtype, have)

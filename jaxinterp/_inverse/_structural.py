@@ -20,25 +20,32 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
-from . import _scattered
+from . import _branches as br, _scattered
 from ._rounding import agree_within_rounding
 from ._rules import InverseContext, Piece, PieceResult, inverse_rules
 
 
 def _unless_known_part_differs(
-    solved: Any, y: Any, known: Any, where_known: Any
+    solved: Any, y: Any, known: Any, where_known: Any, ctx: InverseContext
 ) -> Any:
     """`solved` (values read out of `y`), all NaN if `y` differs from the
     `known` values where `where_known` holds, within rounding of `y`'s
     largest element: the map copies those values (a padding's constant, the
     operand a `dynamic_update_slice` leaves alone, a known operand of a
-    concatenation), so such a `y` is off its image. Integers pass unchecked
-    (they cannot hold NaN)."""
+    concatenation), so such a `y` is off its image. Where `y` is a clamp's
+    choice, a known value it stands for agrees too (`_branches.admits`).
+    Integers pass unchecked (they cannot hold NaN)."""
     if not jnp.issubdtype(jnp.result_type(y), jnp.inexact):
         return solved
     known = jnp.asarray(known, jnp.result_type(y))
     scale = jnp.max(jnp.abs(jnp.where(jnp.isfinite(y), y, 0)), initial=0)
-    off = jnp.any(where_known & ~agree_within_rounding(y, known, scale))
+    agree = agree_within_rounding(y, known, scale)
+    chosen = br.admits(
+        ctx.result_branches[0] if ctx.result_branches else None, y, known
+    )
+    if chosen is not None:
+        agree = agree | chosen
+    off = jnp.any(where_known & ~agree)
     return jnp.where(off, jnp.asarray(jnp.nan, jnp.result_type(solved)), solved)
 
 
@@ -191,10 +198,10 @@ def _concatenate_inverse(
     ildj: Any = 0.0
     for part, op in checks:
         solved = [
-            s if o is not None else _unless_known_part_differs(s, part, op, True)
+            s if o is not None else _unless_known_part_differs(s, part, op, True, ctx)
             for s, o in zip(solved, operands, strict=True)
         ]
-        ildj = _unless_known_part_differs(ildj, part, op, True)
+        ildj = _unless_known_part_differs(ildj, part, op, True, ctx)
     return solved, ildj
 
 
@@ -357,7 +364,7 @@ def _dynamic_update_slice_inverse(
             inside = lax.dynamic_update_slice(
                 jnp.zeros(shape, bool), jnp.ones(up_shape, bool), starts
             )
-            value = _unless_known_part_differs(value, y, operand, ~inside)
+            value = _unless_known_part_differs(value, y, operand, ~inside, ctx)
         pieces.append(Piece(1, (0,) * len(up_shape), tuple(up_shape), value))
     if operand is None:
         idx = _static_ints(starts)
@@ -450,8 +457,8 @@ def _pad_inverse(
         if padding_value is None:
             # Wait for it (`jnp.pad` converts its constant first).
             return None
-        value = _unless_known_part_differs(value, y, padding_value, outside)
-        ildj = _unless_known_part_differs(ildj, y, padding_value, outside)
+        value = _unless_known_part_differs(value, y, padding_value, outside, ctx)
+        ildj = _unless_known_part_differs(ildj, y, padding_value, outside, ctx)
     if cropped:
         return PieceResult([Piece(0, tuple(keep_lo), tuple(keep_hi), value)])
     return [value, padding_value], ildj
