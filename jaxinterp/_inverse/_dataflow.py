@@ -428,7 +428,7 @@ class SolveState:
             if solved.chose and (solved.chosen is None or v in solved.chosen):
                 self.mark(v, br.REALS, solved.origin)
         for v, mask, val in solved.pieces:
-            self.add_piece(v, mask, val)
+            self._add_piece(v, mask, val)
         self.completed |= solved.completes
         for j in solved.indices:
             self.methods[j] = solved.method
@@ -439,21 +439,15 @@ class SolveState:
         for v in solved.values:
             self.learned(v)
 
-    def add_piece(
-        self, v: Any, mask: Any, value: Any, solved_by: int | None = None
-    ) -> None:
+    def _add_piece(self, v: Any, mask: Any, value: Any) -> None:
         """Record that `v` equals `value` (1-D) where the static `mask`
-        holds (solved backwards by equation `solved_by`, if given); `v`
-        becomes known once its pieces cover it."""
+        holds; `v` becomes known once its pieces cover it."""
         have = self.pieces.setdefault(v, [])
         have.append(MaskedPiece(0, mask, jnp.asarray(value)))
         whole = assemble(shape_of(v), v.aval.dtype, have)
         if whole is not None:
             self.env[v] = whole
             del self.pieces[v]
-        if solved_by is not None:
-            self.masked_inverted.add(solved_by)
-            self.methods[solved_by] = MASKED
         self.learned(v)
 
     # -- values known in parts -------------------------------------------

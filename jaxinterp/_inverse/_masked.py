@@ -46,7 +46,6 @@ from . import (
     _branches as br,
     _cholesky as chol,
     _elementwise_steps as ew,
-    _refusals as rf,
     _scattered,
 )
 from ._dataflow import (
@@ -144,9 +143,10 @@ def _add_piece(
     """Record that `v` equals `value` (1-D) where `mask` holds, as equation
     `i` found it (`backward`: solving for it)."""
     if backward:
-        st.checks.extend(rf.piece_checks(st, v, value, i))
-    st.add_piece(v, mask, value, solved_by=i if backward else None)
-    if not backward and i not in st.masked_inverted:
+        _scattered.solved_part(st, v, mask, value, i)
+        return
+    st.commit(Solved(MASKED, at=i, indices=(), pieces=[(v, mask, value)]))
+    if i not in st.masked_inverted:
         st.status[i] = FORWARD
 
 

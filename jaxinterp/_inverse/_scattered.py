@@ -33,7 +33,7 @@ from jax import lax
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
 from . import _refusals as rf, _traits as tr
-from ._dataflow import SolveState, Walker, gather, shape_of
+from ._dataflow import MASKED, Solved, SolveState, Walker, gather, shape_of
 from ._rounding import agree_within_rounding
 from ._rules import MaskedPiece
 
@@ -159,7 +159,7 @@ def _relaid(st: SolveState, i: int) -> bool:
     if not new.any():
         return False
     value = gather(st.partial_value(out), np.flatnonzero(new))
-    _solved_part(st, x, new.reshape(shape_of(x)), value, i)
+    solved_part(st, x, new.reshape(shape_of(x)), value, i)
     return True
 
 
@@ -185,7 +185,7 @@ def _gather(
     piece = point_piece(
         gather(st.partial_value(out), np.flatnonzero(new_at)), flat[new_at], shape
     )
-    _solved_part(st, x, piece.mask, piece.value, i)
+    solved_part(st, x, piece.mask, piece.value, i)
     return True
 
 
@@ -231,10 +231,15 @@ def _broadcast(
             agree_within_rounding(copies, jnp.asarray(firsts)[np.ravel(which)], scale)
         )
         value = jnp.where(agree, value, jnp.nan)
-    _solved_part(st, x, new.reshape(in_shape), value, i)
+    solved_part(st, x, new.reshape(in_shape), value, i)
     return True
 
 
-def _solved_part(st: SolveState, v: Any, mask: Any, value: Any, i: int) -> None:
-    st.checks.extend(rf.piece_checks(st, v, value, i))
-    st.add_piece(v, mask, value, solved_by=i)
+def solved_part(st: SolveState, v: Any, mask: Any, value: Any, i: int) -> None:
+    """Record that equation `i`, solved backwards, gave `v` equal to `value`
+    (1-D) where the static `mask` holds, with its NaN checks."""
+    checks = rf.piece_checks(st, v, value, i)
+    pieces = [(v, mask, value)]
+    st.commit(
+        Solved(MASKED, at=i, indices=(i,), pieces=pieces, checks=checks, done=False)
+    )
