@@ -88,3 +88,17 @@ def test_property_staging_is_cached_and_release_plans_are_sound(case):
     assert stage(fn, jnp.zeros_like(x)) is staged
     assert staged.in_avals == (jax.typeof(x),)
     check_release_plan(staged.jaxpr)
+
+
+@given(
+    st.lists(
+        st.floats(-1e3, 1e3, width=32, allow_subnormal=False), min_size=1, max_size=40
+    )
+)
+def test_property_under_jit_an_inlined_jit_evaluates_bit_for_bit(values):
+    """`jnp.mean` is an inline `jit`: eagerly, JAX compiles it as one program
+    while the walker runs its two equations one by one (docs/concepts.md, the
+    eager fast path); under `jit` both compile the same equations."""
+    x = jnp.asarray(values, jnp.float32)
+    for fn in (jnp.mean, jnp.var, lambda v: jnp.linalg.norm(v) / v.size):
+        assert jax.jit(evaluate(fn))(x).tobytes() == jax.jit(fn)(x).tobytes()

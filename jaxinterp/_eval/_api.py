@@ -16,8 +16,16 @@ from ._rules import eval_rules
 class EvalInterpreter(Interpreter):
     """The identity interpreter: walks every equation, rebuilding nested ones.
 
-    Its results equal the function's own, bit for bit. It is the natural base
-    class for an interpreter that changes a few primitives.
+    Under `jax.jit` its results equal the function's own, bit for bit: both
+    compile the same equations. Called eagerly, it runs the equations one by
+    one, as JAX runs an eager function, and the results are the same bit for
+    bit except where JAX compiles a unit eagerly that the Jaxpr inlines: a
+    function wrapped in `jax.jit(..., inline=True)`, as many of `jax.numpy`'s
+    are (`jnp.mean`: `reduce_sum`, then `div`), is compiled as one program
+    when the function is called eagerly, and XLA's rewrites of it (a division
+    by a constant done as a multiplication) can move a result by an ulp.
+    It is the natural base class for an interpreter that changes a few
+    primitives.
     """
 
     name: ClassVar[str] = "evaluate"
