@@ -42,6 +42,9 @@ class Rules(Generic[V]):
             call-like); by default, `unsupported` is raised.
         eqns: the equations of a Jaxpr the walk takes (all, by default; an
             analysis may leave out those whose results go nowhere).
+        fold: tried before the rule: the results of an equation the
+            analysis computes from its operands alone (operands all known
+            values, say), or `None` to go on to the rule.
     """
 
     def __init__(
@@ -52,6 +55,7 @@ class Rules(Generic[V]):
         check: Callable[[Any], None] | None = None,
         default: Rule | None = None,
         eqns: Callable[[Any], Sequence[Any]] | None = None,
+        fold: Callable[[Any, Any, list[V]], list[V] | None] | None = None,
     ) -> None:
         self.name = name
         self.unsupported = unsupported
@@ -59,6 +63,7 @@ class Rules(Generic[V]):
         self.check = check
         self.default = default
         self.eqns = eqns or (lambda jaxpr: jaxpr.eqns)
+        self.fold = fold
         self._rules: dict[str, Rule] = {}
 
     def register(self, *names: str) -> Callable[[Rule], Rule]:
@@ -80,6 +85,10 @@ class Rules(Generic[V]):
 
     def step(self, ctx: Any, eqn: Any, ins: list[V]) -> list[V]:
         """The abstract values of `eqn`'s results."""
+        if self.fold is not None:
+            folded = self.fold(ctx, eqn, ins)
+            if folded is not None:
+                return folded
         name = compat.construct_name(eqn)
         rule = self._rules.get(name)
         if rule is not None:
@@ -97,22 +106,43 @@ class Rules(Generic[V]):
         """The abstract values of the open `jaxpr`'s results, given its
         consts (arrays) and its inputs' abstract values."""
         env: dict[Any, V] = {}
-
-        def read(v: Any) -> V:
-            if isinstance(v, compat.Literal):
-                return self.lift(ctx, v.val)
-            return env[v]
-
         for v, c in zip(jaxpr.constvars, consts, strict=True):
             env[v] = self.lift(ctx, c)
         env.update(zip(jaxpr.invars, args, strict=True))
-        for eqn in self.eqns(jaxpr):
+        self.run(ctx, self.eqns(jaxpr), env)
+        return [self.read(ctx, env, v) for v in jaxpr.outvars]
+
+    def run(
+        self,
+        ctx: Any,
+        eqns: Sequence[Any],
+        env: dict[Any, V],
+        outside: Callable[[Any], V] | None = None,
+    ) -> None:
+        """Run `eqns` (a Jaxpr's, or a stretch of them), binding their
+        results' abstract values in `env`, which holds their operands';
+        `outside(var)` gives an operand's that `env` does not hold."""
+        for eqn in eqns:
             if self.check is not None:
                 for v in eqn.outvars:
                     self.check(v.aval)
-            outs = self.step(ctx, eqn, [read(v) for v in eqn.invars])
-            env.update(zip(eqn.outvars, outs, strict=True))
-        return [read(v) for v in jaxpr.outvars]
+            ins = [self.read(ctx, env, v, outside) for v in eqn.invars]
+            env.update(zip(eqn.outvars, self.step(ctx, eqn, ins), strict=True))
+
+    def read(
+        self,
+        ctx: Any,
+        env: dict[Any, V],
+        v: Any,
+        outside: Callable[[Any], V] | None = None,
+    ) -> V:
+        """The abstract value of `v`: a literal lifted, else `env`'s (or
+        `outside`'s, for one `env` does not hold)."""
+        if isinstance(v, compat.Literal):
+            return self.lift(ctx, v.val)
+        if outside is not None and v not in env:
+            return outside(v)
+        return env[v]
 
 
 def call_body(eqn: Any, unsupported: type[Exception]) -> tuple[Any, Sequence[Any]]:

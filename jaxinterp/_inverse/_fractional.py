@@ -37,13 +37,14 @@ reproduce `y`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
 from .. import _jax_compat as compat
 from . import _block_solve as bs, _rounding as rd, _traits as tr
+from ._abstract import Rules
 
 _Literal = compat.Literal
 
@@ -66,11 +67,21 @@ SUBSTITUTIONS = (0, 1, -1)
 _START: dict[int, Degrees] = {0: (1, 0, False), 1: (1, 0, True), -1: (0, 1, True)}
 
 
+class _NotFractional(Exception):
+    """A step that is not linear-fractional (or the logarithm of such a
+    map) in the unknown: the method does not apply."""
+
+
 def degrees(eqns: Sequence[Any], x: Any, sign: int = 0) -> Degrees | None:
     """The degrees of the block's last result as a fraction of polynomials
     in `x` (or in `e^(sign x)`; or the logarithm of one), or `None` if some
     step is not rational of degree at most one in each part."""
-    return _degrees_of(eqns, {x: _START[sign]}, None)
+    env: dict[Any, Degrees] = {x: _START[sign]}
+    try:
+        DEGREES.run(None, eqns, env, outside=lambda v: _KNOWN)
+    except _NotFractional:
+        return None
+    return DEGREES.read(None, env, eqns[-1].outvars[0], lambda v: _KNOWN)
 
 
 def substitution(eqns: Sequence[Any], x: Any) -> int | None:
@@ -82,98 +93,118 @@ def substitution(eqns: Sequence[Any], x: Any) -> int | None:
     return None
 
 
-def _degrees_of(
-    eqns: Sequence[Any], env: dict[Any, Degrees], out: Any
-) -> Degrees | None:
-    """Walk `eqns` with the degrees of the unknown values in `env` (values
-    not there are known); the degrees of `out` (of the last result if
-    `None`), or `None` if some step is not accepted."""
-    last: Degrees | None = None
-    for eqn in eqns:
-        unknown = [type(v) is not _Literal and v in env for v in eqn.invars]
-        if not any(unknown):
-            continue  # known values only: a known result
-        ins = [
-            env[v] if u else _KNOWN for v, u in zip(eqn.invars, unknown, strict=True)
-        ]
-        got = _step_degrees(eqn, ins, unknown)
-        if got is None or max(got[:2]) > 1:
-            return None
-        env.update(dict.fromkeys(eqn.outvars, got))
-        last = got
-    if out is None:
-        return last
-    return env.get(out, _KNOWN) if type(out) is not _Literal else _KNOWN
-
-
-def _step_degrees(
-    eqn: Any, ins: Sequence[Degrees], unknown: Sequence[bool]
-) -> Degrees | None:
-    name = eqn.primitive.name
-    if eqn.primitive is compat.jit_p:
-        body = compat.jit_params(eqn.params).jaxpr.jaxpr
-        if len(body.outvars) != 1:
-            return None
-        inner = {v: d for v, d, u in zip(body.invars, ins, unknown, strict=True) if u}
-        return _degrees_of(body.eqns, inner, body.outvars[0])
-    if name in _PASS:
-        if name == "convert_element_type" and not _floating_eqn(eqn):
-            return None
-        return ins[0]
-    if name == "neg":
-        n, d, log = ins[0]
-        return (d, n, True) if log else ins[0]  # -log R = log(1 / R)
-    if name == "broadcast_in_dim":
-        return ins[0] if ins[0] == _KNOWN else None
-    if any(log for _, _, log in ins):
-        return _log_step_degrees(name, ins, unknown)
-    if name in ("log", "log1p"):
-        n, d, _ = ins[0]
-        return (max(n, d), d, True) if name == "log1p" else (n, d, True)
-    if name in ("add", "sub", "add_any"):
-        (n1, d1, _), (n2, d2, _) = ins
-        if d1 and d2:
-            return None  # two denominators: degree two in general
-        d = max(d1, d2)
-        return (max(n1 + d2, n2 + d1), d, False)
-    if name == "mul":
-        (n1, d1, _), (n2, d2, _) = ins
-        return (n1 + n2, d1 + d2, False)
-    if name == "div":
-        (n1, d1, _), (n2, d2, _) = ins
-        return (n1 + d2, d1 + n2, False)
-    return None
-
-
-def _log_step_degrees(
-    name: str, ins: Sequence[Degrees], unknown: Sequence[bool]
-) -> Degrees | None:
-    """A step with a logarithm among its operands: the others known or
-    logarithms too."""
-    if name == "exp":
-        n, d, _ = ins[0]
-        return (n, d, False)
-    if name == "expm1":  # R - 1
-        n, d, _ = ins[0]
-        return (max(n, d), d, False)
-    if name not in ("add", "sub", "add_any"):
-        return None
-    if not all(log or not u for (_, _, log), u in zip(ins, unknown, strict=True)):
-        return None  # a logarithm plus a fraction: no formula
-    (n1, d1, _), (n2, d2, _) = ins
-    if name == "sub":
-        n2, d2 = d2, n2
-    # The product of the two fractions: one factor of each part constant.
-    if (n1 and n2) or (d1 and d2):
-        return None
-    return (n1 + n2, d1 + d2, True)
-
-
 def _floating_eqn(eqn: Any) -> bool:
     return all(
         jnp.issubdtype(v.aval.dtype, jnp.floating) for v in (*eqn.invars, *eqn.outvars)
     )
 
+
+def _pass_through(eqn: Any) -> None:
+    """Refuse a conversion that is not between floating types: it rounds
+    to whole numbers or to booleans, a step, not a value of `x`."""
+    if eqn.primitive.name == "convert_element_type" and not _floating_eqn(eqn):
+        raise _NotFractional("convert_element_type")
+
+
+# --- Degrees: the walk that decides whether the method applies -------------
+# Each value is (numerator degree, denominator degree, logarithm or not);
+# a known value is `_KNOWN`. A step that is not linear-fractional raises.
+
+DegreeRule = Callable[[Any, Any, list[Degrees]], list[Degrees]]
+
+
+def _fold_known(ctx: Any, eqn: Any, ins: list[Degrees]) -> list[Degrees] | None:
+    if all(d == _KNOWN for d in ins):
+        return [_KNOWN] * len(eqn.outvars)
+    return None
+
+
+DEGREES: Rules[Degrees] = Rules(
+    "linear-fractional degrees",
+    _NotFractional,
+    lift=lambda ctx, c: _KNOWN,
+    fold=_fold_known,
+)
+
+
+def _degree_rule(*names: str) -> Callable[[Callable[..., Degrees]], DegreeRule]:
+    """Register a rule `(eqn, *operand degrees) -> degrees` for `names`,
+    refusing a result of degree above one."""
+
+    def decorate(fn: Callable[..., Degrees]) -> DegreeRule:
+        def rule(ctx: Any, eqn: Any, ins: list[Degrees]) -> list[Degrees]:
+            got = fn(eqn, *ins)
+            if max(got[:2]) > 1:
+                raise _NotFractional(eqn.primitive.name)
+            return [got]
+
+        return DEGREES.register(*names)(rule)
+
+    return decorate
+
+
+def _no_logarithm(eqn: Any, *ins: Degrees) -> None:
+    if any(log for _, _, log in ins):
+        raise _NotFractional(eqn.primitive.name)
+
+
+@_degree_rule(*_PASS)
+def _pass_degrees(eqn: Any, a: Degrees) -> Degrees:
+    _pass_through(eqn)
+    return a
+
+
+@_degree_rule("neg")
+def _neg_degrees(eqn: Any, a: Degrees) -> Degrees:
+    n, d, log = a
+    return (d, n, True) if log else a  # -log R = log(1 / R)
+
+
+@_degree_rule("log", "log1p")
+def _log_degrees(eqn: Any, a: Degrees) -> Degrees:
+    _no_logarithm(eqn, a)
+    n, d, _ = a
+    return (max(n, d), d, True) if eqn.primitive.name == "log1p" else (n, d, True)
+
+
+@_degree_rule("exp", "expm1")
+def _exp_degrees(eqn: Any, a: Degrees) -> Degrees:
+    n, d, log = a
+    if not log:
+        raise _NotFractional(eqn.primitive.name)
+    return (max(n, d), d, False) if eqn.primitive.name == "expm1" else (n, d, False)
+
+
+@_degree_rule("add", "sub", "add_any")
+def _sum_degrees(eqn: Any, a: Degrees, b: Degrees) -> Degrees:
+    (n1, d1, log1), (n2, d2, log2) = a, b
+    if log1 or log2:
+        # Logarithms (or known values) only: the log of a product.
+        if not ((log1 or a == _KNOWN) and (log2 or b == _KNOWN)):
+            raise _NotFractional(eqn.primitive.name)
+        if eqn.primitive.name == "sub":
+            n2, d2 = d2, n2
+        if (n1 and n2) or (d1 and d2):  # one factor of each part constant
+            raise _NotFractional(eqn.primitive.name)
+        return (n1 + n2, d1 + d2, True)
+    if d1 and d2:
+        raise _NotFractional(eqn.primitive.name)  # two denominators
+    return (max(n1 + d2, n2 + d1), max(d1, d2), False)
+
+
+@_degree_rule("mul")
+def _mul_degrees(eqn: Any, a: Degrees, b: Degrees) -> Degrees:
+    _no_logarithm(eqn, a, b)
+    return (a[0] + b[0], a[1] + b[1], False)
+
+
+@_degree_rule("div")
+def _div_degrees(eqn: Any, a: Degrees, b: Degrees) -> Degrees:
+    _no_logarithm(eqn, a, b)
+    return (a[0] + b[1], a[1] + b[0], False)
+
+
+# --- Coefficients: the same walk, on the fractions themselves ---------------
 
 Fraction = tuple[Any, Any, Any, Any]  # (a, b, c, d): (a x + b) / (c x + d)
 
@@ -182,6 +213,12 @@ class _Log(NamedTuple):
     """The logarithm of the fraction `frac`."""
 
     frac: Fraction
+
+
+class _Known(NamedTuple):
+    """A known value of the block (an array)."""
+
+    value: Any
 
 
 def coefficients(
@@ -195,52 +232,21 @@ def coefficients(
     (or its logarithm, a `_Log`), `s` being `x` or `e^(sign x)`, each
     computed from the known values (call after `degrees` accepted the block
     with this `sign`)."""
-    env: dict[Any, Any] = dict(zip(known_vars, known, strict=True))
+    values = dict(zip(known_vars, known, strict=True))
     zero, one = jnp.zeros((), x.aval.dtype), jnp.ones((), x.aval.dtype)
     start: Any = (one, zero, zero, one)  # s
     if sign == 1:
         start = _Log(start)  # x = log s
     elif sign == -1:
         start = _Log((zero, one, one, zero))  # x = log(1 / s)
-    frac: dict[Any, Any] = {x: start}
-    return _walk(eqns, env, frac)
+    env: dict[Any, Any] = {x: start}
 
+    def outside(v: Any) -> _Known:
+        return _Known(values[v])
 
-def _walk(eqns: Sequence[Any], env: dict[Any, Any], frac: dict[Any, Fraction]) -> Any:
-    last: Any = None
-    for eqn in eqns:
-        unknown = [type(v) is not _Literal and v in frac for v in eqn.invars]
-        if not any(unknown):
-            # A step of known values only (a known scale computed in the block).
-            ins = [v.val if type(v) is _Literal else env[v] for v in eqn.invars]
-            outs = compat.bind_eqn(eqn.primitive, ins, eqn.params)
-            env.update(zip(eqn.outvars, outs, strict=True))
-            last = _constant(outs[0])
-            continue
-        ins = [
-            frac[v] if u else _constant(v.val if type(v) is _Literal else env[v])
-            for v, u in zip(eqn.invars, unknown, strict=True)
-        ]
-        if eqn.primitive is compat.jit_p:
-            body = compat.jit_params(eqn.params).jaxpr
-            inner_env = dict(zip(body.jaxpr.constvars, body.consts, strict=True))
-            inner_frac: dict[Any, Fraction] = {}
-            for v, u, val in zip(body.jaxpr.invars, unknown, ins, strict=True):
-                if u:
-                    inner_frac[v] = val
-                else:
-                    inner_env[v] = _value_of(val)
-            _walk(body.jaxpr.eqns, inner_env, inner_frac)
-            out = body.jaxpr.outvars[0]
-            if type(out) is _Literal:
-                last = _constant(out.val)
-            else:
-                last = inner_frac.get(out) or _constant(inner_env[out])
-        else:
-            last = _fraction_step(eqn.primitive.name, ins)
-        for v in eqn.outvars:
-            frac[v] = last
-    return last
+    COEFFICIENTS.run(None, eqns, env, outside)
+    last = COEFFICIENTS.read(None, env, eqns[-1].outvars[0], outside)
+    return _constant(last.value) if isinstance(last, _Known) else last
 
 
 def _constant(value: Any) -> Fraction:
@@ -252,63 +258,101 @@ def _value_of(f: Fraction) -> Any:
     return f[1] / f[3]
 
 
-def _fraction_step(name: str, ins: Sequence[Any]) -> Any:
-    """One arithmetic step on fractions `(a x + b) / (c x + d)` (and their
-    logarithms, `_Log`s). The degree check (`degrees`) has made sure no
-    product below has a nonzero `x^2` term by construction (one factor of
-    each product is a constant polynomial)."""
-    if name in _PASS or name == "broadcast_in_dim":
-        return ins[0]
-    if any(isinstance(v, _Log) for v in ins):
-        return _log_step(name, ins)
-    if name == "log":
-        return _Log(ins[0])
-    if name == "log1p":
-        a, b, c, d = ins[0]
-        return _Log((a + c, b + d, c, d))
-    if name == "neg":
-        a, b, c, d = ins[0]
-        return (-a, -b, c, d)
-    if name in ("add", "sub", "add_any"):
-        (a1, b1, c1, d1), (a2, b2, c2, d2) = ins
-        sign = -1 if name == "sub" else 1
-        # p1/q1 + p2/q2 with one of q1, q2 a constant (the degree check).
-        num = _poly_add(
-            _poly_mul((a1, b1), (c2, d2)),
-            _poly_scale(_poly_mul((a2, b2), (c1, d1)), sign),
-        )
-        den = _poly_mul((c1, d1), (c2, d2))
-        return (*num, *den)
-    if name == "mul":
-        (a1, b1, c1, d1), (a2, b2, c2, d2) = ins
-        return (*_poly_mul((a1, b1), (a2, b2)), *_poly_mul((c1, d1), (c2, d2)))
-    if name == "div":
-        (a1, b1, c1, d1), (a2, b2, c2, d2) = ins
-        return (*_poly_mul((a1, b1), (c2, d2)), *_poly_mul((c1, d1), (a2, b2)))
-    raise AssertionError(name)  # excluded by `degrees`
+def _fold_values(ctx: Any, eqn: Any, ins: list[Any]) -> list[Any] | None:
+    """A step of known values only (a known scale computed in the block)."""
+    if not all(isinstance(v, _Known) for v in ins):
+        return None
+    outs = compat.bind_eqn(eqn.primitive, [v.value for v in ins], eqn.params)
+    return [_Known(o) for o in outs]
 
 
-def _log_step(name: str, ins: Sequence[Any]) -> Any:
-    """A step on logarithms of fractions, and known values (fractions with
-    constant parts: `(0, k, 0, 1)`)."""
-    if name == "exp":
-        return ins[0].frac
-    if name == "expm1":
-        a, b, c, d = ins[0].frac
-        return (a - c, b - d, c, d)
-    if name == "neg":
-        a, b, c, d = ins[0].frac
+COEFFICIENTS: Rules[Any] = Rules(
+    "linear-fractional coefficients",
+    _NotFractional,
+    lift=lambda ctx, c: _Known(c),
+    fold=_fold_values,
+)
+
+
+def _fraction_rule(*names: str) -> Callable[[Callable[..., Any]], Any]:
+    """Register a rule `(name, *operands) -> fraction or _Log` for `names`,
+    a known operand given as a constant fraction. `degrees` has made sure
+    no product below has a nonzero `x^2` term (one factor of each product
+    is a constant polynomial)."""
+
+    def decorate(fn: Callable[..., Any]) -> Any:
+        def rule(ctx: Any, eqn: Any, ins: list[Any]) -> list[Any]:
+            args = [_constant(v.value) if isinstance(v, _Known) else v for v in ins]
+            return [fn(eqn.primitive.name, *args)]
+
+        return COEFFICIENTS.register(*names)(rule)
+
+    return decorate
+
+
+@_fraction_rule(*_PASS, "broadcast_in_dim")
+def _pass_fraction(name: str, a: Any) -> Any:
+    return a
+
+
+@_fraction_rule("log", "log1p")
+def _log_fraction(name: str, f: Fraction) -> _Log:
+    a, b, c, d = f
+    return _Log((a + c, b + d, c, d)) if name == "log1p" else _Log(f)
+
+
+@_fraction_rule("exp", "expm1")
+def _exp_fraction(name: str, f: _Log) -> Fraction:
+    a, b, c, d = f.frac
+    return (a - c, b - d, c, d) if name == "expm1" else f.frac
+
+
+@_fraction_rule("neg")
+def _neg_fraction(name: str, f: Any) -> Any:
+    if isinstance(f, _Log):
+        a, b, c, d = f.frac
         return _Log((c, d, a, b))
-    # add, sub, add_any: a product (or quotient) of fractions, a known value
-    # `k` a factor `e^k`.
+    a, b, c, d = f
+    return (-a, -b, c, d)
+
+
+@_fraction_rule("add", "sub", "add_any")
+def _sum_fraction(name: str, f: Any, g: Any) -> Any:
+    if isinstance(f, _Log) or isinstance(g, _Log):
+        return _log_sum(name, f, g)
+    (a1, b1, c1, d1), (a2, b2, c2, d2) = f, g
+    sign = -1 if name == "sub" else 1
+    # p1/q1 + p2/q2 with one of q1, q2 a constant (the degree check).
+    num = _poly_add(
+        _poly_mul((a1, b1), (c2, d2)),
+        _poly_scale(_poly_mul((a2, b2), (c1, d1)), sign),
+    )
+    return (*num, *_poly_mul((c1, d1), (c2, d2)))
+
+
+@_fraction_rule("mul")
+def _mul_fraction(name: str, f: Fraction, g: Fraction) -> Fraction:
+    (a1, b1, c1, d1), (a2, b2, c2, d2) = f, g
+    return (*_poly_mul((a1, b1), (a2, b2)), *_poly_mul((c1, d1), (c2, d2)))
+
+
+@_fraction_rule("div")
+def _div_fraction(name: str, f: Fraction, g: Fraction) -> Fraction:
+    (a1, b1, c1, d1), (a2, b2, c2, d2) = f, g
+    return (*_poly_mul((a1, b1), (c2, d2)), *_poly_mul((c1, d1), (a2, b2)))
+
+
+def _log_sum(name: str, *ins: Any) -> _Log:
+    """A sum or difference of logarithms of fractions and known values (as
+    constant fractions, `(0, k, 0, 1)`): the logarithm of their product (or
+    quotient), a known value `k` a factor `e^k`."""
     factors = []
     for i, v in enumerate(ins):
         if isinstance(v, _Log):
             f = v.frac
         else:
             e = jnp.exp(_value_of(v))
-            one = jnp.ones_like(e)
-            f = (jnp.zeros_like(e), e, jnp.zeros_like(e), one)
+            f = (jnp.zeros_like(e), e, jnp.zeros_like(e), jnp.ones_like(e))
         if name == "sub" and i == 1:
             f = (f[2], f[3], f[0], f[1])
         factors.append(f)
