@@ -588,6 +588,41 @@ def _moved(eqn: Any, f: ra.Frac) -> ra.Frac | None:
     return ra.Frac(num, None if f.den is None else tuple(one(c) for c in f.den))
 
 
+# Steps whose quotient depends on the choice they make at the
+# representatives (`ins`: the operands' values there), by primitive name:
+# (eqn, ins, operands' quotients, which operand is the unknown) -> quotient.
+Choice = Callable[[Any, Sequence[Any], Sequence[ra.Frac], int], ra.Frac]
+
+
+def _select(eqn: Any, ins: Sequence[Any], fs: Sequence[ra.Frac], u: int) -> ra.Frac:
+    return ra.select(ins[0], fs[1:])
+
+
+def _extremum(eqn: Any, ins: Sequence[Any], fs: Sequence[ra.Frac], u: int) -> ra.Frac:
+    x, k = ins[u], ins[1 - u]
+    keep = x >= k if eqn.primitive.name == "max" else x <= k
+    return ra.select(keep, [fs[1 - u], fs[u]])
+
+
+def _abs(eqn: Any, ins: Sequence[Any], fs: Sequence[ra.Frac], u: int) -> ra.Frac:
+    return ra.select(ins[0] >= 0, [ra.step("neg", fs, {}), fs[0]])
+
+
+def _clamp(eqn: Any, ins: Sequence[Any], fs: Sequence[ra.Frac], u: int) -> ra.Frac:
+    lo, x, hi = ins
+    which = jnp.where(x < lo, 1, jnp.where(x > hi, 2, 0))
+    return ra.select(which, [fs[1], fs[0], fs[2]])
+
+
+_CHOICES: dict[str, Choice] = {
+    "select_n": _select,
+    "max": _extremum,
+    "min": _extremum,
+    "abs": _abs,
+    "clamp": _clamp,
+}
+
+
 def _frac_of(
     name: str,
     eqn: Any,
@@ -596,25 +631,16 @@ def _frac_of(
     point: dict[Any, Any],
 ) -> ra.Frac | None:
     """One step of the walk on quotients (`ins`: the operands' values at
-    the representatives, which fix the choices)."""
-    if name == "select_n":
-        return ra.select(ins[0], operands[1:])
+    the representatives, which fix the choices), or `None` where the step's
+    value is no quotient."""
     if name in _SHAPE or name == "reduce_sum":
         return _moved(eqn, operands[0])
-    if name in ("max", "min"):
+    choice = _CHOICES.get(name)
+    if choice is not None:
         v0 = eqn.invars[0]
-        i = 0 if type(v0) is not _Literal and v0 in point else 1
-        u, k = ins[i], ins[1 - i]
-        keep = u >= k if name == "max" else u <= k
-        return ra.select(keep, [operands[1 - i], operands[i]])
-    if name == "abs":
-        f = operands[0]
-        return ra.select(ins[0] >= 0, [ra.frac_step("neg", [f], {}), f])
-    if name == "clamp":
-        lo, u, hi = ins
-        which = jnp.where(u < lo, 1, jnp.where(u > hi, 2, 0))
-        return ra.select(which, [operands[1], operands[0], operands[2]])
+        unknown = 0 if type(v0) is not _Literal and v0 in point else 1
+        return choice(eqn, ins, operands, unknown)
     try:
-        return ra.frac_step(name, operands, eqn.params)
+        return ra.step(name, operands, eqn.params)
     except NotRational:
         return None

@@ -3,13 +3,13 @@
 A value of a block walked as a rational function of its unknown `z` is a
 `Frac`: a numerator and a denominator, each a tuple of coefficients (of
 `z^0`, `z^1`, `z^2`; a denominator `None` is 1). `step` applies one
-arithmetic primitive to such values; a result of higher degree raises
-`NotRational`. `quadratic` returns the real roots of one.
+arithmetic primitive to such values (`STEPS`, a rule per primitive name); a
+result of higher degree raises `NotRational`. `quadratic` returns the real roots of one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
@@ -67,43 +67,88 @@ def denominator(f: Frac) -> Poly:
     return f.den if f.den is not None else (1.0,)
 
 
-def frac_step(name: str, ins: Sequence[Frac], params: dict[str, Any]) -> Frac:
-    if name in ("convert_element_type", "copy", "copy_p", "stop_gradient"):
-        return ins[0]
-    if name == "neg":
-        return Frac(tuple(-a for a in ins[0].num), ins[0].den)
-    if name in ("add", "add_any", "sub"):
-        f, g = ins
-        sign = -1 if name == "sub" else 1
-        if f.den is None and g.den is None:
-            return Frac(padd(f.num, g.num, sign), None)
-        if f.den is g.den:
-            return Frac(padd(f.num, g.num, sign), f.den)
-        num = padd(pmul(f.num, denominator(g)), pmul(g.num, denominator(f)), sign)
-        return Frac(num, pmul(denominator(f), denominator(g)))
-    if name == "mul":
-        f, g = ins
-        den = (
-            None
-            if f.den is None and g.den is None
-            else pmul(denominator(f), denominator(g))
-        )
-        return Frac(pmul(f.num, g.num), den)
-    if name == "div":
-        f, g = ins
-        return Frac(pmul(f.num, denominator(g)), pmul(denominator(f), g.num))
-    if name in ("square", "integer_pow"):
-        (f,) = ins
-        power = 2 if name == "square" else int(params["y"])
-        if power == 0:
-            return const(1.0)
-        out = f
-        for _ in range(abs(power) - 1):
-            out = frac_step("mul", [out, f], {})
-        if power < 0:
-            out = Frac(denominator(out), out.num)
-        return out
-    raise NotRational
+# One arithmetic step on quotients, by primitive name: (operands, the
+# equation's params) -> the result; `step` raises `NotRational` for a name
+# without one.
+Step = Callable[[Sequence[Frac], dict[str, Any]], Frac]
+STEPS: dict[str, Step] = {}
+
+
+def _steps(*names: str) -> Callable[[Step], Step]:
+    def register(fn: Step) -> Step:
+        STEPS.update(dict.fromkeys(names, fn))
+        return fn
+
+    return register
+
+
+def step(name: str, ins: Sequence[Frac], params: dict[str, Any]) -> Frac:
+    """`name` applied to quotients (`NotRational` if it is no arithmetic
+    step of this algebra, or the result's degree is too high)."""
+    fn = STEPS.get(name)
+    if fn is None:
+        raise NotRational
+    return fn(ins, params)
+
+
+@_steps("convert_element_type", "copy", "copy_p", "stop_gradient")
+def _same(ins: Sequence[Frac], params: dict[str, Any]) -> Frac:
+    return ins[0]
+
+
+@_steps("neg")
+def _neg(ins: Sequence[Frac], params: dict[str, Any]) -> Frac:
+    return Frac(tuple(-a for a in ins[0].num), ins[0].den)
+
+
+def _sum(f: Frac, g: Frac, sign: int) -> Frac:
+    if f.den is None and g.den is None:
+        return Frac(padd(f.num, g.num, sign), None)
+    if f.den is g.den:
+        return Frac(padd(f.num, g.num, sign), f.den)
+    num = padd(pmul(f.num, denominator(g)), pmul(g.num, denominator(f)), sign)
+    return Frac(num, pmul(denominator(f), denominator(g)))
+
+
+@_steps("add", "add_any")
+def _add(ins: Sequence[Frac], params: dict[str, Any]) -> Frac:
+    return _sum(*ins, 1)
+
+
+@_steps("sub")
+def _sub(ins: Sequence[Frac], params: dict[str, Any]) -> Frac:
+    return _sum(*ins, -1)
+
+
+def _product(f: Frac, g: Frac) -> Frac:
+    both_one = f.den is None and g.den is None
+    den = None if both_one else pmul(denominator(f), denominator(g))
+    return Frac(pmul(f.num, g.num), den)
+
+
+@_steps("mul")
+def _mul(ins: Sequence[Frac], params: dict[str, Any]) -> Frac:
+    return _product(*ins)
+
+
+@_steps("div")
+def _div(ins: Sequence[Frac], params: dict[str, Any]) -> Frac:
+    f, g = ins
+    return Frac(pmul(f.num, denominator(g)), pmul(denominator(f), g.num))
+
+
+@_steps("square", "integer_pow")
+def _power(ins: Sequence[Frac], params: dict[str, Any]) -> Frac:
+    (f,) = ins
+    power = int(params.get("y", 2))  # (`square` has no params)
+    if power == 0:
+        return const(1.0)
+    out = f
+    for _ in range(abs(power) - 1):
+        out = _product(out, f)
+    if power < 0:
+        out = Frac(denominator(out), out.num)
+    return out
 
 
 def select(which: Any, cases: Sequence[Frac]) -> Frac:
