@@ -2887,7 +2887,7 @@ def _check_result(
         )
     if chart is not None and jac is not None:
         # More results than unknowns, or elements completed: the ildj in the
-        # coordinates the inverse reads (`_nonsquare.whole_map_ildj`).
+        # coordinates the inverse reads (`_ildj.whole_map`).
         want = _chart_ildj(jac, *chart)
         got_ildj = float(ildj)
         if want is not None and not np.isfinite(got_ildj):

@@ -27,7 +27,7 @@ from .._trace import (
     spec_of,
     stage_flat,
 )
-from . import _gram, _nonsquare
+from . import _gram, _ildj
 from ._engine import InverseWalker
 
 # Signatures remembered by each inverse function for its fast path.
@@ -372,7 +372,7 @@ def _compile(
             return [*xs, *counts]
         ildj = sol.ildj
         # More results than unknowns: in the coordinates the inverse reads.
-        whole = _nonsquare.whole_map_ildj(
+        whole = _ildj.whole_map(
             lambda unknown: forward(unknown, invals),
             lambda ys_: inverse_x(ys_, args[n_y:]),
             xs,

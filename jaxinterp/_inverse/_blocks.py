@@ -51,6 +51,7 @@ from ._elementwise_steps import (
     _ELEMENTWISE,
     _scalar_broadcast,
 )
+from ._ildj import of_slope
 
 _Literal = compat.Literal
 
@@ -458,8 +459,7 @@ def replays_at_any_shape(eqns: Sequence[Any]) -> bool:
 
 def block_ildj(block: Block, x: Any, known: Sequence[Any]) -> Any:
     """`-sum(log|g'(x)|)`: the block's inverse log-det-Jacobian."""
-    slope = _solve.derivative(block.g, x, known)
-    return -jnp.sum(jnp.log(jnp.abs(slope)))
+    return of_slope(_solve.derivative(block.g, x, known))
 
 
 def unknown_size(block: Block) -> int:

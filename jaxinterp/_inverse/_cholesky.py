@@ -36,7 +36,8 @@ from jax import lax
 
 from .._errors import NotInvertibleError
 from . import _traits as tr
-from ._rules import InverseContext, MaskedPiece, PieceResult, inverse_rules, total
+from ._ildj import total
+from ._rules import InverseContext, MaskedPiece, PieceResult, inverse_rules
 
 # Primitives whose rule needs only the lower triangle of the result.
 READS_LOWER = tr.having(tr.LOWER_RESULT)

@@ -22,13 +22,13 @@ from jax import lax
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
 from . import _rounding as rd
+from ._ildj import total
 from ._rounding import REDUNDANT_ROUNDING
 from ._rules import (
     InverseContext,
     describe_elements,
     inverse_rules,
     register_elementwise_inverse,
-    total,
     undetermined,
 )
 

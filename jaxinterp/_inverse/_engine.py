@@ -54,6 +54,7 @@ from ._dataflow import (
     SolveState,
     UniqueInside,
 )
+from ._ildj import log_det
 from ._methods import METHODS, Method
 from ._refusals import not_invertible_error as not_invertible_error
 from ._rounding import (
@@ -784,7 +785,4 @@ def _generic_ildj(
         solved = res[0]
         return ravel_pytree([solved[k] for k in unknown])[0]
 
-    jac = jax.jacfwd(solve)(flat_outs)
-    if jac.ndim != 2 or jac.shape[0] != jac.shape[1]:
-        return jnp.full((), jnp.nan, jnp.float32)
-    return jnp.linalg.slogdet(jac)[1]
+    return log_det(jax.jacfwd(solve)(flat_outs))

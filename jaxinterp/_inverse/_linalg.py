@@ -17,8 +17,9 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._errors import NotInvertibleError
+from ._ildj import total
 from ._rounding import agree_recomputed
-from ._rules import InverseContext, MaskedPiece, PieceResult, inverse_rules, total
+from ._rules import InverseContext, MaskedPiece, PieceResult, inverse_rules
 
 BOTH_UNKNOWN = (
     "`dot_general` of two unknown operands is not inverted: a product such as "

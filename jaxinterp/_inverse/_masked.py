@@ -46,6 +46,7 @@ from . import (
     _branches as br,
     _cholesky as chol,
     _elementwise_steps as ew,
+    _ildj,
     _scattered,
 )
 from ._dataflow import (
@@ -61,7 +62,6 @@ from ._rules import (
     InverseContext,
     MaskedPiece,
     describe_elements,
-    elementwise_ildj,
 )
 
 _Literal = compat.Literal
@@ -366,7 +366,7 @@ def _backward(walker: Walker, st: SolveState, i: int) -> bool:
             def solve(t: Any) -> Any:
                 return rule(ctx, [t], *ins_c, **eqn.params)[0][k]
 
-            ildj = elementwise_ildj(solve, y)
+            ildj = _ildj.elementwise(solve, y)
         st.ildj_terms.append(ildj)
     _add_piece(st, x, new, solved, i, True)
     return True

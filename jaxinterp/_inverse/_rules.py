@@ -26,7 +26,6 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -35,6 +34,7 @@ from .. import _jax_compat as compat
 from .._custom_types import InverseRule
 from .._errors import NotInvertibleError
 from .._registry import RuleRegistry
+from ._ildj import total
 from ._rounding import agree, largest
 
 
@@ -198,35 +198,6 @@ def _legacy_context(ctx: InverseContext) -> Iterator[None]:
         _WANT_ILDJ.reset(wanted)
 
 
-_reduce_sum = getattr(lax, "reduce_sum", None)
-
-
-def total(t: Any) -> Any:
-    """Sum all elements of `t` to a scalar (cheap to trace; scalars pass through)."""
-    if isinstance(t, (int, float)) or np.ndim(t) == 0:
-        return t
-    if _reduce_sum is None:  # JAX releases without `lax.reduce_sum`
-        return jnp.sum(t)
-    return _reduce_sum(t, tuple(range(np.ndim(t))))
-
-
-def _sum_log_abs(d: Any) -> Any:
-    """`sum(log|d|)` in at least float32, as a scalar."""
-    d = jnp.asarray(d)
-    if not jnp.issubdtype(d.dtype, jnp.inexact):
-        d = d.astype(jnp.float32)
-    return total(lax.log(lax.abs(d)))
-
-
-def elementwise_ildj(inverse_fn: Solve, y: Any) -> Any:
-    """`sum(log|d inverse_fn(y) / dy|)` for an elementwise `inverse_fn`, via `jvp`."""
-    y = jnp.asarray(y)
-    if not jnp.issubdtype(y.dtype, jnp.inexact):
-        return jnp.zeros((), jnp.float32)
-    _, dx = jax.jvp(inverse_fn, (y,), (jnp.ones_like(y),))
-    return _sum_log_abs(dx)
-
-
 def register_elementwise_inverse(
     prim: Any,
     inverse_fn: Solve,
@@ -267,7 +238,7 @@ def register_elementwise_inverse(
         if not ctx.want_ildj:
             ildj: Any = 0.0
         elif log_abs_dinv is None:
-            ildj = elementwise_ildj(lambda t: inverse_fn(t, **params), y)
+            ildj = ildj.elementwise(lambda t: inverse_fn(t, **params), y)
         else:
             ildj = _broadcast_total(log_abs_dinv(y, solved, **params), y)
         return [solved], ildj
@@ -321,7 +292,7 @@ def register_binary_inverse(
         if not ctx.want_ildj:
             ildj: Any = 0.0
         elif log_abs is None:
-            ildj = elementwise_ildj(lambda t: solve(t, known), y)
+            ildj = ildj.elementwise(lambda t: solve(t, known), y)
         else:
             ildj = _broadcast_total(log_abs(y, known, solved), y)
         return ([solved, b] if a is None else [a, solved]), ildj
@@ -337,11 +308,6 @@ def _broadcast_total(d: Any, like: Any) -> Any:
     if np.ndim(d) == 0 and np.ndim(like) != 0:
         return d * math.prod(np.shape(like))
     return total(d)
-
-
-def zero_ildj(like: Any = None) -> Any:
-    """A zero ildj (volume-preserving maps)."""
-    return jnp.zeros((), jnp.float32)
 
 
 # ---------------------------------------------------------------------------
