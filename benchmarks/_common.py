@@ -16,15 +16,25 @@ look super-linear, for `jax.core.eval_jaxpr` as much as for the walker. Pass
 The clock is `time.perf_counter`. On a machine shared with other work, pass
 `--cpu` to time with `time.process_time` instead (CPU seconds of every thread
 of the process), which ignores the time the process waits for a core.
+
+Every figure goes through `report`. With `--record`, a script also writes
+its figures, with the JAX version and the machine, to
+`benchmarks/results/<script>.jax-<version>.json` when it exits;
+`benchmarks/tables.py` turns those files into the tables of
+`docs/benchmarks.md` (`nox -s bench` does both).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import datetime
 import gc
+import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +45,11 @@ import jax
 _KEEP_GC = False
 # The clock of timed runs (`--cpu` picks `time.process_time`).
 _CLOCK: Callable[[], float] = time.perf_counter
+# The figures `report` printed, in order: written out with `--record`.
+_FIGURES: list[dict[str, Any]] = []
+# The section now running (`--only SECTION`), stored with each figure.
+_SECTION: list[str | None] = [None]
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def parse_args(description: str) -> argparse.Namespace:
@@ -56,10 +71,94 @@ def parse_args(description: str) -> argparse.Namespace:
         metavar="SECTION",
         help="run only these sections (where a benchmark has several)",
     )
+    add_record_flag(parser)
     args = parser.parse_args()
     _KEEP_GC = args.gc
     _CLOCK = time.process_time if args.cpu else time.perf_counter
+    record_at_exit(args.record)
     return args
+
+
+def add_record_flag(parser: argparse.ArgumentParser) -> None:
+    """Add `--record [FOLDER]` (the figures written out at exit)."""
+    parser.add_argument(
+        "--record",
+        nargs="?",
+        const=RESULTS,
+        metavar="FOLDER",
+        help="write the figures to FOLDER/<script>.jax-<version>.json at exit "
+        "(default folder: benchmarks/results)",
+    )
+
+
+def record_at_exit(folder: str | None) -> None:
+    """Write the figures `report` printed to `folder` when the script exits."""
+    if folder:
+        atexit.register(_write_record, folder, sys.argv[1:])
+
+
+def machine() -> str:
+    """Describe the machine: CPU model, cores, memory and JAX's device."""
+    model = platform.processor() or platform.machine()
+    memory = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [
+                ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")
+            ]
+        model = names[0] if names else model
+        with open("/proc/meminfo") as f:
+            kib = int(f.readline().split()[1])
+        memory = f", {kib / 2**20:.0f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    device = jax.devices()[0]
+    cores = f"{os.cpu_count()} cores{memory}"
+    return f"{model}, {cores}, {device.platform} ({device.device_kind})"
+
+
+def section(name: str) -> None:
+    """Name the section whose figures `report` records next."""
+    _SECTION[0] = name
+
+
+def _options(argv: list[str], folder: str) -> list[str]:
+    """The flags a figure was taken with, as a command line would give them
+    (`--record` and the sections picked are kept apart)."""
+    kept, skipping = [], False
+    for arg in argv:
+        if arg.startswith("--"):
+            skipping = arg in ("--record", "--only")
+        if not (skipping or arg == folder):
+            kept.append(arg)
+    return kept
+
+
+def _write_record(folder: str, argv: list[str]) -> None:
+    """Write the figures of this run; a run of some sections keeps the
+    figures an earlier run recorded for the others."""
+    script = os.path.splitext(os.path.basename(sys.argv[0]))[0]
+    path = os.path.join(folder, f"{script}.jax-{jax.__version__}.json")
+    options, today = _options(argv, folder), datetime.date.today().isoformat()
+    for figure in _FIGURES:
+        figure.update(options=options, date=today)
+    earlier = []
+    if os.path.exists(path):
+        with open(path) as f:
+            earlier = json.load(f)["figures"]
+    ran = {f["section"] for f in _FIGURES}
+    record = {
+        "script": f"{script}.py",
+        "jax": jax.__version__,
+        "python": platform.python_version(),
+        "machine": machine(),
+        "figures": [f for f in earlier if f["section"] not in ran] + _FIGURES,
+    }
+    os.makedirs(folder, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")
+    print(f"figures written to {path}")
 
 
 def print_header(title: str, *, timed: bool = True) -> None:
@@ -165,12 +264,25 @@ def paired_ratio(times: dict[str, list[float]], ours: str, reference: str) -> fl
     )
 
 
-def report(label: str, value: float, target: float) -> bool:
+def report(
+    label: str, value: float, target: float | None = None, unit: str = ""
+) -> bool:
     """Print one figure against its target (`<=`); return whether it is met.
 
-    The figure is compared as printed, to two decimals. A missed target is
-    reported, never hidden; the script still exits 0.
+    The figure is compared as printed, to two decimals; without a target it
+    is printed for information (and counts as met). A missed target is
+    reported, never hidden; the script still exits 0. `unit` follows the
+    value (`" ms"`); a ratio has none.
     """
-    met = round(value, 2) <= target
-    print(f"{label}: {value:.2f} (target <= {target:.2f}) {'OK' if met else 'MISSED'}")
+    met = target is None or round(value, 2) <= target
+    _FIGURES.append(
+        {"label": label, "value": value, "unit": unit, "target": target}
+        | {"section": _SECTION[0]}
+    )
+    text = f"{value}{unit}" if isinstance(value, int) else f"{value:.2f}{unit}"
+    if target is None:
+        print(f"{label}: {text} (no target)")
+    else:
+        verdict = "OK" if met else "MISSED"
+        print(f"{label}: {text} (target <= {target:g}) {verdict}")
     return met

@@ -130,10 +130,7 @@ def main() -> None:
     n_calls, repeats = (100, 5) if args.quick else (300, 15)
     measure(128, 512, n_calls, repeats)
     floor = measure(8, 32, n_calls, repeats)
-    print(
-        f"evaluate/jax.core.eval_jaxpr ratio, per call, f32[8,32]: {floor:.2f} "
-        "(no target)"
-    )
+    report("evaluate/jax.core.eval_jaxpr ratio, per call, f32[8,32]", floor)
     first_calls(1 if args.quick else 5)
 
 

@@ -40,6 +40,7 @@ from _common import (  # noqa: E402
     parse_args,
     print_header,
     report,
+    section,
 )
 
 import jaxinterp  # noqa: E402
@@ -159,14 +160,13 @@ def bench_compiled(quick: bool) -> None:
         ours = jax.jit(jaxinterp.inverse(fn, argnums=argnums))
         cold, steady = _ratios(ours, jax.jit(hand), args, quick)
         report(f"{name}: time ratio, calls back to back", steady, 1.05)
-        print(f"  (single calls after a collection: {cold:.2f})")
+        report(f"{name}: time ratio, single calls after a collection", cold)
         n_ours = count_eqns(
             jax.make_jaxpr(jaxinterp.inverse(fn, argnums=argnums))(*args).jaxpr
         )
         n_hand = count_eqns(jax.make_jaxpr(hand)(*args).jaxpr)
-        print(
-            f"{name}: equations {n_ours} (hand-written {n_hand})"
-            f" {'OK' if n_ours <= n_hand else 'MISSED'}"
+        report(
+            f"{name}: equations (the hand-written inverse's: target)", n_ours, n_hand
         )
 
 
@@ -341,14 +341,8 @@ def bench_blocks(quick: bool) -> None:
     for name, (fn, hand, y, target) in cases.items():
         ours = jax.jit(jaxinterp.inverse(fn))
         ratio, in_steady = _ratios(ours, jax.jit(hand), (y,), quick)
-        if target is None:
-            print(
-                f"{name}: time ratio, calls back to back {in_steady:.2f}"
-                f" (single calls after a collection: {ratio:.2f}; no target)"
-            )
-        else:
-            report(f"{name}: time ratio, calls back to back", in_steady, target)
-            print(f"  (single calls after a collection: {ratio:.2f})")
+        report(f"{name}: time ratio, calls back to back", in_steady, target)
+        report(f"{name}: time ratio, single calls after a collection", ratio)
 
 
 def _ratios(ours, theirs, args, quick: bool) -> tuple[float, float]:
@@ -400,10 +394,12 @@ def bench_runtime_folds(quick: bool) -> None:
             rounds=3 if quick else 10,
         )
         print(
-            f"{name} each call, {n} elements: time ratio over a constant `a`"
-            f" {min(times[name]) / min(times['constant']):.2f}"
-            f" ({describe(times[name], unit='ms')}; constant:"
-            f" {describe(times['constant'], unit='ms')}; no target)"
+            f"  {name}: {describe(times[name], unit='ms')}; constant:"
+            f" {describe(times['constant'], unit='ms')}"
+        )
+        report(
+            f"{name} each call, {n} elements: time ratio over a constant `a`",
+            min(times[name]) / min(times["constant"]),
         )
 
 
@@ -483,9 +479,10 @@ def bench_tracing(quick: bool) -> None:
         )(x)
 
     times = compare({"ours": first_call, "ref": retrace}, repeats=3)
-    print(
-        "first call of make_jaxpr(inverse(f)), 1,000 equations, staging included: "
-        f"{min(times['ours']) / min(times['ref']):.2f}x a re-trace (no target)"
+    report(
+        "first call of make_jaxpr(inverse(f)), 1,000 equations, staging included, "
+        "over a re-trace",
+        min(times["ours"]) / min(times["ref"]),
     )
 
 
@@ -528,15 +525,13 @@ def bench_compile(quick: bool) -> None:
     for name, (ours, hand, args) in pairs.items():
         t_ours = min(_compile_seconds(ours, args) for _ in range(repeats))
         t_hand = min(_compile_seconds(hand, args) for _ in range(repeats))
-        print(
-            f"spline, {name}: compile {t_ours:.2f} s (hand-written {t_hand:.2f} s,"
-            f" ratio {t_ours / t_hand:.1f}; no target)"
-        )
+        print(f"  spline, {name}: hand-written inverse compiles in {t_hand:.2f} s")
+        report(f"spline, {name}: compile seconds", t_ours, unit=" s")
+        report(f"spline, {name}: compile time over the hand-written's", t_ours / t_hand)
     ratio, in_steady = _ratios(jax.jit(ours_args), jax.jit(inverse_of), (y, sp), quick)
-    print(
-        "spline, parameters as arguments: time ratio, calls back to back"
-        f" {in_steady:.2f} (single calls after a collection: {ratio:.2f}; no target)"
-    )
+    name = "spline, parameters as arguments: time ratio"
+    report(f"{name}, calls back to back", in_steady)
+    report(f"{name}, single calls after a collection", ratio)
 
 
 # ---------------------------------------------------------------------------
@@ -571,6 +566,7 @@ def main() -> None:
         "runtime": bench_runtime_folds,
     }
     for name in args.only or sections:
+        section(name)
         sections[name](args.quick)
 
 

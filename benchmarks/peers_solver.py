@@ -29,6 +29,9 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "peers"))
+sys.path.insert(0, HERE)
+
+from _common import add_record_flag, record_at_exit, report, section  # noqa: E402
 
 import jaxinterp  # noqa: E402
 
@@ -92,15 +95,20 @@ def main(argv: list[str] | None = None) -> int:
         help="time the cases inverted by this method instead (explain_inverse's"
         " name: 'piecewise', 'linear-fractional formula'); repeatable",
     )
+    add_record_flag(parser)
     args = parser.parse_args(argv)
+    record_at_exit(args.record)
+    # The numerical solve has a target; the exact methods are timed for
+    # information.
+    section("exact" if args.method else "solve")
+    target = None if args.method else 3.0
     print(f"JAX {jax.__version__} on {jax.devices()[0].platform}")
-    print("| library | bijector | n | ours, ms | library's, ms | ratio |")
-    print("|---|---|---|---|---|---|")
     for case in solver_cases(args.only, args.method):
         for n in args.sizes:
+            label = f"{case.library} `{case.name}`, {n:.0e} elements"
             y = tiled(case, n)
             if y is None:
-                print(f"| {case.library} | {case.name} | {n} | (no batch) | | |")
+                print(f"{label}: the forward map takes no batch")
                 continue
             ours = jax.jit(jaxinterp.inverse(case.forward))
             theirs = jax.jit(case.inverse)
@@ -108,25 +116,20 @@ def main(argv: list[str] | None = None) -> int:
                 got = np.asarray(ours(y))
                 want = np.asarray(theirs(y))
             except Exception as err:  # noqa: BLE001 - reported, not timed
-                print(
-                    f"| {case.library} | {case.name} | {n} | {type(err).__name__} | | |"
-                )
+                print(f"{label}: {type(err).__name__}: {err}")
                 continue
-            ok = np.isfinite(got).mean()
             a, b = [], []
             for _ in range(3):
                 a.append(best(ours, y, args.repeat))
                 b.append(best(theirs, y, args.repeat))
             t_ours, t_lib = min(a), min(b)
+            finite = np.isfinite(got).mean()
             err = float(np.nanmax(np.abs(got - want) / (1 + np.abs(want))))
             print(
-                f"| {case.library} | {case.name} | {n} | {1e3 * t_ours:.3f} | "
-                f"{1e3 * t_lib:.3f} | {t_ours / t_lib:.2f} |"
-                + (
-                    f" (finite {ok:.3f}, err {err:.1e})" if ok < 1 or err > 1e-3 else ""
-                ),
-                flush=True,
+                f"  {label}: ours {1e3 * t_ours:.3f} ms, the library's "
+                f"{1e3 * t_lib:.3f} ms; finite {finite:.3f}, largest error {err:.1e}"
             )
+            report(f"{label}: time ratio", t_ours / t_lib, target)
     return 0
 
 
