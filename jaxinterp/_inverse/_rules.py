@@ -34,6 +34,7 @@ from .. import _jax_compat as compat
 from .._custom_types import InverseRule
 from .._errors import NotInvertibleError
 from .._registry import RuleRegistry
+from . import _ildj
 from ._ildj import total
 from ._rounding import agree, largest
 
@@ -238,7 +239,7 @@ def register_elementwise_inverse(
         if not ctx.want_ildj:
             ildj: Any = 0.0
         elif log_abs_dinv is None:
-            ildj = ildj.elementwise(lambda t: inverse_fn(t, **params), y)
+            ildj = _ildj.elementwise(lambda t: inverse_fn(t, **params), y)
         else:
             ildj = _broadcast_total(log_abs_dinv(y, solved, **params), y)
         return [solved], ildj
@@ -292,7 +293,7 @@ def register_binary_inverse(
         if not ctx.want_ildj:
             ildj: Any = 0.0
         elif log_abs is None:
-            ildj = ildj.elementwise(lambda t: solve(t, known), y)
+            ildj = _ildj.elementwise(lambda t: solve(t, known), y)
         else:
             ildj = _broadcast_total(log_abs(y, known, solved), y)
         return ([solved, b] if a is None else [a, solved]), ildj
