@@ -231,6 +231,34 @@ class Interpreter:
         _registry.bump_generation()
 
     @classmethod
+    def inherited_handler(cls, prim: Any) -> Handler | None:
+        """The handler `prim` has on this class's bases: the one a handler
+        registered on this class replaces (the built-in handler of a
+        higher-order primitive, or a base class's), or `None`.
+
+        A replacement calls it to fall back, for the equations it does not
+        treat itself.
+
+        Example:
+            >>> from jax import lax
+            >>> class Unrolled(Interpreter):
+            ...     pass
+            >>> @Unrolled.register(lax.while_p)
+            ... def _while(interp, eqn, invals):
+            ...     # (unroll some loops here; leave the rest to the built-in)
+            ...     builtin = Unrolled.inherited_handler(lax.while_p)
+            ...     return builtin(interp, eqn, invals)
+            >>> count = lambda n: lax.while_loop(lambda i: i < n, lambda i: i + 1, 0)
+            >>> int(Unrolled().transform(count)(3))
+            3
+        """
+        for klass in cls.__mro__[1:]:
+            own = klass.__dict__.get("_own_handlers")
+            if own and prim in own:
+                return own[prim]
+        return None
+
+    @classmethod
     def dispatch_table(cls) -> Mapping[Any, Handler]:
         """The table `process_eqn` dispatches on: primitive to handler.
 
