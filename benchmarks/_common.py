@@ -113,8 +113,10 @@ def machine() -> str:
     except (OSError, ValueError, IndexError):
         pass
     device = jax.devices()[0]
-    cores = f"{os.cpu_count()} cores{memory}"
-    return f"{model}, {cores}, {device.platform} ({device.device_kind})"
+    kind = device.platform
+    if device.device_kind.lower() != kind:
+        kind += f" ({device.device_kind})"
+    return f"{model}, {os.cpu_count()} cores{memory}, JAX on {kind}"
 
 
 def section(name: str) -> None:
@@ -123,12 +125,11 @@ def section(name: str) -> None:
 
 
 def _options(argv: list[str], folder: str) -> list[str]:
-    """The flags a figure was taken with, as a command line would give them
-    (`--record` and the sections picked are kept apart)."""
+    """The command line a figure was taken with, `--record` left out."""
     kept, skipping = [], False
     for arg in argv:
         if arg.startswith("--"):
-            skipping = arg in ("--record", "--only")
+            skipping = arg == "--record"
         if not (skipping or arg == folder):
             kept.append(arg)
     return kept

@@ -165,9 +165,7 @@ def bench_compiled(quick: bool) -> None:
             jax.make_jaxpr(jaxinterp.inverse(fn, argnums=argnums))(*args).jaxpr
         )
         n_hand = count_eqns(jax.make_jaxpr(hand)(*args).jaxpr)
-        report(
-            f"{name}: equations (the hand-written inverse's: target)", n_ours, n_hand
-        )
+        report(f"{name}: equations (target: the hand-written's)", n_ours, n_hand)
 
 
 def gallery_spline():

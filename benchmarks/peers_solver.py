@@ -19,9 +19,11 @@ last axis).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -29,9 +31,23 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "peers"))
-sys.path.insert(0, HERE)
 
-from _common import add_record_flag, record_at_exit, report, section  # noqa: E402
+
+def _bench_common() -> Any:
+    """`benchmarks/_common.py`, loaded by path: the peers harness has a
+    `_common` module of its own on `sys.path`."""
+    spec = importlib.util.spec_from_file_location(
+        "_bench_common", os.path.join(HERE, "_common.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_bench = _bench_common()
+add_record_flag, record_at_exit = _bench.add_record_flag, _bench.record_at_exit
+report, section = _bench.report, _bench.section
 
 import jaxinterp  # noqa: E402
 
@@ -42,7 +58,9 @@ def solver_cases(only: list[str], methods: list[str] | None = None) -> list:
     from check_peers import load_cases
 
     methods = methods or ["elementwise solve"]
-    cases, _ = load_cases(["numpyro", "distrax", "tfp"])
+    cases, missing = load_cases(["numpyro", "distrax", "tfp"])
+    if missing:
+        raise SystemExit(f"peer libraries missing (`nox -s bench_peers`): {missing}")
     picked = []
     for case in cases:
         if only and not any(o in case.name for o in only):

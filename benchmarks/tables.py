@@ -76,9 +76,8 @@ def _verdict(figures: list[dict[str, Any] | None], versions: list[str]) -> str:
     return "; ".join(f"{v} {'yes' if met else 'no'}" for v, met in judged)
 
 
-def _command(script: str, section: str | None, options: list[str]) -> str:
-    only = ["--only", section] if section else []
-    return shlex.join(["python", f"benchmarks/{script}", *only, *options])
+def _command(script: str, options: list[str]) -> str:
+    return shlex.join(["python", f"benchmarks/{script}", *options])
 
 
 def render(runs: list[dict[str, Any]], section: str | None = None) -> str:
@@ -108,9 +107,7 @@ def render(runs: list[dict[str, Any]], section: str | None = None) -> str:
     lines.append("")
     for run, figures in zip(runs, picked, strict=True):
         taken = sorted({(f["date"], tuple(f["options"])) for f in figures})
-        how = "; ".join(
-            f"`{_command(run['script'], section, list(o))}`, {d}" for d, o in taken
-        )
+        how = "; ".join(f"`{_command(run['script'], list(o))}`, {d}" for d, o in taken)
         lines.append(
             f"JAX {run['jax']}, Python {run['python']}: {how}; {run['machine']}.  "
         )

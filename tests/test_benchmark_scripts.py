@@ -118,7 +118,7 @@ def test_a_section_marker_takes_only_its_sections_figures():
     page = "<!-- figures: bench_x.py two -->\n<!-- /figures -->\n"
     new = tables.rewrite(page, {"bench_x.py": runs})
     assert "| b | 2.00 | ≤ 3 | yes |" in new and "| a |" not in new
-    assert "`python benchmarks/bench_x.py --only two --cpu`" in new
+    assert "`python benchmarks/bench_x.py --cpu`" in new
 
 
 @pytest.mark.slow
