@@ -48,7 +48,7 @@ _CLOCK: Callable[[], float] = time.perf_counter
 # The figures `report` printed, in order: written out with `--record`.
 _FIGURES: list[dict[str, Any]] = []
 # The section now running (`--only SECTION`), stored with each figure.
-_SECTION: list[str | None] = [None]
+_SECTION: str | None = None
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
@@ -121,7 +121,8 @@ def machine() -> str:
 
 def section(name: str) -> None:
     """Name the section whose figures `report` records next."""
-    _SECTION[0] = name
+    global _SECTION
+    _SECTION = name
 
 
 def _options(argv: list[str], folder: str) -> list[str]:
@@ -276,10 +277,8 @@ def report(
     value (`" ms"`); a ratio has none.
     """
     met = target is None or round(value, 2) <= target
-    _FIGURES.append(
-        {"label": label, "value": value, "unit": unit, "target": target}
-        | {"section": _SECTION[0]}
-    )
+    figure = {"label": label, "value": value, "unit": unit, "target": target}
+    _FIGURES.append(figure | {"section": _SECTION})
     text = f"{value}{unit}" if isinstance(value, int) else f"{value:.2f}{unit}"
     if target is None:
         print(f"{label}: {text} (no target)")

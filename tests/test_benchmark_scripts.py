@@ -45,17 +45,23 @@ import tables  # noqa: E402
         ("runtime", ["new a each call, 1000 elements", "same a each call"]),
     ],
 )
-def test_bench_inverse_section_runs(section, lines):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def _run_script(script: str, *args: str) -> subprocess.CompletedProcess:
+    """Run `benchmarks/<script>` at its `--quick` size in a fresh process;
+    it must exit 0."""
     run = subprocess.run(
-        [sys.executable, "benchmarks/bench_inverse.py", "--quick", "--only", section],
+        [sys.executable, f"benchmarks/{script}", "--quick", *args],
         cwd=ROOT,
-        env=env,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
+def test_bench_inverse_section_runs(section, lines):
+    run = _run_script("bench_inverse.py", "--only", section)
     for line in lines:
         assert line in run.stdout, run.stdout
 
@@ -123,17 +129,7 @@ def test_a_section_marker_takes_only_its_sections_figures():
 
 @pytest.mark.slow
 def test_a_recorded_run_keeps_the_figures_it_printed(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    command = [sys.executable, "benchmarks/bench_memory.py", "--quick"]
-    run = subprocess.run(
-        [*command, "--record", str(tmp_path)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = _run_script("bench_memory.py", "--record", str(tmp_path))
     (path,) = tmp_path.glob("bench_memory.jax-*.json")
     figures = json.loads(path.read_text())["figures"]
     printed = re.findall(
