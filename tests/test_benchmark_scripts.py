@@ -21,6 +21,21 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import tables  # noqa: E402
 
 
+def _run_script(script: str, *args: str) -> subprocess.CompletedProcess:
+    """Run `benchmarks/<script>` at its `--quick` size in a fresh process;
+    it must exit 0."""
+    run = subprocess.run(
+        [sys.executable, f"benchmarks/{script}", "--quick", *args],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "section, lines",
@@ -45,21 +60,6 @@ import tables  # noqa: E402
         ("runtime", ["new a each call, 1000 elements", "same a each call"]),
     ],
 )
-def _run_script(script: str, *args: str) -> subprocess.CompletedProcess:
-    """Run `benchmarks/<script>` at its `--quick` size in a fresh process;
-    it must exit 0."""
-    run = subprocess.run(
-        [sys.executable, f"benchmarks/{script}", "--quick", *args],
-        cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    return run
-
-
 def test_bench_inverse_section_runs(section, lines):
     run = _run_script("bench_inverse.py", "--only", section)
     for line in lines:
