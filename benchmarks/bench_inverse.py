@@ -2,7 +2,7 @@
 
 Run: `python benchmarks/bench_inverse.py` (add `--quick` for small sizes,
 `--only blocks` for one section: compiled, blocks, compile, tracing, eager,
-runtime).
+runtime, first).
 
 * compiled: `jit(inverse(f))` against a hand-written inverse under `jit`, for
   an elementwise chain, a stack of affine coupling layers and a `scan` of
@@ -16,12 +16,16 @@ runtime).
   and as arguments, against its hand-written inverse, and its time per call
   with the parameters as arguments (no targets);
 * eager: repeated `inverse(f)(y)` calls against the hand-written inverse
-  called eagerly.
+  called eagerly;
+* first: the first call of `jit(inverse(f))`, each map in a fresh process:
+  a numerically solved elementwise map against an exactly inverted one of
+  the same size, and the gallery's spline against a coupling layer.
 """
 
 from __future__ import annotations
 
 import itertools
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -532,6 +536,79 @@ def bench_compile(quick: bool) -> None:
     report(f"{name}, single calls after a collection", ratio)
 
 
+# The maps of the first-call section, each built in a fresh process
+# (`_FIRST_SETUP` then one entry's lines): `f` and its `y`.
+_FIRST_SETUP = """
+import sys, time
+sys.path[:0] = {paths!r}
+import jax, jax.numpy as jnp, numpy as np
+import jaxinterp
+import bench_inverse as bi
+"""
+_FIRST_MAPS = {
+    "exact elementwise": (
+        "f = lambda x: jnp.sinh(1.5 * x + 0.5)\ny = f(jnp.linspace(-2.0, 2.0, 4096))"
+    ),
+    "numerically solved elementwise": (
+        "f = lambda x: x + 0.5 * jnp.tanh(x)\ny = f(jnp.linspace(-2.0, 2.0, 4096))"
+    ),
+    "RealNVP coupling layer": (
+        "rng = np.random.default_rng(0)\n"
+        "w = lambda *s: jnp.asarray(rng.normal(size=s) * 0.3, jnp.float32)\n"
+        "params = [(w(2, 16), w(16), w(16, 4), w(4))]\n"
+        "f = lambda x: bi.coupling(x, params)\n"
+        "y = f(w(256, 4))"
+    ),
+    "4-bin spline, where over its bins": (
+        "sp, spline, _ = bi.gallery_spline()\n"
+        "f = lambda x: spline(x, sp)\n"
+        "y = f(jnp.linspace(-4.0, 4.0, 1024))"
+    ),
+}
+_FIRST_TIMED = """
+jax.block_until_ready(jax.jit(lambda v: v * 2.0)(y))
+start = time.perf_counter()
+jax.block_until_ready(jax.jit(jaxinterp.inverse(f))(y))
+print(time.perf_counter() - start)
+"""
+
+
+def _first_call_seconds(setup: str) -> float:
+    """Seconds of the first call of `jax.jit(inverse(f))(y)` (staging,
+    solving, compiling and running), in a fresh process whose JAX has
+    already compiled and run one program."""
+    here = str(Path(__file__).parent)
+    script = _FIRST_SETUP.format(paths=[here]) + setup + _FIRST_TIMED
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    return float(out.stdout.split()[-1])
+
+
+def bench_first_calls(quick: bool) -> None:
+    """The first call of `jax.jit(inverse(f))` for maps of one size solved
+    exactly and numerically, and for a spline layer against a coupling
+    layer, each in a fresh process (the least of a few)."""
+    print("## first: first call of jit(inverse(f)), each in a fresh process")
+    repeats = 1 if quick else 3
+    t = {
+        name: min(_first_call_seconds(setup) for _ in range(repeats))
+        for name, setup in _FIRST_MAPS.items()
+    }
+    for name, seconds in t.items():
+        report(f"first call, {name}: seconds", seconds, unit=" s")
+    report(
+        "first call, numerically solved over exact elementwise",
+        t["numerically solved elementwise"] / t["exact elementwise"],
+        5.0,
+    )
+    report(
+        "first call, spline (where) over coupling layer",
+        t["4-bin spline, where over its bins"] / t["RealNVP coupling layer"],
+        3.0,
+    )
+
+
 # ---------------------------------------------------------------------------
 # Eager calls.
 
@@ -562,6 +639,7 @@ def main() -> None:
         "tracing": bench_tracing,
         "eager": bench_eager,
         "runtime": bench_runtime_folds,
+        "first": bench_first_calls,
     }
     for name in args.only or sections:
         section(name)

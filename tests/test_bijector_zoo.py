@@ -791,7 +791,7 @@ def test_a_formula_that_turns_outside_its_domain_is_inverted_where_single():
     # The shifted Gompertz CDF is a bijection of x > 0 onto (0, 1); its
     # formula turns for some x < 0, where it is negative: every y in (0, 1)
     # has one preimage, a negative y in its range two (NaN), and the map is
-    # inverted there rather than refused (`_inverse/_turning.py`).
+    # inverted there rather than refused (`_inverse/_numerical/_turning.py`).
     f = _shifted_gompertz_cdf
     x = jnp.linspace(0.1, 4.0, 5)
     got, ildj = inverse_and_ildj(f)(f(x))

@@ -1,4 +1,4 @@
-"""Maps through a scalar bottleneck (`jaxinterp/_inverse/_bottleneck.py`).
+"""Maps through a scalar bottleneck (`jaxinterp/_inverse/_numerical/_bottleneck.py`).
 
 Planar and radial flows (Rezende and Mohamed, 2015) and maps onto a ball
 reach their result from `x` directly and through one number computed from

@@ -19,7 +19,7 @@ from helpers import x64
 from hypothesis import given, settings, strategies as st
 
 import jaxinterp
-from jaxinterp._inverse import _enclose, _solve
+from jaxinterp._inverse._numerical import _enclose, _solve
 
 # --- the enclosures themselves -------------------------------------------
 

@@ -1,5 +1,5 @@
-"""Sequential blocks (`jaxinterp/_inverse/_sequential.py`): triangular nonlinear
-maps of one unknown, solved level by level.
+"""Sequential blocks (`jaxinterp/_inverse/_numerical/_sequential.py`):
+triangular nonlinear maps of one unknown, solved level by level.
 
 Each map is checked against a hand-written inverse (the `d` passes of an
 autoregressive flow, the stick-breaking recursion) and its ildj against

@@ -1,4 +1,4 @@
-"""The elementwise solver's tiers (`jaxinterp/_inverse/_solve.py`).
+"""The elementwise solver's tiers (`jaxinterp/_inverse/_numerical/_solve.py`).
 
 `_find_roots` decides most elements in a fused first pass and runs its later
 tiers (Newton rounds, then the full search) only for what is left. These
@@ -15,11 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import abs_no_formula
+from helpers import abs_no_formula, run_python
 from hypothesis import given, settings, strategies as st
 
 import jaxinterp
-from jaxinterp._inverse import _lazy, _solve
+from jaxinterp._inverse import _blocks
+from jaxinterp._inverse._numerical import _lazy, _solve
 from jaxinterp.testing import compare_with_reference
 
 # One of the inverse's methods on many maps: left out of the default run
@@ -415,25 +416,25 @@ _QUOTIENT_OPERAND = st.floats(-1e3, 1e3, width=32)
     db=_QUOTIENT_OPERAND,
 )
 def test_the_solvers_quotient_is_div_with_the_same_derivatives(a, b, da, db):
-    """`_solve.quotient` (the division the solver's maps evaluate, with a
+    """`_blocks.quotient` (the division the solver's maps evaluate, with a
     derivative written with one division fewer) has `div`'s value exactly,
     and its first and second derivatives within rounding, with either
     operand's tangent zero too."""
     a, b, da, db = (jnp.float32(v) for v in (a, b, da, db))
-    q, dq = jax.jvp(_solve.quotient, (a, b), (da, db))
+    q, dq = jax.jvp(_blocks.quotient, (a, b), (da, db))
     r, dr = jax.jvp(jax.lax.div, (a, b), (da, db))
     assert q == r
     np.testing.assert_allclose(dq, dr, rtol=1e-5, atol=1e-5 * (abs(da) + abs(db)))
     np.testing.assert_allclose(
-        jax.jvp(lambda a: _solve.quotient(a, b), (a,), (da,))[1], da / b, rtol=1e-6
+        jax.jvp(lambda a: _blocks.quotient(a, b), (a,), (da,))[1], da / b, rtol=1e-6
     )
     np.testing.assert_allclose(
-        jax.jvp(lambda b: _solve.quotient(a, b), (b,), (db,))[1],
+        jax.jvp(lambda b: _blocks.quotient(a, b), (b,), (db,))[1],
         jax.jvp(lambda b: a / b, (b,), (db,))[1],
         rtol=1e-5,
         atol=1e-6,
     )
-    hess = jax.hessian(_solve.quotient, argnums=(0, 1))(a, b)
+    hess = jax.hessian(_blocks.quotient, argnums=(0, 1))(a, b)
     ref = jax.hessian(jax.lax.div, argnums=(0, 1))(a, b)
     np.testing.assert_allclose(np.array(hess), np.array(ref), rtol=1e-4, atol=1e-6)
 
@@ -590,7 +591,7 @@ def test_a_constant_holding_one_value_inside_a_jit_body():
 def _inverse_and_runs(g, y):
     """`jit(inverse(g))(y)`, and the runs where its plateau-edge test runs
     (`_block_numeric._unproven`, called once)."""
-    from jaxinterp._inverse import _block_numeric
+    from jaxinterp._inverse._numerical import _block_numeric
 
     captured = []
     real = _block_numeric._unproven
@@ -672,7 +673,7 @@ def _soft_staircase(x):
 
 
 def test_the_edge_of_a_plateau_is_nan_among_many_runs():
-    from jaxinterp._inverse import _block_numeric as numeric
+    from jaxinterp._inverse._numerical import _block_numeric as numeric
 
     def g(x):  # constant from 4.5 on (its slope there not 0: `min`)
         return _soft_staircase(jnp.minimum(x, 4.5))
@@ -707,9 +708,38 @@ def test_a_root_beside_a_plateau_holding_every_start_is_found():
     x=st.lists(st.floats(-6.0, 6.0, width=32), min_size=1, max_size=50),
 )
 def test_the_unrolled_search_counts_the_ends_at_or_below_as_numpy_does(ends, x):
-    from jaxinterp._inverse._block_numeric import _at_or_below
+    from jaxinterp._inverse._numerical._block_numeric import _at_or_below
 
     ends = np.sort(np.asarray(ends, np.float32))
     x = np.concatenate([np.asarray(x, np.float32), ends])
     got = np.asarray(_at_or_below(ends, jnp.asarray(x)))
     np.testing.assert_array_equal(got, np.searchsorted(ends, x, side="right"))
+
+
+def test_the_numerical_methods_are_loaded_only_when_a_map_needs_them():
+    """`import jaxinterp` and a map inverted exactly load no module of the
+    numerical methods (`jaxinterp/_inverse/_numerical/`); the first map
+    solved numerically loads them, and is inverted."""
+    out = run_python(
+        """
+        import sys
+        import jax.numpy as jnp
+        import jaxinterp
+
+        def loaded():
+            return sorted(m for m in sys.modules if "._numerical" in m)
+
+        print(loaded())
+        print(float(jaxinterp.inverse(lambda x: jnp.exp(2.0 * x) + 1.0)(3.0)))
+        print(loaded())
+        g = lambda x: x + 0.5 * jnp.tanh(x)
+        x = jaxinterp.inverse(g)(g(jnp.float32(0.75)))
+        print(float(x), "._numerical._solve" in " ".join(loaded()))
+        """
+    )
+    before, exact, after_exact, solved = out.splitlines()
+    assert before == "[]" and after_exact == "[]"
+    np.testing.assert_allclose(float(exact), np.log(2.0) / 2, rtol=1e-6)
+    x, loaded = solved.split()
+    np.testing.assert_allclose(float(x), 0.75, rtol=1e-6)
+    assert loaded == "True"

@@ -1,4 +1,4 @@
-"""The elementwise solver's table of starts (`jaxinterp/_inverse/_table.py`).
+"""The elementwise solver's table of starts (`jaxinterp/_inverse/_numerical/_table.py`).
 
 A map that is the same for every element, with constant known operands, is
 sampled while tracing and its inverse tabulated by the bits of `y`; the
@@ -20,7 +20,7 @@ from helpers import abs_no_formula
 from hypothesis import given, strategies as st
 
 import jaxinterp
-from jaxinterp._inverse import _lazy, _solve, _table
+from jaxinterp._inverse._numerical import _lazy, _solve, _table
 from jaxinterp.testing import compare_with_reference
 
 # One of the inverse's methods on many maps: left out of the default run

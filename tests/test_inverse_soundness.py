@@ -787,7 +787,7 @@ def _with_pole(x, c, pole):
 def _grid_check(uniform, shape, dtype):
     """The grid check of `_with_pole`, compiled once (`c` and the pole are
     arguments)."""
-    from jaxinterp._inverse import _grid
+    from jaxinterp._inverse._numerical import _grid
 
     def check(c, pole):
         g = lambda x: _with_pole(x, c, pole)  # noqa: E731
@@ -931,7 +931,7 @@ def _cornered(kind, c, s, big):
 def test_where_the_map_is_proven_to_move_no_neighbour_repeats_its_value(
     kind, c, s, big
 ):
-    from jaxinterp._inverse import _enclose, _solve
+    from jaxinterp._inverse._numerical import _enclose, _solve
 
     g = _cornered(kind, c, s, big)
     dtype = np.float32

@@ -22,7 +22,6 @@ from .. import _jax_compat as compat
 from .._errors import NotInvertibleError, reraise
 from . import (
     _block_find as bf,
-    _block_numeric as numeric,
     _block_solve as bs,
     _blocks as bl,
     _fractional as fr,
@@ -31,7 +30,7 @@ from . import (
     _nonsquare as nsq,
     _refusals as rf,
 )
-from ._dataflow import Solved, SolverOrigin, SolveState, Walker
+from ._dataflow import Solved, SolverOrigin, SolveState, Walker, numerical
 from ._rounding import floating, inherited_rounding
 
 # What a block method found: (the block, its unknown's value, its ildj, the
@@ -191,7 +190,7 @@ def _solve_found(walker: Walker, st: SolveState, block: bl.Block) -> Found | str
     if x is None:
         if not solvers:
             return bl.SOLVERS_OFF
-        x = numeric.solve_numerically(block, y, known)
+        x = numerical("_block_numeric").solve_numerically(block, y, known)
         method = bl.ELEMENTWISE_SOLVE
     if want_ildj:
         ildj = bl.block_ildj(block, x, known)

@@ -25,7 +25,8 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
-from . import _blocks as bl, _linear_parts as lp, _nonsquare, _rounding as rd, _solve
+from . import _blocks as bl, _linear_parts as lp, _nonsquare, _rounding as rd
+from ._elementwise_steps import derivative
 
 _Literal = compat.Literal
 
@@ -186,7 +187,7 @@ def solve_piecewise(
         else:
             best = jnp.where(score == best_score, x_c, best)
     x = jnp.where(found, x, best)
-    slope = _solve.derivative(block.g, x, known)
+    slope = derivative(block.g, x, known)
     tol = rd.one_preimage(x, y, slope)
     ambiguous = jnp.zeros(jnp.shape(y), bool)
     for x_c, ok in zip(candidates, oks, strict=True):
@@ -219,7 +220,7 @@ def maps_back(
     """Where `g(x) = y_x` is `y` within rounding (of `y`, and of `x` through
     `g'(x)`, `slope` if given)."""
     if slope is None:
-        slope = _solve.derivative(block.g, x, known)
+        slope = derivative(block.g, x, known)
     return rd.maps_back(y_x, y, x, slope)
 
 
@@ -228,7 +229,7 @@ def solve_linear_elementwise(block: bl.Block, y: Any, known: Sequence[Any]) -> A
     NaN where the slope is 0."""
     zero = jnp.zeros(jnp.shape(y), jnp.result_type(y))
     offset = block.g(zero, *known)
-    slope = _solve.derivative(block.g, zero, known)
+    slope = derivative(block.g, zero, known)
     nan = jnp.asarray(jnp.nan, jnp.result_type(y))
     return jnp.where(slope == 0, nan, (y - offset) / jnp.where(slope == 0, 1, slope))
 

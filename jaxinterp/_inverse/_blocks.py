@@ -33,24 +33,20 @@ The block's ildj is `-sum(log|g'(x)|)`, `g'` by forward-mode differentiation.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
 from .. import _jax_compat as compat
-from . import (
-    _linear_parts as lp,
-    _solve,
-    _turning,
-)
+from . import _linear_parts as lp
 from ._dataflow import ELEMENTWISE_SOLVE as ELEMENTWISE_SOLVE
-from ._elementwise_steps import (
-    _ELEMENTWISE,
-    _scalar_broadcast,
-)
+from ._elementwise_steps import _ELEMENTWISE, _scalar_broadcast, derivative
 from ._ildj import of_slope
 
 _Literal = compat.Literal
@@ -226,16 +222,14 @@ class Block:
         self._run(self.eqns, env, (), choice, selected, shape=_shape_of(x))
         return env
 
-    def discrete(self, x: Any, known: Sequence[Any], kinks: bool = False) -> Any:
-        """The block's discrete choices at `x` (elementwise): per element of
-        `x`, a row of numbers that changes wherever the map may jump (see
-        `_turning.choices_of`, and its `kinks`); shape `(*x.shape, k)`, `k`
-        possibly 0."""
+    def steps(self, x: Any, known: Sequence[Any]) -> list[Any]:
+        """The block's equations evaluated at `x` (elementwise), `jit`
+        bodies included: `(eqn, ins, outs)` each, in order."""
         steps: list[tuple[Any, list[Any], list[Any]]] = []
         env: dict[Any, Any] = {self.x: x}
         env.update(zip(self.known, known, strict=True))
         self._run(self.eqns, env, (), None, None, steps, shape=_shape_of(x))
-        return _turning.choices_of(steps, jnp.shape(x), kinks)
+        return steps
 
     def _run(
         self,
@@ -316,7 +310,7 @@ class Block:
                         # `jax.jvp` does; elsewhere the plain `div`: a
                         # `custom_jvp` evaluated on constants under `vmap`
                         # stages on older JAX.)
-                        outs = [_solve.quotient(*ins)]
+                        outs = [quotient(*ins)]
                     else:
                         outs = compat.bind_eqn(eqn.primitive, ins, eqn.params)
                 if steps is not None:
@@ -325,6 +319,34 @@ class Block:
 
     def g(self, x: Any, *known: Any) -> Any:
         return self.run(x, known)[self.y]
+
+
+@jax.custom_jvp
+def quotient(a: Any, b: Any) -> Any:
+    """`div` as the solver's maps evaluate it: the same value (the equation's
+    own `div`), and a derivative with one more division, `(da - q db) / b`
+    with `q = a / b`, where `lax.div`'s rule takes two more (`da / b` and
+    `-a db / b**2`). The first tier of the solver is bound by divisions (a
+    Newton step and its test evaluate `g` and `g'` twice): softsign's
+    `g, g'` go from three divisions to two."""
+    return lax.div_p.bind(a, b)
+
+
+@functools.partial(quotient.defjvp, symbolic_zeros=True)
+def _quotient_jvp(primals: Sequence[Any], tangents: Sequence[Any]) -> Any:
+    a, b = primals
+    da, db = tangents
+    q = lax.div_p.bind(a, b)
+    if type(db) is SymbolicZero:
+        # (`b` known: the one division `lax.div`'s rule takes too.)
+        dq = jnp.zeros_like(q) if type(da) is SymbolicZero else da / b
+    else:
+        # (Not `(da - q db) / b`: XLA's CPU backend does not fuse a
+        # division into a consumer that reads it twice, here `q` or `g'`;
+        # it writes it to memory, in a pass of its own.)
+        da_b = 0 if type(da) is SymbolicZero else da * b
+        dq = (da_b - a * db) / (b * b)
+    return q, jnp.broadcast_to(dq, jnp.shape(q)).astype(q.dtype)
 
 
 def _shape_of(x: Any) -> tuple[int, ...] | None:
@@ -459,7 +481,7 @@ def replays_at_any_shape(eqns: Sequence[Any]) -> bool:
 
 def block_ildj(block: Block, x: Any, known: Sequence[Any]) -> Any:
     """`-sum(log|g'(x)|)`: the block's inverse log-det-Jacobian."""
-    return of_slope(_solve.derivative(block.g, x, known))
+    return of_slope(derivative(block.g, x, known))
 
 
 def unknown_size(block: Block) -> int:

@@ -15,6 +15,7 @@ may ask of the engine (a sub-solve, a forward step, the rules).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -560,6 +561,13 @@ class SolveState:
         return [
             v for v in variables if type(v) is not _Literal and v in taint and v in env
         ]
+
+
+def numerical(module: str) -> Any:
+    """A module of the numerical methods (`_numerical/`), imported the first
+    time a method needs it: the exact methods, and `import jaxinterp`, never
+    load the solver."""
+    return importlib.import_module(f"{__package__}._numerical.{module}")
 
 
 def shape_of(v: Any) -> tuple[int, ...]:

@@ -8,8 +8,11 @@ same of the equations they walk.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import jax
+import jax.numpy as jnp
 
 from .. import _jax_compat as compat
 from . import _traits as tr
@@ -70,3 +73,8 @@ def is_elementwise(eqn: Any, shape: tuple[int, ...]) -> bool:
     if any(v.aval.shape != shape for v in eqn.outvars):
         return False
     return all(type(v) is _Literal or v.aval.shape in (shape, ()) for v in eqn.invars)
+
+
+def derivative(g: Callable[..., Any], x: Any, known: Sequence[Any]) -> Any:
+    """`g'(x)`, elementwise (`g` is elementwise in `x`)."""
+    return jax.jvp(lambda x_: g(x_, *known), (x,), (jnp.ones_like(x),))[1]

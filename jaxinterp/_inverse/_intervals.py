@@ -79,12 +79,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import (
-    _interval_plan as ip,
-    _rational as ra,
-    _rounding as rd,
-    _solve,
-)
+from . import _interval_plan as ip, _rational as ra, _rounding as rd
+from ._elementwise_steps import derivative
 from ._rational import NotRational
 
 # Method, as `explain_inverse` names it.
@@ -535,7 +531,7 @@ def solve(
         dy, *dboth = tangents
         known, dknown = both[:n], dboth[:n]
         x = inverse(y, *both)
-        slope = _solve.derivative(block.g, x, known)
+        slope = derivative(block.g, x, known)
         if known:
             _, dg = jax.jvp(lambda *k: block.g(x, *k), tuple(known), tuple(dknown))
             dy = dy - dg

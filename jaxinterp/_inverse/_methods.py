@@ -17,14 +17,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from . import (
-    _block_method as bm,
-    _bottleneck as bn,
-    _gram as gm,
-    _normalized as nz,
-    _sequential as sq,
-)
-from ._dataflow import Solved, SolveState, Walker
+from . import _block_method as bm, _gram as gm, _normalized as nz
+from ._dataflow import Solved, SolveState, Walker, numerical
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +29,8 @@ class Method:
         name: how sub-solves name it (`without`).
         title: what it tries, as a refusal names it ("tried as <title>").
         step: `step(walker, st) -> Solved | None`.
-        numerical: only where numerical solvers are on (`solvers=True`).
+        numerical: only where numerical solvers are on (`solvers=True`);
+            its step imports its module from `_numerical/` when it runs.
         completes: only in a run that may complete discarded elements
             (`complete=True`).
     """
@@ -59,11 +54,11 @@ def _normalized(walker: Any, st: SolveState) -> Solved | None:
 
 
 def _sequential(walker: Any, st: SolveState) -> Solved | None:
-    return bm.solved(st, sq.sequential_step(st))
+    return bm.solved(st, numerical("_sequential").sequential_step(st))
 
 
 def _bottleneck(walker: Any, st: SolveState) -> Solved | None:
-    return bm.solved(st, bn.bottleneck_step(walker, st))
+    return bm.solved(st, numerical("_bottleneck").bottleneck_step(walker, st))
 
 
 METHODS: tuple[Method, ...] = (

@@ -26,18 +26,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import _jax_compat as compat
-from .._errors import NotInvertibleError
-from . import (
-    _blocks as bl,
-    _enclose,
-    _lazy as lazy,
-    _solve,
-    _table,
-    _traits as tr,
-    _turning,
-)
-from ._elementwise_steps import _body_jaxprs
+from ... import _jax_compat as compat
+from ..._errors import NotInvertibleError
+from .. import _blocks as bl, _traits as tr
+from .._elementwise_steps import _body_jaxprs
+from . import _enclose, _lazy as lazy, _solve, _table, _turning
 
 # Steps at which a map may have a corner: on one side of it the map may be
 # constant (`relu(x) + relu(x)**2` for `x <= 0`).
@@ -441,7 +434,7 @@ def _edges_in(
 def _solve_numerically(block: bl.Block, y: Any, known: Sequence[Any]) -> Any:
 
     def choices(x: Any, *known: Any) -> list[Any]:
-        return block.discrete(x, known)
+        return _turning.discrete(block, x, known)
 
     # (A map that differs between elements through a constant inside it is
     # checked element by element, whatever its operands.)
@@ -521,7 +514,9 @@ def _solve_numerically(block: bl.Block, y: Any, known: Sequence[Any]) -> Any:
         g = block.g
         return _solve.solver(
             lambda x, *k: g(compat.vary_over(x, axes), *k),
-            choices=lambda x, *k: block.discrete(compat.vary_over(x, axes), k),
+            choices=lambda x, *k: _turning.discrete(
+                block, compat.vary_over(x, axes), k
+            ),
             uniform=inside,
             turns=turns,
         )(y, *known)
@@ -532,7 +527,7 @@ def _solve_numerically(block: bl.Block, y: Any, known: Sequence[Any]) -> Any:
         uniform=inside,
         gather=gather,
         turns=turns,
-        kinks=lambda x, *known: block.discrete(x, known, kinks=True),
+        kinks=lambda x, *known: _turning.discrete(block, x, known, kinks=True),
     )(y, *known)
 
 
@@ -553,7 +548,7 @@ def _solve_turning(
     extra, more, turns = walk
 
     def choices(x: Any, *known: Any) -> list[Any]:
-        return block.discrete(x, known)
+        return _turning.discrete(block, x, known)
 
     found = None
     if searched:

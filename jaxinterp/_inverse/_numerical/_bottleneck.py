@@ -51,15 +51,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex_core
 
-from .. import _jax_compat as compat
-from .._errors import NotInvertibleError
-from . import (
-    _block_numeric as numeric,
-    _blocks as bl,
-    _sequential as sq,
-    _signs as signs,
-    _solve,
-)
+from ... import _jax_compat as compat
+from ..._errors import NotInvertibleError
+from .. import _blocks as bl
+from . import _block_numeric as numeric, _sequential as sq, _signs as signs, _solve
 
 _Literal = compat.Literal
 

@@ -37,7 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _solve, _traits as tr
+from .. import _traits as tr
+from . import _solve
 
 # Points sampled between the grid points around a turn, twice (the second
 # time around the best of the first).
@@ -578,6 +579,13 @@ def choices_of(
     return found
 
 
+def discrete(block: Any, x: Any, known: Sequence[Any], kinks: bool = False) -> Any:
+    """A block's discrete choices at `x` (elementwise): per element of `x`,
+    a row of numbers that changes wherever the map may jump (`choices_of`,
+    and its `kinks`); shape `(*x.shape, k)`, `k` possibly 0."""
+    return choices_of(block.steps(x, known), jnp.shape(x), kinks)
+
+
 def switch_points(
     block: Any, known: Sequence[Any], shape: tuple[int, ...], dtype: Any
 ) -> tuple[list[float], bool]:
@@ -730,12 +738,12 @@ def _choices_on(
         calls = jnp.asarray(padded.reshape((count, *shape)), dtype)
         try:
             rows = flat(
-                jax.vmap(lambda c: block.discrete(c, known, kinks=True))(calls), count
+                jax.vmap(lambda c: discrete(block, c, known, kinks=True))(calls), count
             )
         except NotImplementedError:  # a step without a batching rule
             rows = np.concatenate(
                 [
-                    flat(block.discrete(calls[i], known, kinks=True), 1)
+                    flat(discrete(block, calls[i], known, kinks=True), 1)
                     for i in range(count)
                 ]
             )

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _jax_compat as compat
+from ... import _jax_compat as compat
 
 # Rounding allowed per step, relative to the magnitudes involved (NumPy's
 # float64 functions are within a few units in the last place).

@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _jax_compat as compat
+from ... import _jax_compat as compat
 from . import _enclose_forms as forms, _enclose_rules as rules
 from ._turning import ordered_np as _ordered, unordered_np as _unordered
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import _jax_compat as compat
+from ... import _jax_compat as compat
 
 
 def grid(dtype: Any) -> np.ndarray:

@@ -62,17 +62,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import _jax_compat as compat
-from . import (
+from ... import _jax_compat as compat
+from .. import (
     _block_find as bf,
-    _block_numeric as numeric,
     _blocks as bl,
     _elementwise_steps as ew,
     _linear_parts as lp,
     _rounding as rd,
-    _solve,
     _traits as tr,
 )
+from . import _block_numeric as numeric, _solve
 
 _Literal = compat.Literal
 

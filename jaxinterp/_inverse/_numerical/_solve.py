@@ -67,7 +67,6 @@ implicit function theorem (`jax.custom_jvp`), not from the iterations:
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -75,13 +74,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.custom_derivatives import SymbolicZero
 
-from .. import _jax_compat as compat
-from . import _lazy as lazy, _rounding as rd, _table
+from ... import _jax_compat as compat
+from .. import _rounding as rd
+from .._elementwise_steps import derivative
+from . import _lazy as lazy, _table
 from ._grid import grid, monotone_on_grid
 
-__all__ = ["derivative", "grid", "monotone_on_grid", "solver"]
+__all__ = ["grid", "monotone_on_grid", "solver"]
 
 # Where the search starts (besides `y` itself): small numbers first, so that a
 # map defined on (0, 1) or on the positive reals has a point to start from.
@@ -165,39 +165,6 @@ def solver(
         return x, dy / slope
 
     return solve
-
-
-@jax.custom_jvp
-def quotient(a: Any, b: Any) -> Any:
-    """`div` as the solver's maps evaluate it: the same value (the equation's
-    own `div`), and a derivative with one more division, `(da - q db) / b`
-    with `q = a / b`, where `lax.div`'s rule takes two more (`da / b` and
-    `-a db / b**2`). The first tier of the solver is bound by divisions (a
-    Newton step and its test evaluate `g` and `g'` twice): softsign's
-    `g, g'` go from three divisions to two."""
-    return lax.div_p.bind(a, b)
-
-
-@functools.partial(quotient.defjvp, symbolic_zeros=True)
-def _quotient_jvp(primals: Sequence[Any], tangents: Sequence[Any]) -> Any:
-    a, b = primals
-    da, db = tangents
-    q = lax.div_p.bind(a, b)
-    if type(db) is SymbolicZero:
-        # (`b` known: the one division `lax.div`'s rule takes too.)
-        dq = jnp.zeros_like(q) if type(da) is SymbolicZero else da / b
-    else:
-        # (Not `(da - q db) / b`: XLA's CPU backend does not fuse a
-        # division into a consumer that reads it twice, here `q` or `g'`;
-        # it writes it to memory, in a pass of its own.)
-        da_b = 0 if type(da) is SymbolicZero else da * b
-        dq = (da_b - a * db) / (b * b)
-    return q, jnp.broadcast_to(dq, jnp.shape(q)).astype(q.dtype)
-
-
-def derivative(g: Elementwise, x: Any, known: Sequence[Any]) -> Any:
-    """`g'(x)`, elementwise (`g` is elementwise in `x`)."""
-    return jax.jvp(lambda x_: g(x_, *known), (x,), (jnp.ones_like(x),))[1]
 
 
 def _finite(v: Any) -> Any:

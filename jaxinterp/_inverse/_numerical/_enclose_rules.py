@@ -19,9 +19,10 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _jax_compat as compat
-from . import _enclose_forms as fm, _traits as tr
-from ._abstract import Rules, call_body
+from ... import _jax_compat as compat
+from .. import _traits as tr
+from .._abstract import Rules, call_body
+from . import _enclose_forms as fm
 
 # An enclosure of f' over [lo, hi] (NaN where [lo, hi] leaves f's domain or
 # f is not differentiable there).

@@ -23,9 +23,9 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _jax_compat as compat
-from . import _traits as tr
-from ._abstract import Rules, call_body
+from ... import _jax_compat as compat
+from .. import _traits as tr
+from .._abstract import Rules, call_body
 
 
 class Sign(NamedTuple):
