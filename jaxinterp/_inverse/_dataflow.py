@@ -27,7 +27,7 @@ from .._env import Env
 from . import _branches as br
 from ._implicit import explicit_broadcasts
 from ._rounding import agree
-from ._rules import MaskedPiece, agree_piece, assemble
+from ._rules import MaskedPiece, agree_piece, assemble, overlapping
 
 _Literal = compat.Literal
 _DropVar = compat.DropVar
@@ -422,14 +422,11 @@ class SolveState:
         for v, val in solved.values.items():
             if v in env:
                 continue
-            env[v] = val
-            pieces = self.pieces.pop(v, ())
-            if v not in solved.retired:
-                self.agreements += [(agree_piece(p, val), where) for p in pieces]
+            self.learn(v, val, where, compare=v not in solved.retired)
             if solved.chose and (solved.chosen is None or v in solved.chosen):
                 self.mark(v, br.REALS, solved.origin)
         for v, mask, val in solved.pieces:
-            self._add_piece(v, mask, val)
+            self.add_piece(v, MaskedPiece(0, mask, jnp.asarray(val)), where)
         self.completed |= solved.completes
         for j in solved.indices:
             self.methods[j] = solved.method
@@ -440,15 +437,48 @@ class SolveState:
         for v in solved.values:
             self.learned(v)
 
-    def _add_piece(self, v: Any, mask: Any, value: Any) -> None:
-        """Record that `v` equals `value` (1-D) where the static `mask`
-        holds; `v` becomes known once its pieces cover it."""
+    def learn(self, v: Any, value: Any, where: Any, *, compare: bool = True) -> None:
+        """Record `v`'s value. Pieces of it known already become second
+        constraints, which a `y` off the image fails, unless `value` was
+        solved from them (`compare=False`)."""
+        self.env[v] = value
+        pieces = self.pieces.pop(v, ())
+        if compare:
+            self.agreements += [(agree_piece(p, value), where) for p in pieces]
+
+    def add_piece(
+        self,
+        v: Any,
+        piece: Any,
+        where: Any,
+        chosen: br.Interval | None = None,
+        origin: Any = None,
+    ) -> None:
+        """Record that the elements `piece` covers of `v` are known (at
+        equation `where`). Of a known `v` it is a second constraint; `v`
+        becomes known once its pieces cover it, and pieces that cover an
+        element twice must agree. `chosen`: the branch a clamp chose for
+        these elements (`origin` made the choice), which `v` inherits."""
+        if type(v) is _Literal:
+            return
+        if v in self.env:
+            self.agreements.append((agree_piece(piece, self.env[v]), where))
+            return
         have = self.pieces.setdefault(v, [])
-        have.append(MaskedPiece(0, mask, jnp.asarray(value)))
+        have.append(piece)
+        if chosen is not None:
+            self.piece_branch[v] = br.union(self.piece_branch.get(v), chosen) or chosen
+            self.chooser.setdefault(v, origin)
+            self.note_choice(origin)
         whole = assemble(shape_of(v), v.aval.dtype, have)
         if whole is not None:
+            if overlapping(shape_of(v), have):
+                self.agreements += [(agree_piece(p, whole), where) for p in have]
             self.env[v] = whole
             del self.pieces[v]
+            got = self.piece_branch.pop(v, None)
+            if got is not None:
+                self.taint[v] = got
         self.learned(v)
 
     # -- values known in parts -------------------------------------------

@@ -64,7 +64,7 @@ from ._rounding import (
     forward_differentiable,
     inherited_rounding,
 )
-from ._rules import InverseContext, agree_piece, assemble, inverse_rules, overlapping
+from ._rules import InverseContext, inverse_rules
 
 _Literal = compat.Literal
 
@@ -222,12 +222,9 @@ class InverseWalker:
             st.status[i] = FORWARD
             for v, val in zip(eqn.outvars, outs, strict=True):
                 if v not in env:
-                    env[v] = val
                     # Pieces of it solved backwards (the operand a
-                    # `dynamic_update_slice` leaves alone): a second
-                    # constraint, which a `y` off the image fails.
-                    for p in st.pieces.pop(v, ()):
-                        st.agreements.append((agree_piece(p, val), eqn))
+                    # `dynamic_update_slice` leaves alone) are compared.
+                    st.learn(v, val, eqn)
                     if tainted:
                         rounded = all(taint[u] is br.ROUNDED for u in tainted)
                         st.mark(
@@ -453,9 +450,7 @@ class InverseWalker:
                         origin = inside
                 if v in st.pieces and (got is not None or v in st.piece_branch):
                     raise rf.branch_clash(eqn, origin, v)
-                for p in st.pieces.pop(v, ()):
-                    st.agreements.append((agree_piece(p, val), eqn))
-                env[v] = val
+                st.learn(v, val, eqn)
                 newly.append(v)
                 st.mark(v, got, origin)
                 st.learned(v)
@@ -592,39 +587,15 @@ class InverseWalker:
         branch: br.Interval | None,
         origin: Any,
     ) -> None:
-        """Record pieces of operands a rule solved for; a value whose pieces
-        cover it becomes known."""
-        env, pieces, taint = st.env, st.pieces, st.taint
+        """Record pieces of operands a rule solved for."""
+        chosen = None if branch is None else br.plain(branch)
         for piece in new_pieces:
             v = eqn.invars[piece.operand]
-            if type(v) is _Literal:
-                continue
-            if v in env:
-                # A second constraint on a known value: checked for exact
-                # solutions (NaN off the image), refused for a chosen branch.
-                if branch is not None or v in taint:
-                    raise rf.branch_clash(eqn, origin if branch else st.chooser[v], v)
-                st.agreements.append((agree_piece(piece, env[v]), eqn))
-                continue
-            have = pieces.setdefault(v, [])
-            have.append(piece)
-            if branch is not None:
-                # Other pieces may not be the clamp's choice: `plain`.
-                chosen = br.plain(branch)
-                st.piece_branch[v] = br.union(st.piece_branch.get(v), chosen) or chosen
-                st.chooser.setdefault(v, origin)
-                st.note_choice(origin)
-            value = assemble(v.aval.shape, v.aval.dtype, have)
-            if value is not None and overlapping(v.aval.shape, have):
-                # Pieces that cover some elements twice: they must agree.
-                st.agreements.extend((agree_piece(p, value), eqn) for p in have)
-            if value is not None:
-                env[v] = value
-                del pieces[v]
-                got = st.piece_branch.pop(v, None)
-                if got is not None:
-                    taint[v] = got
-                st.learned(v)
+            clash = branch is not None or v in st.taint
+            if type(v) is not _Literal and v in st.env and clash:
+                # A second constraint on a value a clamp chose: refused.
+                raise rf.branch_clash(eqn, origin if branch else st.chooser[v], v)
+            st.add_piece(v, piece, eqn, chosen, origin)
 
     # -- the result -----------------------------------------------------
 

@@ -59,6 +59,7 @@ from . import (
     _traits as tr,
     _trisolve as ts,
 )
+from ._abstract import Rules
 from ._dataflow import Solved, SolveState, Walker, shape_of
 from ._rounding import agree_recomputed
 
@@ -276,7 +277,10 @@ def _sources(st: SolveState, v: Any) -> np.ndarray | None:
         start += size
     for i in order:
         eqn: Any = st.eqns[i]
-        _propagate([eqn], out)
+        try:
+            _SOURCES.run(None, [eqn], out, lambda u: None)
+        except _Unopened:
+            out.update(zip(eqn.outvars, _mixed(None, eqn, []), strict=True))
         for u in eqn.invars:
             if type(u) is not _Literal and u is not v:
                 reads[u] -= 1
@@ -285,72 +289,76 @@ def _sources(st: SolveState, v: Any) -> np.ndarray | None:
     return out.get(v)
 
 
-def _propagate(eqns: Any, out: dict[Any, np.ndarray | None]) -> None:
-    for eqn in eqns:
-        ins = [None if type(u) is _Literal else out.get(u) for u in eqn.invars]
-        if all(s is None for s in ins):
-            continue
-        outs = _step_sources(eqn, ins)
-        for w, s in zip(eqn.outvars, outs, strict=True):
-            out[w] = s
+# The table `_sources` walks: a value's sources, `None` where no unknown
+# reaches it; a step without a rule mixes its operands.
 
 
-def _step_sources(eqn: Any, ins: list[np.ndarray | None]) -> list[np.ndarray | None]:
-    name = eqn.primitive.name
-    shapes = [getattr(w.aval, "shape", ()) for w in eqn.outvars]
-    get_body = mk._BODIES.get(eqn.primitive)
-    if get_body is not None:
-        jaxpr = compat.open_jaxpr(get_body(eqn.params))
-        if len(jaxpr.invars) == len(ins):
-            inner: dict[Any, np.ndarray | None] = dict(
-                zip(jaxpr.invars, ins, strict=True)
-            )
-            _propagate(jaxpr.eqns, inner)
-            return [
-                None if type(o) is _Literal else inner.get(o) for o in jaxpr.outvars
-            ]
-    else:
-        if name in _COPIES and len(ins) == len(eqn.outvars):
-            return list(ins)
-        if (
-            len(eqn.outvars) == 1
-            and name in ew._ELEMENTWISE
-            and all(np.shape(s) in (shapes[0], ()) for s in ins if s is not None)
-        ):
-            merged = np.full(shapes[0], _CONSTANT, np.int32)
-            for s in ins:
-                if s is not None:
-                    s = np.broadcast_to(s, shapes[0])
-                    merged = np.where(
-                        merged == _CONSTANT,
-                        s,
-                        np.where((s == _CONSTANT) | (s == merged), merged, _MIXED),
-                    )
-            return [merged]
-        if name in _MOVES and len(eqn.outvars) == 1:
-            # (Run on the indices: moved as the step moves the values.)
-            ops = [
-                np.full(
-                    np.shape(u.val) if type(u) is _Literal else u.aval.shape,
-                    _CONSTANT,
-                    np.int32,
-                )
-                if s is None
-                else s
-                for u, s in zip(eqn.invars, ins, strict=True)
-            ]
-            try:
-                with jax.ensure_compile_time_eval():
-                    moved = eqn.primitive.bind(*map(jnp.asarray, ops), **eqn.params)
-                return [np.asarray(moved, np.int32)]
-            except Exception:  # noqa: BLE001 (then as a step that mixes)
-                pass
+class _Unopened(Exception):
+    """A call-like step whose body the walk cannot open (several bodies)."""
+
+
+def _mixed(ctx: Any, eqn: Any, ins: list[Any]) -> list[np.ndarray | None]:
     return [
-        None
-        if not isinstance(w.aval, compat.ShapedArray)
-        else np.full(s, _MIXED, np.int32)
-        for w, s in zip(eqn.outvars, shapes, strict=True)
+        np.full(w.aval.shape, _MIXED, np.int32)
+        if isinstance(w.aval, compat.ShapedArray)
+        else None
+        for w in eqn.outvars
     ]
+
+
+def _unreached(ctx: Any, eqn: Any, ins: list[Any]) -> list[None] | None:
+    return [None] * len(eqn.outvars) if all(s is None for s in ins) else None
+
+
+_SOURCES: Rules[np.ndarray | None] = Rules(
+    "sources", _Unopened, lift=lambda ctx, c: None, default=_mixed, fold=_unreached
+)
+
+
+@_SOURCES.register(*_COPIES)
+def _copy(ctx: Any, eqn: Any, ins: list[Any]) -> list[np.ndarray | None]:
+    return list(ins) if len(ins) == len(eqn.outvars) else _mixed(ctx, eqn, ins)
+
+
+@_SOURCES.register(*(tr.having(tr.ELEMENTWISE) - _COPIES))
+def _elementwise(ctx: Any, eqn: Any, ins: list[Any]) -> list[np.ndarray | None]:
+    """One unknown element, or constants, in; else mixed."""
+    shape = eqn.outvars[0].aval.shape
+    if len(eqn.outvars) != 1 or any(
+        np.shape(s) not in (shape, ()) for s in ins if s is not None
+    ):
+        return _mixed(ctx, eqn, ins)
+    merged = np.full(shape, _CONSTANT, np.int32)
+    for s in ins:
+        if s is not None:
+            s = np.broadcast_to(s, shape)
+            same = (s == _CONSTANT) | (s == merged)
+            merged = np.where(merged == _CONSTANT, s, np.where(same, merged, _MIXED))
+    return [merged]
+
+
+@_SOURCES.register(*(_MOVES - _COPIES - tr.having(tr.ELEMENTWISE)))
+def _move(ctx: Any, eqn: Any, ins: list[Any]) -> list[np.ndarray | None]:
+    """The step run on the source indices themselves: moved as it moves the
+    values."""
+    if len(eqn.outvars) != 1:
+        return _mixed(ctx, eqn, ins)
+    ops = [
+        np.full(
+            np.shape(u.val) if type(u) is _Literal else u.aval.shape,
+            _CONSTANT,
+            np.int32,
+        )
+        if s is None
+        else s
+        for u, s in zip(eqn.invars, ins, strict=True)
+    ]
+    try:
+        with jax.ensure_compile_time_eval():
+            moved = eqn.primitive.bind(*map(jnp.asarray, ops), **eqn.params)
+    except Exception:  # noqa: BLE001 (then as a step that mixes)
+        return _mixed(ctx, eqn, ins)
+    return [np.asarray(moved, np.int32)]
 
 
 def _elementwise_in(eqn: Any, v: Any) -> bool:
