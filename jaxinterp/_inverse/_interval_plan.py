@@ -35,8 +35,9 @@ _ARITHMETIC = tr.having(tr.RATIONAL, tr.COPY) | {
 }
 # Steps that pick one of their operands by a discrete choice of `x`.
 _PICKS = tr.having(tr.KINK) | {"select_n"}
-# Steps with a discrete (boolean) result.
-_COMPARE = tr.having(tr.COMPARE)
+# Steps with a discrete (boolean) result (a comparison in the total order
+# differs only at NaN and between -0 and 0).
+_COMPARE = tr.having(tr.COMPARE, tr.TOTAL_ORDER)
 _LOGIC = tr.having(tr.LOGIC)
 # Steps whose value is no polynomial: allowed where only comparisons read
 # it (their point value is computed; a quotient through them is not).
@@ -127,10 +128,15 @@ class _Planner:
         flags = [self.moving(v) for v in ins]
         level: int | None = -1
         if not any(flags):
-            # Only piecewise-constant unknowns: piecewise constant.
-            if name not in ew._ELEMENTWISE and name not in _SHAPE | _REDUCE:
+            # Only piecewise-constant unknowns: piecewise constant (also a
+            # table looked up at a piecewise-constant index).
+            steps = ew._ELEMENTWISE | _SHAPE | _REDUCE | _LOOKUPS
+            if compat.construct_name(eqn) not in steps:
                 return False
             self.steady.update((v, self.level_of(ins)) for v in outs)
+        elif name in _COMPARE and len(ins) == 2 and ins[0] is ins[1]:
+            # `v != v`, a test for NaN: constant where `v` is a number.
+            self.steady.update((v, -1) for v in outs)
         elif name in _COMPARE:
             # One side moves with `x`, the other is known or steady.
             if sum(flags) != 1:
@@ -190,10 +196,13 @@ def make_plan(closed: Any) -> Plan | None:
 
 # Steps a breakpoint chain passes through: monotone in their unknown
 # operand (on each side of a domain edge or pole, which is a breakpoint too).
+# A `select_n` of a piecewise-constant predicate is its moving case where it
+# picks that and constant elsewhere (`jnp.searchsorted` maps -0 to 0 so).
 _CHAIN = tr.having(tr.RATIONAL, tr.COPY, tr.KINK, tr.INCREASING) | {
     "convert_element_type",
     "stop_gradient",
     "broadcast_in_dim",
+    "select_n",
 }
 
 
@@ -201,9 +210,13 @@ def _invertible(eqn: Any, i: int) -> bool:
     name = eqn.primitive.name
     if name not in _CHAIN:
         return False
-    if name == "clamp":
-        return i == 1
+    if name in ("clamp", "select_n"):
+        return i == 1 if name == "clamp" else i > 0
     return all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in eqn.outvars)
+
+
+# Chain steps whose result crosses `c` where their moving operand does.
+_PASSED = {"max", "min", "clamp", "select_n", "convert_element_type", "copy", "copy_p"}
 
 
 def _pull(eqn: Any, i: int, c: Any, read: Callable[[Any], Any]) -> list[Any]:
@@ -224,7 +237,7 @@ def _pull(eqn: Any, i: int, c: Any, read: Callable[[Any], Any]) -> list[Any]:
         return [-c]
     if name == "broadcast_in_dim":
         return _unbroadcast(eqn, c)
-    if name in ("max", "min", "clamp", "convert_element_type", "copy", "copy_p"):
+    if name in _PASSED:
         return [c]
     if name == "stop_gradient":
         return [c]
@@ -279,6 +292,7 @@ def _unbroadcast(eqn: Any, c: Any) -> list[Any]:
 # one-hot sums over a spline's bins, see `_perelement.py`).
 _SHAPE = tr.having(tr.ALONG_AXES)
 _REDUCE = tr.having(tr.REDUCE) - {"reduce_prod"}
+_LOOKUPS = tr.having(tr.LOOKUP)
 
 
 def _bind(eqn: Any, ins: Sequence[Any], batched: Sequence[bool] = ()) -> list[Any]:
