@@ -70,14 +70,36 @@ def monotone_on_grid(
     turn too (`_turning.choices_of`'s `kinks`): a uniform map's choices
     are then searched again between the switches found, where one may
     change and change back between grid points."""
+    points = grid(dtype)
+    uniform = uniform and math.prod(shape) > 0
+    if uniform and len(extra):
+        points = np.unique(np.concatenate([points, np.asarray(extra, dtype)]))
+
+    # One program, with the grid its argument: on a map whose operands are
+    # known (under `ensure_compile_time_eval`) each array operation would
+    # otherwise compile and run on its own, a hundred programs.
+    def check(points: Any) -> Any:
+        return _monotone(g, shape, dtype, uniform, like, choices, kinks, points)
+
+    return jax.jit(check)(points)
+
+
+def _monotone(
+    g: Callable[[Any], Any],
+    shape: Any,
+    dtype: Any,
+    uniform: bool,
+    like: Any,
+    choices: Callable[[Any], Sequence[Any]] | None,
+    kinks: Callable[[Any], Sequence[Any]] | None,
+    points: Any,
+) -> Any:
     eps = jnp.finfo(dtype).eps
-    size = math.prod(shape)
     if choices is not None and not list(choices(jnp.zeros(shape, dtype))):
         choices = None  # (no discrete choices: a map that cannot jump)
-    if uniform and size:
-        checked = _monotone_uniform(g, shape, dtype, like, extra, choices, kinks)
+    if uniform:
+        checked = _monotone_uniform(g, shape, dtype, like, points, choices, kinks)
         return jnp.broadcast_to(checked, shape)
-    points = jnp.asarray(grid(dtype))
     if choices is not None:
         columns = _columns(choices, shape, dtype)
         which = np.broadcast_to(
@@ -626,8 +648,8 @@ def _monotone_uniform(
     g: Callable[[Any], Any],
     shape: Any,
     dtype: Any,
-    like: Any = None,
-    extra: Sequence[float] = (),
+    like: Any,
+    points: Any,
     choices: Callable[[Any], Sequence[Any]] | None = None,
     kinks: Callable[[Any], Sequence[Any]] | None = None,
 ) -> Any:
@@ -637,14 +659,11 @@ def _monotone_uniform(
     `choices`, the map is also sampled either side of each choice's switch
     in each pair of neighbouring points where that choice differs
     (`_switch_sides`: the searches laid out over the elements)."""
-    points = grid(dtype)
-    if len(extra):
-        points = np.unique(np.concatenate([points, np.asarray(extra, dtype)]))
     size = math.prod(shape)
     count = points.shape[0]
     chunks = -(-count // size)
     # The last chunk is padded with repeated points, dropped below.
-    xs = jnp.asarray(np.resize(points, chunks * size).reshape((chunks, *shape)), dtype)
+    xs = points[np.arange(chunks * size) % count].reshape((chunks, *shape))
     if chunks == 1:
         values = jnp.reshape(g(xs[0]), (-1,))
     else:
@@ -662,7 +681,7 @@ def _monotone_uniform(
         _, done = lax.while_loop(lambda s: s[0] < chunks, step, start)
         values = jnp.reshape(done, (-1,))
     values = values[:count]
-    at = jnp.asarray(points, dtype)  # (the point of each value)
+    at = points  # (the point of each value)
     if choices is not None:
         # Per pair of neighbouring points, the map either side of each
         # choice's switch, in the order of `x` (`_switch_sides`); then
