@@ -310,6 +310,24 @@ def test_by_branch_nan_off_the_image_or_with_two_preimages():
     np.testing.assert_allclose(jaxinterp.inverse(same)(y), y / 2.0)
 
 
+def test_by_branch_nan_stays_with_the_elements_the_branches_disagree_on():
+    # Both branches give a preimage, differing only in `x1[0]`: `x0`, which
+    # the `cond` does not read, and `x1[1]`, which both give alike, are
+    # recovered; the ildj, of a map not injective at `y`, is NaN.
+    flip = jnp.array([-2.0, 2.0], jnp.float32)
+
+    def f(x0, x1):
+        out = lax.cond(x1[0] > 0, lambda v: 2.0 * v, lambda v: v * flip, x1)
+        return x0 * 3.0, out
+
+    x0, x1 = jnp.float32(0.5), jnp.array([1.0, 2.0], jnp.float32)
+    inv = jaxinterp.inverse_and_ildj(f, argnums=(0, 1), example_args=(x0, x1))
+    (got0, got1), ildj = inv(f(x0, x1))
+    np.testing.assert_allclose(got0, x0)
+    assert np.isnan(got1[0]) and np.isnan(ildj)
+    np.testing.assert_allclose(got1[1], x1[1])
+
+
 def test_explain_names_the_by_branch_method():
     report = jaxinterp.explain_inverse(scaled_by_sum, jnp.ones(2, jnp.float32))
     assert "= cond " in report and "(by branch)" in report

@@ -348,15 +348,19 @@ def _the_consistent_branch(
     def pick(values: Sequence[Any]) -> Any:
         return lax.select_n(first, *jnp.broadcast_arrays(*values))
 
+    # An element is determined where every consistent candidate gives it
+    # the same value: NaN stays with the elements the branches disagree on
+    # (an input the `cond` does not touch is recovered whatever it picks).
     invals_out = list(sols[0].invals)
-    same = jnp.any(jnp.stack(takes))
+    some = jnp.any(jnp.stack(takes))
+    same = some
     for k in unknown:
         chosen = pick([sol.invals[k] for sol in sols])
+        agree = some
         for took, sol in zip(takes, sols, strict=True):
-            same = same & (~took | jnp.all(sol.invals[k] == chosen))
-        invals_out[k] = chosen
-    for k in unknown:
-        invals_out[k] = jnp.where(same, invals_out[k], jnp.nan)
+            agree = agree & (~took | (sol.invals[k] == chosen))
+        invals_out[k] = jnp.where(agree, chosen, jnp.nan)
+        same = same & jnp.all(agree)
     ildjs = [jnp.asarray(sol.ildj) for sol in sols]
     ildj = jnp.where(same, pick(ildjs), jnp.nan).astype(ildjs[0].dtype)
     outs = list(sols[0].outvals)
