@@ -805,6 +805,34 @@ def test_a_formula_that_turns_outside_its_domain_is_inverted_where_single():
     ).all()  # below, above
 
 
+def _lambert_w(y):
+    """The principal branch of Lambert's W (`t exp(t) = y`, `t > 0` for
+    `y > 0`) by Newton's method in float64."""
+    t = np.log1p(np.asarray(y, np.float64))
+    for _ in range(60):
+        t = t - (t * np.exp(t) - y) / (np.exp(t) * (1 + t))
+    return t
+
+
+@pytest.mark.slow
+def test_a_map_approaching_a_value_at_the_end_of_the_grid_is_single_beyond_it():
+    # `t exp(t)` of `t = 1 / asinh(x)`: for x > 0 it falls from inf towards
+    # 0, which it approaches only beyond the largest float; for x < 0 it
+    # turns and takes each value in [-1/e, 0) twice. Every y > 0 has one
+    # preimage, sinh(1 / W(y)).
+    def f(x):
+        t = 1.0 / jnp.arcsinh(x)
+        return t * jnp.exp(t)
+
+    x = jnp.array([0.3, 1.0, 2.0, 5.0])
+    y = f(x)
+    got, ildj = inverse_and_ildj(f)(y)
+    _close(got, np.sinh(1 / _lambert_w(np.asarray(y, np.float64))), rtol=2e-5)
+    _close(ildj, _slogdet_ildj(f, x), rtol=1e-4)
+    two = np.asarray(f(jnp.array([-0.5, -3.0])))  # in [-1/e, 0): two each
+    assert np.isnan(np.asarray(inverse(f)(jnp.asarray(two)))).all()
+
+
 @pytest.mark.slow
 def test_a_formula_that_takes_every_value_twice_is_refused():
     def f(x):

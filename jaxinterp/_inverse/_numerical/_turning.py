@@ -173,6 +173,8 @@ def _stretches(
         added = np.asarray([*extra, *more], dtype)
         points = np.unique(np.concatenate([points, added]))
     values = values_on(g, points, shape, dtype)
+    top = float(jnp.finfo(dtype).max)
+    ends = values_on(g, np.asarray([-top, top], dtype), shape, dtype)
     points, values = _with_edges(g, dtype, shape, points, values)
     points, values, jumps = _with_jumps(g, dtype, shape, points, values)
     eps = float(jnp.finfo(dtype).eps)
@@ -224,11 +226,12 @@ def _stretches(
             seen = list(values[a : b + 1])
             seen += [t[1] for t in (turn_lo, turn_hi) if t is not None]
             lo_v, hi_v = min(seen), max(seen)
-            # Still moving at an end of the grid: on to infinity that way.
+            # Still moving at an end of the grid: on to the value at the
+            # end of the floats that way.
             if b == n - 1 and b > a:
-                lo_v, hi_v = _beyond(values[b - 1], values[b], lo_v, hi_v, eps)
+                lo_v, hi_v = _beyond(values[b - 1], values[b], ends[1], lo_v, hi_v, eps)
             if a == 0 and b > a:
-                lo_v, hi_v = _beyond(values[a + 1], values[a], lo_v, hi_v, eps)
+                lo_v, hi_v = _beyond(values[a + 1], values[a], ends[0], lo_v, hi_v, eps)
             x_lo.append(-np.inf if lo_x is None else float(lo_x))
             x_hi.append(np.inf if hi_x is None else float(hi_x))
             v_lo.append(lo_v - _margin(lo_v, dtype))
@@ -399,15 +402,22 @@ def _margin(bound: float, dtype: Any) -> float:
     return 64 * float(finfo.eps) * abs(bound) + 16 * float(finfo.tiny)
 
 
-def _beyond(inner: float, end: float, lo: float, hi: float, eps: float) -> tuple:
-    """The value range of a stretch at the end of the grid: unbounded in the
-    direction the map still moves there (beyond rounding)."""
+def _beyond(
+    inner: float, end: float, last: float, lo: float, hi: float, eps: float
+) -> tuple:
+    """The value range of a stretch at the end of the grid, where the map
+    still moves (beyond rounding) from `inner` to `end`: on to `last`, its
+    value at the largest float that way (monotone from the grid's last point
+    on, as between any two grid points), or unbounded where that is not
+    finite or does not go on the same way (`x / (1 + x)` approaching 1 from
+    below: to 1; `asinh(x)`: to its value at the largest float)."""
     noise = 16 * eps * max(abs(inner), abs(end), 1.0)
-    if end > inner + noise:
-        return lo, np.inf
-    if end < inner - noise:
-        return -np.inf, hi
-    return lo, hi
+    rising = end > inner + noise
+    if not rising and not end < inner - noise:
+        return lo, hi
+    if np.isfinite(last) and (last >= end if rising else last <= end):
+        return (lo, max(hi, last)) if rising else (min(lo, last), hi)
+    return (lo, np.inf) if rising else (-np.inf, hi)
 
 
 def _monotone_pieces(
