@@ -98,11 +98,17 @@ def plain(interval: Interval | None) -> Interval | None:
 
 
 def union(a: Interval | None, b: Interval | None) -> Interval | None:
-    """The smallest interval holding both; `ROUNDED` only if both are."""
+    """The smallest interval holding both; `ROUNDED` only if both are. Two
+    `Saturated` intervals of the same bounds (the halves of a clamped value,
+    put together again) stay one, saturated where both are."""
     if a is None or (a is ROUNDED and b is not None):
         return b
     if b is None or b is ROUNDED:
         return a
+    if isinstance(a, Saturated) and isinstance(b, Saturated) and a == b:
+        below, above = a.below and b.below, a.above and b.above
+        if below or above:
+            return Saturated(a[0], a[1], below=below, above=above)
     return (min(a[0], b[0]), max(a[1], b[1]))
 
 
