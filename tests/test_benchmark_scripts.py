@@ -58,6 +58,13 @@ def _run_script(script: str, *args: str) -> subprocess.CompletedProcess:
             ],
         ),
         ("runtime", ["new a each call, 1000 elements", "same a each call"]),
+        (
+            "first",
+            [
+                "first call, numerically solved over exact elementwise",
+                "first call, 5-bin spline, searchsorted over coupling layer",
+            ],
+        ),
     ],
 )
 def test_bench_inverse_section_runs(section, lines):
