@@ -56,10 +56,10 @@ from . import (
     _elementwise_steps as ew,
     _masked as mk,
     _refusals as rf,
+    _sources as sr,
     _traits as tr,
     _trisolve as ts,
 )
-from ._abstract import Rules
 from ._dataflow import Solved, SolveState, Walker, shape_of
 from ._rounding import agree_recomputed
 
@@ -228,15 +228,6 @@ def fill_step(walker: Walker, st: SolveState) -> Solved | None:
     return None
 
 
-# Where an element of a value comes from (`_sources`): the flat index of the
-# one unknown element it is computed from, element by element; or none.
-_CONSTANT, _MIXED = -1, -2
-
-# Steps that move or copy elements, run on the source indices themselves.
-_MOVES = tr.having(tr.ALONG_AXES, tr.RELAYOUT) | {"concatenate", "pad"}
-_COPIES = tr.having(tr.COPY, tr.ROUNDING) | {"optimization_barrier"}
-
-
 def _aligned(st: SolveState, v: Any, lost: np.ndarray) -> bool:
     """Whether each element of `v` in `lost` comes from at most one element
     of the unknowns, through steps that move it element by element. Only
@@ -244,121 +235,8 @@ def _aligned(st: SolveState, v: Any, lost: np.ndarray) -> bool:
     no output reads: through a step that mixes elements, the inverse would
     mix the completion with `y` into elements of `x` no output reads (the
     preimage moves with `y` where the map ignores it)."""
-    got = _sources(st, v)
-    return got is None or not np.any(got[lost] == _MIXED)
-
-
-def _sources(st: SolveState, v: Any) -> np.ndarray | None:
-    """Per element of `v`, the flat index (over all the unknown inputs) of
-    the one unknown element it is computed from element by element,
-    `_CONSTANT` if none, `_MIXED` if it mixes several or passes a step that
-    mixes (a product, a reduction, a solve); `None` if the unknowns do not
-    reach `v`. Only the steps `v` depends on are followed, and each value's
-    indices are dropped once no later one of them reads it."""
-    steps: set[int] = set()
-    stack = [v]
-    while stack:
-        i = st.producer.get(stack.pop())
-        if i is not None and i not in steps:
-            steps.add(i)
-            stack.extend(u for u in st.eqns[i].invars if type(u) is not _Literal)
-    order = sorted(steps)
-    reads: dict[Any, int] = {}
-    for i in order:
-        for u in st.eqns[i].invars:
-            if type(u) is not _Literal:
-                reads[u] = reads.get(u, 0) + 1
-    out: dict[Any, np.ndarray | None] = {}
-    start = 0
-    for u in st.unknown_invars:
-        shape = shape_of(u)
-        size = int(np.prod(shape, dtype=np.int64))
-        out[u] = np.arange(start, start + size, dtype=np.int32).reshape(shape)
-        start += size
-    for i in order:
-        eqn: Any = st.eqns[i]
-        try:
-            _SOURCES.run(None, [eqn], out, lambda u: None)
-        except _Unopened:
-            out.update(zip(eqn.outvars, _mixed(None, eqn, []), strict=True))
-        for u in eqn.invars:
-            if type(u) is not _Literal and u is not v:
-                reads[u] -= 1
-                if not reads[u]:
-                    out.pop(u, None)
-    return out.get(v)
-
-
-# The table `_sources` walks: a value's sources, `None` where no unknown
-# reaches it; a step without a rule mixes its operands.
-
-
-class _Unopened(Exception):
-    """A call-like step whose body the walk cannot open (several bodies)."""
-
-
-def _mixed(ctx: Any, eqn: Any, ins: list[Any]) -> list[np.ndarray | None]:
-    return [
-        np.full(w.aval.shape, _MIXED, np.int32)
-        if isinstance(w.aval, compat.ShapedArray)
-        else None
-        for w in eqn.outvars
-    ]
-
-
-def _unreached(ctx: Any, eqn: Any, ins: list[Any]) -> list[None] | None:
-    return [None] * len(eqn.outvars) if all(s is None for s in ins) else None
-
-
-_SOURCES: Rules[np.ndarray | None] = Rules(
-    "sources", _Unopened, lift=lambda ctx, c: None, default=_mixed, fold=_unreached
-)
-
-
-@_SOURCES.register(*_COPIES)
-def _copy(ctx: Any, eqn: Any, ins: list[Any]) -> list[np.ndarray | None]:
-    return list(ins) if len(ins) == len(eqn.outvars) else _mixed(ctx, eqn, ins)
-
-
-@_SOURCES.register(*(tr.having(tr.ELEMENTWISE) - _COPIES))
-def _elementwise(ctx: Any, eqn: Any, ins: list[Any]) -> list[np.ndarray | None]:
-    """One unknown element, or constants, in; else mixed."""
-    shape = eqn.outvars[0].aval.shape
-    if len(eqn.outvars) != 1 or any(
-        np.shape(s) not in (shape, ()) for s in ins if s is not None
-    ):
-        return _mixed(ctx, eqn, ins)
-    merged = np.full(shape, _CONSTANT, np.int32)
-    for s in ins:
-        if s is not None:
-            s = np.broadcast_to(s, shape)
-            same = (s == _CONSTANT) | (s == merged)
-            merged = np.where(merged == _CONSTANT, s, np.where(same, merged, _MIXED))
-    return [merged]
-
-
-@_SOURCES.register(*(_MOVES - _COPIES - tr.having(tr.ELEMENTWISE)))
-def _move(ctx: Any, eqn: Any, ins: list[Any]) -> list[np.ndarray | None]:
-    """The step run on the source indices themselves: moved as it moves the
-    values."""
-    if len(eqn.outvars) != 1:
-        return _mixed(ctx, eqn, ins)
-    ops = [
-        np.full(
-            np.shape(u.val) if type(u) is _Literal else u.aval.shape,
-            _CONSTANT,
-            np.int32,
-        )
-        if s is None
-        else s
-        for u, s in zip(eqn.invars, ins, strict=True)
-    ]
-    try:
-        with jax.ensure_compile_time_eval():
-            moved = eqn.primitive.bind(*map(jnp.asarray, ops), **eqn.params)
-    except Exception:  # noqa: BLE001 (then as a step that mixes)
-        return _mixed(ctx, eqn, ins)
-    return [np.asarray(moved, np.int32)]
+    got = sr.sources(st, v)
+    return got is None or not np.any(got[lost] == sr.MIXED)
 
 
 def _elementwise_in(eqn: Any, v: Any) -> bool:

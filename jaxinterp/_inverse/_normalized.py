@@ -32,10 +32,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from .. import _jax_compat as compat
 from . import (
@@ -43,8 +41,9 @@ from . import (
     _nonsquare,
     _projective,
     _rounding as rd,
-    _traits as tr,
+    _sources as sr,
 )
+from ._dataflow import shape_of
 
 _Literal = compat.Literal
 
@@ -54,10 +53,6 @@ _SCALE, _SHIFT = "scale", "shift"
 
 # At most this many steps back from the `div` to the value that pins it.
 _MAX_STEPS = 16
-
-# Elementwise primitives whose results depend on an element of the unknowns
-# only where their operands do.
-_ELEMENTWISE = tr.having(tr.ELEMENTWISE) - {"select_n"}
 
 
 def normalized_step(st: Any) -> tuple[bl.Block, Any, Any, str] | None:
@@ -222,115 +217,11 @@ def _ancestors(st: Any, v: Any) -> list[int]:
 def _dependence(st: Any, v: Any) -> np.ndarray:
     """Which elements of `v` may depend on an unknown input (conservatively:
     `True` unless proven otherwise)."""
-    masks: dict[Any, np.ndarray] = {}
-
-    def mask(a: Any) -> np.ndarray:
-        shape = tuple(getattr(a.aval, "shape", ())) if type(a) is not _Literal else ()
-        if _known(st, a):
-            return np.zeros(np.shape(a.val) if type(a) is _Literal else shape, bool)
-        got = masks.get(a)
-        return np.ones(shape, bool) if got is None else got
-
-    for p in _ancestors(st, v):
-        eqn = st.eqns[p]
-        ins = [mask(a) for a in eqn.invars]
-        vals = [_value(st, a) if _known(st, a) else None for a in eqn.invars]
-        masks.update(zip(eqn.outvars, _propagate(eqn, ins, vals), strict=True))
-    return mask(v)
-
-
-def _propagate(eqn: Any, ins: list[np.ndarray], vals: list[Any]) -> list[np.ndarray]:
-    """The dependence masks of `eqn`'s results from its operands' masks
-    (`vals`: the known operands' values, `None` for unknown ones)."""
-    name = eqn.primitive.name
-    outs = [tuple(getattr(o.aval, "shape", ())) for o in eqn.outvars]
-    anything = any(m.any() for m in ins)
-    everywhere = [np.full(s, anything, bool) for s in outs]
-    if not anything:
-        return everywhere
-    params = compat.params_of(eqn)
-    try:
-        if name in _ELEMENTWISE and len(outs) == 1:
-            acc = np.zeros(outs[0], bool)
-            for m in ins:
-                acc = acc | np.broadcast_to(m, outs[0])
-            return [acc]
-        if name == "select_n" and len(outs) == 1:
-            pred = vals[0]
-            if pred is None or ins[0].any() or compat.is_tracer(pred):
-                return everywhere
-            pick = np.broadcast_to(np.asarray(pred).astype(np.int32), outs[0])
-            cases = [np.broadcast_to(m, outs[0]) for m in ins[1:]]
-            return [np.choose(pick, cases)]
-        if name == "pad":
-            if ins[1].any():
-                return everywhere
-            config = params.get("padding_config", ())
-            with jax.ensure_compile_time_eval():
-                padded = lax.pad(
-                    jnp.asarray(ins[0], jnp.int8),
-                    jnp.int8(0),
-                    [(int(lo), int(hi), int(i)) for lo, hi, i in config],
-                )
-            return [np.asarray(padded).astype(bool)]
-        if name == "broadcast_in_dim":
-            dims = [int(d) for d in params.get("broadcast_dimensions", ())]
-            shape = outs[0]
-            expanded = np.reshape(
-                ins[0],
-                [
-                    ins[0].shape[dims.index(d)] if d in dims else 1
-                    for d in range(len(shape))
-                ],
-            )
-            return [np.broadcast_to(expanded, shape)]
-        if name in ("reshape", "squeeze", "expand_dims"):
-            return [np.reshape(ins[0], outs[0])]
-        if eqn.primitive is compat.jit_p:
-            body = compat.jit_params(params).jaxpr
-            return _through_body(body, ins, vals)
-    except (ValueError, TypeError, IndexError):
-        return everywhere
-    return everywhere
-
-
-def _through_body(
-    closed: Any, ins: list[np.ndarray], vals: list[Any]
-) -> list[np.ndarray]:
-    """`_propagate` through a `jit` body, equation by equation."""
-    jaxpr = compat.open_jaxpr(closed)
-    masks: dict[Any, np.ndarray] = {}
-    values: dict[Any, Any] = {}
-    for v in jaxpr.constvars:
-        masks[v] = np.zeros(tuple(v.aval.shape), bool)
-    for v, m, val in zip(jaxpr.invars, ins, vals, strict=True):
-        masks[v] = m
-        if val is not None and not m.any():
-            values[v] = val
-
-    def mask(a: Any) -> np.ndarray:
-        if type(a) is _Literal:
-            return np.zeros(np.shape(a.val), bool)
-        return masks[a]
-
-    def value(a: Any) -> Any:
-        return a.val if type(a) is _Literal else values.get(a)
-
-    for eqn in jaxpr.eqns:
-        in_masks = [mask(a) for a in eqn.invars]
-        in_vals = [value(a) for a in eqn.invars]
-        outs = _propagate(eqn, in_masks, in_vals)
-        for o, m in zip(eqn.outvars, outs, strict=True):
-            masks[o] = m
-        if not any(m.any() for m in in_masks) and all(
-            val is not None and not compat.is_tracer(val) for val in in_vals
-        ):
-            # Constants only (an `iota` mask): folded, so a `select_n`
-            # downstream sees its predicate.
-            with jax.ensure_compile_time_eval():
-                got = compat.bind_eqn(eqn.primitive, in_vals, eqn.params)
-            values.update(zip(eqn.outvars, got, strict=True))
-    return [mask(o) for o in jaxpr.outvars]
+    got = sr.sources(st, v, known=True)
+    if got is None:
+        shape = np.shape(v.val) if type(v) is _Literal else shape_of(v)
+        return np.zeros(shape, bool)
+    return got != sr.CONSTANT
 
 
 def _static_values(st: Any, v: Any) -> Any:
