@@ -180,17 +180,6 @@ def _rev(eqn: Any, a: Alignment) -> Alignment | None:
     return None if any(a[k] is not None for k in dims) else a
 
 
-_ONE_OPERAND: dict[str, Callable[[Any, Alignment], Alignment | None]] = {
-    "broadcast_in_dim": _broadcast,
-    "squeeze": _squeeze,
-    "slice": _slice,
-    "reshape": _reshape,
-    "transpose": _transpose,
-    "rev": _rev,
-    **{name: _reduce for name in _REDUCE},
-}
-
-
 def _gather(eqn: Any, ins: Sequence[Alignment | None]) -> Alignment | None:
     """A known operand read at unknown indices, one element per index vector
     (no offset dims): the result has the indices' batch axes (all but the
@@ -225,6 +214,47 @@ def _concatenate(eqn: Any, ins: Sequence[Alignment | None]) -> Alignment | None:
         return None
     (a,) = found
     return a if a[dim] is None else None
+
+
+# The rule of each primitive: `(eqn, operands' alignments) -> the result's
+# alignment`, or `None` where it is not per-element.
+Rule = Callable[[Any, Sequence[Alignment | None]], Alignment | None]
+
+
+def _one_operand(
+    rule: Callable[[Any, Alignment], Alignment | None],
+) -> Rule:
+    def aligned(eqn: Any, ins: Sequence[Alignment | None]) -> Alignment | None:
+        return rule(eqn, ins[0]) if len(ins) == 1 and ins[0] is not None else None
+
+    return aligned
+
+
+def _elementwise_call(eqn: Any, ins: Sequence[Alignment | None]) -> Alignment | None:
+    if not ew.is_elementwise(eqn, eqn.outvars[0].aval.shape):
+        return None
+    return _elementwise(eqn, ins)
+
+
+_RULES: dict[str, Rule] = {
+    **{
+        name: _one_operand(rule)
+        for name, rule in {
+            "broadcast_in_dim": _broadcast,
+            "squeeze": _squeeze,
+            "slice": _slice,
+            "reshape": _reshape,
+            "transpose": _transpose,
+            "rev": _rev,
+            **dict.fromkeys(_REDUCE, _reduce),
+        }.items()
+    },
+    "concatenate": _concatenate,
+    **dict.fromkeys(_ELEMENTWISE, _elementwise),
+    **dict.fromkeys(ew._CALLS, _elementwise_call),
+    "SearchSorted": _searchsorted,
+    "gather": _gather,
+}
 
 
 class Analysis:
@@ -287,24 +317,11 @@ class Analysis:
             if any(a is None for a in outs):
                 return None  # a result that reads no unknown: left out
             return [a for a in outs if a is not None]
-        if len(eqn.outvars) != 1:
+        construct = compat.construct_name(eqn)
+        rule = _RULES.get(construct if construct in _LOOKUPS else name)
+        if len(eqn.outvars) != 1 or rule is None:
             return None
-        if name == "gather":
-            got = _gather(eqn, ins)
-        elif compat.construct_name(eqn) == "SearchSorted":
-            got = _searchsorted(eqn, ins)
-        elif name in ew._CALLS or name in _ELEMENTWISE:
-            if name in ew._CALLS and not ew.is_elementwise(
-                eqn, eqn.outvars[0].aval.shape
-            ):
-                return None
-            got = _elementwise(eqn, ins)
-        elif name == "concatenate":
-            got = _concatenate(eqn, ins)
-        elif name in _ONE_OPERAND and ins[0] is not None and len(ins) == 1:
-            got = _ONE_OPERAND[name](eqn, ins[0])
-        else:
-            return None
+        got = rule(eqn, ins)
         if got is not None and len(here) > 1:
             self._note_inner_known(eqn, ins, got)
         return None if got is None else [got]
