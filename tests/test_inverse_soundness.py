@@ -322,6 +322,25 @@ def test_triangular_solve_with_a_zero_on_the_diagonal_has_no_finite_image():
     np.testing.assert_allclose(ildj, np.log(2.0), rtol=1e-6)
 
 
+@settings(deadline=None)
+@given(
+    x=st.lists(st.floats(-4, 4, width=32), min_size=3, max_size=3),
+    moved=st.lists(st.booleans(), min_size=3, max_size=3),
+)
+def test_a_linear_block_with_more_results_is_nan_only_where_they_disagree(x, moved):
+    # Each element's real and imaginary parts give it twice: an element whose
+    # imaginary part is moved off the image is NaN, the others are answered.
+    def f(v):
+        return lax.complex(2.0 * v, 3.0 * v)
+
+    x = jnp.asarray(x, jnp.float32)
+    y = f(x) + 1j * jnp.where(jnp.asarray(moved), 0.5 + jnp.abs(x), 0.0)
+    got = np.asarray(jaxinterp.inverse(f, example_args=(x,))(y))
+    assert np.isnan(got[np.asarray(moved)]).all(), got
+    keep = ~np.asarray(moved)
+    np.testing.assert_allclose(got[keep], np.asarray(x)[keep], rtol=1e-6, atol=1e-6)
+
+
 def test_real_to_complex_conversion_checks_the_imaginary_part():
     """A real value converted to complex has imaginary part 0: the inverse
     kept the real part of any `y` (a non-Hermitian `fft` of a real signal,

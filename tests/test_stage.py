@@ -424,7 +424,11 @@ def test_evaluate_places_results_in_memory_as_jax_does(kind, name):
     v = _in_memory(kind)
     f = _memory_test_fn(name)
     for wrap in (lambda g: g, jax.jit):
-        want = wrap(f)(v)
+        try:
+            want = wrap(f)(v)
+        except jax.errors.JaxRuntimeError as err:
+            # (JAX 0.12.1's CPU client cannot move a pinned-host array.)
+            pytest.skip(f"plain JAX {jax.__version__} fails {name} from {kind}: {err}")
         got = wrap(evaluate(f))(v)
         assert_tree_equal(got, want)
         assert got.sharding == want.sharding, (got.sharding, want.sharding)

@@ -257,7 +257,7 @@ def solve_linear(
         lp.check_rank(block, reduced)
         v, ildj, ok = least_squares(reduced, rhs, slack)
         u = basis @ v
-        parts = lp.place(block, jnp.where(ok, u, jnp.nan))
+        parts = lp.place(block, jnp.where(jnp.all(ok), u, jnp.nan))
         return (parts if len(parts) > 1 else parts[0]), ildj, bl.SYMMETRIC_SOLVE
     lp.check_rank(block, jac)
     u, ildj, ok = least_squares(jac, rhs, slack)
@@ -267,10 +267,11 @@ def solve_linear(
 
 def least_squares(jac: Any, rhs: Any, slack: Any = 0.0) -> tuple[Any, Any, Any]:
     """`u` with `J u = rhs` (LU when square, else least squares), the ildj
-    (`-log|det J|`, or `-0.5 log det(J^T J)`), and whether `J` has full
-    column rank and the residual is within rounding (of `|J| |u| + |rhs|`
-    and of `slack`, each row's rounding made before, see
-    `lp.value_scales`)."""
+    (`-log|det J|`, or `-0.5 log det(J^T J)`), and per unknown whether `J`
+    has full column rank and the residual is within rounding (of `|J| |u| +
+    |rhs|` and of `slack`, each row's rounding made before, see
+    `lp.value_scales`) on every row of the unknown's part of the system
+    (`_coupled`)."""
     m, n = jac.shape
     finfo = jnp.finfo(jnp.result_type(rhs))
     eps = finfo.eps
@@ -291,5 +292,28 @@ def least_squares(jac: Any, rhs: Any, slack: Any = 0.0) -> tuple[Any, Any, Any]:
     # (`16 tiny`: near the smallest normal number the bound itself is
     # subnormal, which XLA's CPU code flushes to 0, as it does the products.)
     bound = 8 * n * eps * scale + 16 * finfo.tiny
-    ok = full_rank & jnp.all(jnp.abs(jac @ u - rhs) <= bound)
-    return u, ildj, ok
+    rows_ok = jnp.abs(jac @ u - rhs) <= bound
+    return u, ildj, full_rank & _coupled(jac, rows_ok)
+
+
+def _coupled(jac: Any, rows_ok: Any) -> Any:
+    """Per unknown, whether every row of its part of the system holds: the
+    rows and unknowns linked by nonzero entries of a concrete `J` (a row off
+    the image then makes NaN only the unknowns it is coupled to, as each
+    element of `complex(a * c, a * d)` is its own system); for a traced `J`,
+    every row."""
+    n = jac.shape[1]
+    if compat.is_tracer(jac):
+        return jnp.broadcast_to(jnp.all(rows_ok), (n,))
+    pattern = np.asarray(jac) != 0
+    label = np.arange(n)
+    big = n + 1
+    while True:  # each unknown takes the least label its rows reach
+        row_label = np.where(pattern, label[None, :], big).min(axis=1)
+        got = np.minimum(label, np.where(pattern, row_label[:, None], big).min(axis=0))
+        if (got == label).all():
+            break
+        label = got
+    # A row with no unknown (a residual of known values) concerns them all.
+    same = (row_label[None, :] == label[:, None]) | (row_label[None, :] == big)
+    return jnp.all(jnp.where(same, rows_ok[None, :], True), axis=1)

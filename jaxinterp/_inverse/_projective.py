@@ -290,7 +290,7 @@ def _solve_ratios(
     u, _, ok = bs.least_squares(jac, -offset)
     # The cuts must be what the solved unknowns give them, and `y` what they
     # map to: both hold when `y` comes back within rounding.
-    w = jnp.where(ok, u[:n_free], jnp.nan).astype(dtype)
+    w = jnp.where(jnp.all(ok), u[:n_free], jnp.nan).astype(dtype)
     y_flat = jnp.concatenate([jnp.ravel(y) for y in y_vals])
     good, ildj = _nonsquare.flat_maps_back(g_flat, w, y_flat, True)
     x_parts = [jnp.where(good, a, jnp.nan) for a in _place(w, free_groups)]
