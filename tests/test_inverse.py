@@ -561,3 +561,25 @@ def test_a_minimum_accepts_a_known_part_above_its_bound():
     # A known part under the bound has one preimage, itself.
     g = lambda x: jnp.minimum(jnp.concatenate([x, jnp.full(2, 0.5)]), 1.0)  # noqa: E731
     assert np.isnan(np.asarray(inverse(g, example_args=(x,))(y))).all()
+
+
+# A power written as a product is inverted as the power is: `v * v` as
+# `v ** 2` (the principal root), `v * v * v` as `v ** 3` (the real cube root).
+@pytest.mark.parametrize(
+    "product, power",
+    [
+        (lambda v: v * v, lambda v: v**2),
+        (lambda v: v * v * v, lambda v: v**3),
+        (lambda v: v * (v * v), lambda v: v**3),
+    ],
+)
+@given(x=hnp.arrays(np.float32, 4, elements=st.floats(-3, 3, width=32)))
+@settings(max_examples=6)
+def test_a_power_written_as_a_product_is_inverted_as_the_power(product, power, x):
+    y = power(x)
+    got, ildj = inverse_and_ildj(product)(y)
+    want, want_ildj = inverse_and_ildj(power)(y)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(ildj, want_ildj)
+    # The principal root for the square; the cube root keeps the sign.
+    np.testing.assert_allclose(power(got), y, rtol=1e-5, atol=1e-6)

@@ -25,7 +25,7 @@ import numpy as np
 from .. import _jax_compat as compat
 from .._env import Env
 from . import _branches as br
-from ._implicit import explicit_broadcasts
+from ._implicit import explicit_broadcasts, explicit_powers
 from ._rounding import agree
 from ._rules import MaskedPiece, agree_piece, assemble, overlapping
 
@@ -213,8 +213,9 @@ class SolveState:
         options: SolveOptions,
         seeds: Sequence[tuple[Any, list[Any]]] = (),
     ) -> None:
-        # (Operands `lax` broadcasts implicitly, broadcast explicitly.)
-        jaxpr = explicit_broadcasts(jaxpr)
+        # (Operands `lax` broadcasts implicitly, broadcast explicitly; powers
+        # written as products, as powers.)
+        jaxpr = explicit_powers(explicit_broadcasts(jaxpr))
         self.jaxpr = jaxpr
         self.eqns: list[compat.JaxprEqn] = jaxpr.eqns
         self.options = options

@@ -15,11 +15,20 @@ so messages still point at the user's code. Only the Jaxpr being solved
 is rewritten: the bodies of higher-order equations are rewritten when the
 engine solves them (`SolveState`), and a body run forwards keeps the
 implicit broadcast, which binds as it is.
+
+`explicit_powers` does the same for a power written as a product:
+`x * x` becomes `integer_pow(x, 2)` and `x * x * x` (`x ** 2 * x`, its
+square read nowhere else) `integer_pow(x, 3)`, so that `v * v` is inverted
+as `v ** 2` is (the principal root) and `v * v * v` as `v ** 3` (the real
+cube root), not as a product of two unknowns.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
+
+from jax import lax
 
 from .. import _caches, _jax_compat as compat
 from . import _traits as tr
@@ -83,3 +92,50 @@ def explicit_broadcasts(jaxpr: compat.Jaxpr) -> compat.Jaxpr:
     result = jaxpr.replace(eqns=eqns)
     _cache.put(jaxpr, result)
     return result
+
+
+def explicit_powers(jaxpr: compat.Jaxpr) -> compat.Jaxpr:
+    """`jaxpr` with each product of a value with itself, or with a power of
+    itself read nowhere else, written as an `integer_pow` (the same Jaxpr
+    if it has none). The invars, outvars and constvars are the same."""
+    uses = Counter(v for e in jaxpr.eqns for v in e.invars if type(v) is not _Literal)
+    uses.update(v for v in jaxpr.outvars if type(v) is not _Literal)
+    powers: dict[Any, tuple[Any, int, int]] = {}  # value -> (base, k, index)
+    eqns: list[Any] = []
+    changed = False
+    for eqn in jaxpr.eqns:
+        found = _power_of(eqn, powers, uses)
+        if found is not None:
+            changed = True
+            base, k, dropped = found
+            if dropped is not None:
+                eqns[dropped] = None
+            eqn = eqn.replace(
+                primitive=lax.integer_pow_p, params={"y": k}, invars=[base]
+            )
+        if eqn.primitive is lax.integer_pow_p and type(eqn.invars[0]) is not _Literal:
+            y = int(compat.params_of(eqn)["y"])
+            powers[eqn.outvars[0]] = (eqn.invars[0], y, len(eqns))
+        eqns.append(eqn)
+    if not changed:
+        return jaxpr
+    return jaxpr.replace(eqns=[e for e in eqns if e is not None])
+
+
+def _power_of(
+    eqn: Any, powers: dict[Any, tuple[Any, int, int]], uses: Counter
+) -> tuple[Any, int, int | None] | None:
+    """`(base, k, the equation of a power it absorbs)` for a `mul` that is
+    the power `base ** k`, or `None`."""
+    if eqn.primitive.name != "mul" or len(eqn.invars) != 2:
+        return None
+    a, b = eqn.invars
+    if type(a) is _Literal or type(b) is _Literal:
+        return None
+    if a is b:
+        return a, 2, None
+    for p, q in ((a, b), (b, a)):
+        got = powers.get(p)
+        if got is not None and got[0] is q and got[1] > 0 and uses[p] == 1:
+            return q, got[1] + 1, got[2]
+    return None
