@@ -104,14 +104,17 @@ raw_params = st.lists(
 points = st.lists(st.floats(-3.0, 3.0, width=32), min_size=8, max_size=8)
 
 
+@pytest.mark.parametrize("written", ["where", "searchsorted"])
 @settings(deadline=None)
-@given(raw_params, points)
-def test_where_spline_against_hand_written_inverse(raw, xs):
+@given(raw=raw_params, xs=points)
+def test_spline_against_hand_written_inverse(written, raw, xs):
+    # The spline with its bins picked by `jnp.where`, or by `searchsorted`.
+    spline, inverse = _SPLINES[written]
     widths, heights, slopes = spline_params(raw)
     params = [jnp.asarray(v, jnp.float32) for v in (widths, heights, slopes)]
     x = jnp.asarray(xs, jnp.float32)
-    y = rq_spline(x, *params)
-    got = _JIT_INVERSE(y, *params)
+    y = spline(x, *params)
+    got = inverse(y, *params)
     assert_preimage(got, y, widths, heights, slopes)
 
 
@@ -211,18 +214,13 @@ def searchsorted_spline(x, widths, heights, slopes):
     return jnp.where(inside, ky[k] + num / den, x)
 
 
-_JIT_SEARCHSORTED = jax.jit(jaxinterp.inverse(searchsorted_spline, argnums=0))
-
-
-@settings(deadline=None)
-@given(raw_params, points)
-def test_searchsorted_spline_against_hand_written_inverse(raw, xs):
-    widths, heights, slopes = spline_params(raw)
-    params = [jnp.asarray(v, jnp.float32) for v in (widths, heights, slopes)]
-    x = jnp.asarray(xs, jnp.float32)
-    y = searchsorted_spline(x, *params)
-    got = _JIT_SEARCHSORTED(y, *params)
-    assert_preimage(got, y, widths, heights, slopes)
+_SPLINES = {
+    "where": (rq_spline, _JIT_INVERSE),
+    "searchsorted": (
+        searchsorted_spline,
+        jax.jit(jaxinterp.inverse(searchsorted_spline, argnums=0)),
+    ),
+}
 
 
 def test_searchsorted_spline_is_inverted_by_intervals():
