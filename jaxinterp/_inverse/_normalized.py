@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -135,20 +135,13 @@ def _step(
     name = eqn.primitive.name
     shape = tuple(v.aval.shape)
     ins = list(eqn.invars)
-    if name in ("exp", "log", "sqrt", "neg"):
+    if name in _UNARY:
         (u,) = ins
         if _known(st, u) or tuple(u.aval.shape) != shape:
             return None
-        if name == "exp" and kind == _SCALE:
-            return u, _SHIFT, jnp.log(jnp.abs(base))
-        if name == "log" and kind == _SHIFT:
-            return u, _SCALE, jnp.exp(base)
-        if name == "sqrt" and kind == _SCALE:
-            return u, _SCALE, base * base
-        if name == "neg":
-            return u, kind, -base
-        return None
-    if name not in ("add", "add_any", "sub", "mul", "div") or len(ins) != 2:
+        back = _UNARY[name](kind, base)
+        return None if back is None else (u, *back)
+    if name not in _BINARY or len(ins) != 2:
         return None
     # The operand `v` depends on: unknown, of `v`'s shape, not constant along
     # `axes`; the other is known or constant along them (absorbed).
@@ -171,28 +164,74 @@ def _step(
     o = None if absorbed else _value(st, other)
     # Known operands that vary along `axes` may scale, not shift, a row.
     varies = not absorbed and not axes <= _constant_axes(other, shape, st)
-    if name in ("add", "add_any") and kind == _SHIFT:
-        return u, _SHIFT, base if absorbed else base - o
-    if name == "sub" and kind == _SHIFT:
-        if k == 0:  # v = u - other
-            return u, _SHIFT, base if absorbed else base + o
-        return u, _SHIFT, -base if absorbed else o - base  # v = other - u
-    if name == "mul":
-        if kind == _SCALE:
-            return u, _SCALE, base if absorbed else base / o
-        if kind == _SHIFT and not absorbed and not varies:
-            return u, _SHIFT, base / o
+    back = _BINARY[name](_Other(k, o, absorbed, varies), kind, base)
+    return None if back is None else (u, *back)
+
+
+# Each step back, by primitive: from `v`'s kind and base to its operand's,
+# or `None` where the step does not keep the form. A unary step:
+_UNARY = {
+    "exp": lambda kind, base: (
+        (_SHIFT, jnp.log(jnp.abs(base))) if kind == _SCALE else None
+    ),
+    "log": lambda kind, base: (_SCALE, jnp.exp(base)) if kind == _SHIFT else None,
+    "sqrt": lambda kind, base: (_SCALE, base * base) if kind == _SCALE else None,
+    "neg": lambda kind, base: (kind, -base),
+}
+
+
+class _Other(NamedTuple):
+    """A binary step's other operand: which side the unknown is on (`k`),
+    its value `o` unless it is `absorbed` (constant along the axes), and
+    whether it `varies` along them."""
+
+    k: int
+    o: Any
+    absorbed: bool
+    varies: bool
+
+
+def _add_back(other: _Other, kind: str, base: Any) -> tuple[str, Any] | None:
+    if kind != _SHIFT:
         return None
-    if name == "div":
-        if k == 0:  # v = u / other
-            if kind == _SCALE:
-                return u, _SCALE, base if absorbed else base * o
-            if kind == _SHIFT and not absorbed and not varies:
-                return u, _SHIFT, base * o
-            return None
-        if kind == _SCALE:  # v = other / u
-            return u, _SCALE, 1 / base if absorbed else o / base
+    return _SHIFT, base if other.absorbed else base - other.o
+
+
+def _sub_back(other: _Other, kind: str, base: Any) -> tuple[str, Any] | None:
+    if kind != _SHIFT:
+        return None
+    if other.k == 0:  # v = u - other
+        return _SHIFT, base if other.absorbed else base + other.o
+    return _SHIFT, -base if other.absorbed else other.o - base  # v = other - u
+
+
+def _scaled_back(
+    other: _Other, kind: str, base: Any, times: bool
+) -> tuple[str, Any] | None:
+    """`v = u * other` (`times`) or `v = u / other`."""
+    o = other.o
+    if kind == _SCALE:
+        return _SCALE, base if other.absorbed else (base / o if times else base * o)
+    if kind == _SHIFT and not other.absorbed and not other.varies:
+        return _SHIFT, base / o if times else base * o
     return None
+
+
+def _div_back(other: _Other, kind: str, base: Any) -> tuple[str, Any] | None:
+    if other.k == 0:
+        return _scaled_back(other, kind, base, times=False)
+    if kind == _SCALE:  # v = other / u
+        return _SCALE, 1 / base if other.absorbed else other.o / base
+    return None
+
+
+_BINARY = {
+    "add": _add_back,
+    "add_any": _add_back,
+    "sub": _sub_back,
+    "mul": lambda other, kind, base: _scaled_back(other, kind, base, times=True),
+    "div": _div_back,
+}
 
 
 # -- which elements of a value do not depend on the unknowns ----------------
