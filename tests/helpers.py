@@ -371,5 +371,7 @@ def abs_no_formula(x: Any) -> Any:
     solver build softsign and logit on it: `|x|` is a case split of the
     piecewise method, and `x * sign(x)` one of the interval method (a
     breakpoint at 0), but a `sign` of a value that uses `x` more than once
-    is no breakpoint either method can pull back to `x`."""
-    return x * jnp.sign(x * x * x)
+    is no breakpoint either method can pull back to `x`. (The cube is
+    written `(x * 1) * x * x`, which `inverse` does not read as the power
+    `x**3`, as it reads `x * x * x`.)"""
+    return x * jnp.sign((x * 1.0) * x * x)

