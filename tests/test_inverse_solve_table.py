@@ -422,13 +422,14 @@ def test_with_cut_cells_one_newton_step_decides_most_roots_of_a_staircase():
     slope = 1 - 0.999 * np.cos(2 * np.pi * want)
     tol = 8 * eps * (np.abs(np.asarray(y)) + 1) / slope + 4 * eps * np.abs(want)
     assert (np.abs(x1 - want) <= tol)[decided].all()
-    # The whole solve agrees with the float64 inverse. (Not within 0.02 of
+    # The whole solve agrees with the float64 inverse. (Not within 0.06 of
     # 0, where `stairs` is a difference of two terms 1000 times its value:
-    # there JAX 0.7's unoptimized XLA (`jax_disable_most_optimizations`)
-    # rounds it so coarsely that the solver's tests reject some roots as
-    # plateaus, a false NaN, with or without cut cells.)
+    # there JAX 0.7's unoptimized XLA (`jax_disable_most_optimizations`),
+    # and JAX 0.12.1's optimized XLA at -0.05, round it so coarsely that the
+    # solver's tests reject some roots as plateaus, a false NaN, with or
+    # without cut cells.)
     got = np.asarray(jax.jit(jaxinterp.inverse(stairs))(y))
-    far = np.abs(want) > 0.02
+    far = np.abs(want) > 0.06
     assert (np.abs(got - want) <= tol)[far].all()
     assert (np.isnan(got) | (np.abs(got - want) <= tol)).all()
 
