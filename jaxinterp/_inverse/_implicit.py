@@ -98,6 +98,8 @@ def explicit_powers(jaxpr: compat.Jaxpr) -> compat.Jaxpr:
     """`jaxpr` with each product of a value with itself, or with a power of
     itself read nowhere else, written as an `integer_pow` (the same Jaxpr
     if it has none). The invars, outvars and constvars are the same."""
+    if not any(e.primitive is lax.mul_p for e in jaxpr.eqns):
+        return jaxpr  # (every solve builds a state: most Jaxprs stop here)
     uses = Counter(v for e in jaxpr.eqns for v in e.invars if type(v) is not _Literal)
     uses.update(v for v in jaxpr.outvars if type(v) is not _Literal)
     powers: dict[Any, tuple[Any, int, int]] = {}  # value -> (base, k, index)

@@ -210,8 +210,10 @@ def _invertible(eqn: Any, i: int) -> bool:
     name = eqn.primitive.name
     if name not in _CHAIN:
         return False
-    if name in ("clamp", "select_n"):
-        return i == 1 if name == "clamp" else i > 0
+    if name == "clamp":
+        return i == 1
+    if name == "select_n":
+        return i > 0  # (a case, not the predicate)
     return all(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in eqn.outvars)
 
 
